@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of pdserve by package name.
+# Idempotent: packages already present are left as they are.
+#
+#   deploy/install-deps.sh            build + test dependencies (Debian packages)
+#   deploy/install-deps.sh --fixtures also the PyPI tools that regenerate test
+#                                     fixtures (torch, transformers, tokenizers)
+set -euo pipefail
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libabsl-dev            # Status/StatusOr, flags, strings, synchronization
+  nlohmann-json3-dev     # config.json, tokenizer.json, safetensors headers
+  libgtest-dev libgmock-dev googletest  # unit tests
+  libbenchmark-dev       # bench/
+  python3
+)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+if [[ "${1:-}" == "--fixtures" ]]; then
+  # Only needed to regenerate tests/fixtures; the tests read committed files.
+  python3 -m pip install --quiet torch transformers tokenizers safetensors sentencepiece protobuf numpy
+fi

@@ -1,0 +1,71 @@
+// ModelConfig: the architecture of a Llama-family model, parsed from a
+// Hugging Face `config.json` (and `generation_config.json` for EOS ids).
+//
+// Supported: LlamaForCausalLM (Llama 2/3/3.1, rope_scaling "llama3" and
+// "linear"), MistralForCausalLM (sliding_window), Qwen2ForCausalLM (QKV bias,
+// optional sliding window), GQA, explicit head_dim, tie_word_embeddings.
+#ifndef PDSERVE_ENGINE_MODEL_CONFIG_H_
+#define PDSERVE_ENGINE_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/dtype.h"
+
+namespace pdserve {
+
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  float factor = 1.0f;            // kLinear and kLlama3.
+  float low_freq_factor = 1.0f;   // kLlama3.
+  float high_freq_factor = 4.0f;  // kLlama3.
+  int original_max_position_embeddings = 8192;  // kLlama3.
+};
+
+struct ModelConfig {
+  std::string architecture;  // e.g. "LlamaForCausalLM".
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;  // Defaults to num_heads when absent.
+  int head_dim = 0;      // Defaults to hidden_size / num_heads when absent.
+  int max_position_embeddings = 2048;
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
+  bool qkv_bias = false;          // Qwen2: always; Llama: `attention_bias`.
+  bool tie_word_embeddings = false;
+  int sliding_window = 0;         // 0: full attention.
+  DType torch_dtype = DType::kF32;
+  std::optional<int32_t> bos_token_id;
+  std::vector<int32_t> eos_token_ids;
+
+  // INVALID_ARGUMENT naming the first inconsistent field (non-positive
+  // sizes, num_heads not a multiple of num_kv_heads, odd head_dim, ...).
+  absl::Status Validate() const;
+};
+
+// Parses config.json. Unknown architectures and model types are
+// INVALID_ARGUMENT naming them; the result has passed Validate().
+absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json);
+
+// Applies generation_config.json: its bos/eos ids (an int or a list)
+// override the config's.
+absl::Status ApplyGenerationConfig(std::string_view generation_config_json,
+                                   ModelConfig& config);
+
+// Serializes the fields above back to a config.json that ParseHfConfig and
+// transformers both accept (used by the llama2.c converter and builtin:tiny).
+std::string ToHfConfigJson(const ModelConfig& config);
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_ENGINE_MODEL_CONFIG_H_
