@@ -1,0 +1,34 @@
+// The commands of `pdctl`, as functions so tests can call them. Each writes
+// its normal output to `out` and returns a Status; main() prints errors.
+#ifndef PDSERVE_CLIENT_PDCTL_COMMANDS_H_
+#define PDSERVE_CLIENT_PDCTL_COMMANDS_H_
+
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/sampler.h"
+
+namespace pdserve {
+
+struct LocalGenerateOptions {
+  std::string model = "builtin:tiny";  // Directory or builtin:tiny.
+  std::string backend = "cpu";
+  int32_t num_threads = 0;              // 0: every core.
+  bool add_bos = true;                  // Prepend BOS as the tokenizer says.
+  bool print_stats = false;             // Timing line on stderr at the end.
+  SamplingParams sampling;
+};
+
+// Loads the model in this process and streams the completion of `prompt`
+// to `out` as tokens arrive.
+absl::Status GenerateLocal(const LocalGenerateOptions& options, const std::string& prompt,
+                           std::ostream& out, std::ostream& err);
+
+// Prints the token ids of `text` (and their pieces) under `model`'s tokenizer.
+absl::Status Tokenize(const std::string& model, const std::string& text, bool add_special_tokens,
+                      std::ostream& out);
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_CLIENT_PDCTL_COMMANDS_H_

@@ -1,0 +1,95 @@
+// pdctl: the pdserve command line.
+//
+//   pdctl generate --local [--model=DIR|builtin:tiny] [sampling flags] PROMPT
+//   pdctl tokenize [--model=...] TEXT
+//   pdctl convert-llama2c CHECKPOINT.bin TOKENIZER.bin OUT_DIR
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_join.h"
+#include "client/pdctl_commands.h"
+#include "engine/llama2c.h"
+
+ABSL_FLAG(std::string, model, "builtin:tiny", "Model directory (Hugging Face layout) or builtin:tiny");
+ABSL_FLAG(bool, local, false, "Run the model in this process instead of asking a router");
+ABSL_FLAG(std::string, backend, "cpu", "Engine backend for --local");
+ABSL_FLAG(int32_t, threads, 0, "CPU threads for --local (0: every core)");
+ABSL_FLAG(int32_t, max_tokens, 64, "Most tokens to generate");
+ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 is greedy");
+ABSL_FLAG(int32_t, top_k, 0, "Top-k filter (0: off)");
+ABSL_FLAG(double, top_p, 1.0, "Top-p (nucleus) filter");
+ABSL_FLAG(double, min_p, 0.0, "Min-p filter");
+ABSL_FLAG(int64_t, seed, -1, "Sampling seed (-1: random)");
+ABSL_FLAG(bool, ignore_eos, false, "Keep generating past EOS");
+ABSL_FLAG(bool, add_special_tokens, true, "Add BOS (as the tokenizer says) to the prompt");
+ABSL_FLAG(bool, stats, false, "Print prompt size, TTFT and decode speed on stderr");
+
+namespace {
+
+constexpr char kUsage[] =
+    "pdctl COMMAND [flags] ARGS\n"
+    "  generate --local [--model=DIR|builtin:tiny] PROMPT   stream a completion\n"
+    "  tokenize [--model=...] TEXT                            print token ids\n"
+    "  convert-llama2c CHECKPOINT TOKENIZER OUT_DIR           llama2.c -> HF directory";
+
+int Fail(const absl::Status& status) {
+  std::cerr << "pdctl: " << status << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::cerr << kUsage << "\n";
+    return 2;
+  }
+  const std::string command = args[1];
+  const std::vector<std::string> rest(args.begin() + 2, args.end());
+
+  if (command == "generate") {
+    if (!absl::GetFlag(FLAGS_local)) {
+      return Fail(absl::UnimplementedError(
+          "generate without --local needs pd-router, which this build does not have yet"));
+    }
+    if (rest.empty()) return Fail(absl::InvalidArgumentError("generate needs a PROMPT"));
+    pdserve::LocalGenerateOptions o;
+    o.model = absl::GetFlag(FLAGS_model);
+    o.backend = absl::GetFlag(FLAGS_backend);
+    o.num_threads = absl::GetFlag(FLAGS_threads);
+    o.add_bos = absl::GetFlag(FLAGS_add_special_tokens);
+    o.print_stats = absl::GetFlag(FLAGS_stats);
+    o.sampling.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+    o.sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+    o.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+    o.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+    o.sampling.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
+    o.sampling.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+    if (absl::GetFlag(FLAGS_seed) >= 0) o.sampling.seed = absl::GetFlag(FLAGS_seed);
+    const absl::Status s =
+        pdserve::GenerateLocal(o, absl::StrJoin(rest, " "), std::cout, std::cerr);
+    return s.ok() ? 0 : Fail(s);
+  }
+  if (command == "tokenize") {
+    if (rest.empty()) return Fail(absl::InvalidArgumentError("tokenize needs TEXT"));
+    const absl::Status s = pdserve::Tokenize(absl::GetFlag(FLAGS_model), absl::StrJoin(rest, " "),
+                                             absl::GetFlag(FLAGS_add_special_tokens), std::cout);
+    return s.ok() ? 0 : Fail(s);
+  }
+  if (command == "convert-llama2c") {
+    if (rest.size() != 3) {
+      return Fail(absl::InvalidArgumentError("usage: convert-llama2c CHECKPOINT TOKENIZER OUT_DIR"));
+    }
+    const absl::Status s = pdserve::ConvertLlama2cToHf(rest[0], rest[1], rest[2]);
+    if (s.ok()) std::cout << "wrote " << rest[2] << "\n";
+    return s.ok() ? 0 : Fail(s);
+  }
+  std::cerr << "pdctl: unknown command '" << command << "'\n" << kUsage << "\n";
+  return 2;
+}

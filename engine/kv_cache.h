@@ -1,0 +1,72 @@
+// KvBlockPool: the metadata of a paged KV cache — which blocks are free,
+// their reference counts, and content hashes for prefix reuse. The bytes
+// live elsewhere (a backend's KV storage, laid out as in kv_layout.h); this
+// class never touches them, so one pool type serves host and device memory.
+//
+// A block is either in use (ref count > 0) or free. A free block that still
+// carries a content hash keeps its KV and can be revived by LookupPrefix
+// until it is handed out again; free blocks are reused least recently freed
+// first, so cached prefixes survive as long as possible.
+//
+// Thread-safety: none. One thread (the engine loop) owns a pool.
+#ifndef PDSERVE_ENGINE_KV_CACHE_H_
+#define PDSERVE_ENGINE_KV_CACHE_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "engine/kv_layout.h"
+
+namespace pdserve {
+
+// Content hash of a full block: a function of the hash of the block before
+// it in the sequence (0 for the first) and the block's tokens. Stable across
+// processes and machines, so routers and workers agree on prefix hashes.
+uint64_t HashBlockTokens(uint64_t parent_hash, std::span<const int32_t> tokens);
+
+class KvBlockPool {
+ public:
+  explicit KvBlockPool(int32_t num_blocks);
+
+  int32_t num_blocks() const { return static_cast<int32_t>(ref_counts_.size()); }
+  int32_t num_free() const { return num_free_; }
+
+  // Hands out `n` blocks with ref count 1, all or nothing.
+  // RESOURCE_EXHAUSTED when fewer than `n` are free.
+  absl::StatusOr<std::vector<BlockId>> Allocate(int32_t n);
+  // Adds a reference to an in-use block (a sequence sharing a prefix).
+  void AddRef(BlockId block);
+  // Drops a reference; at zero the block becomes free (keeping its hash).
+  void Release(BlockId block);
+  void Release(std::span<const BlockId> blocks);
+
+  // Marks a full, in-use block as holding the content `hash`.
+  void SetHash(BlockId block, uint64_t hash);
+  // Returns the block holding `hash` with one more reference (reviving it if
+  // it was free), or nullopt.
+  std::optional<BlockId> LookupPrefix(uint64_t hash);
+
+  int32_t ref_count(BlockId block) const { return ref_counts_[block.value]; }
+
+ private:
+  static constexpr int32_t kNone = -1;
+  void Unlink(int32_t b);
+  void PushBackFree(int32_t b);
+
+  std::vector<int32_t> ref_counts_;
+  std::vector<uint64_t> hashes_;
+  std::vector<bool> has_hash_;
+  // Free blocks as an intrusive doubly-linked list, oldest first.
+  std::vector<int32_t> prev_, next_;
+  int32_t head_ = kNone, tail_ = kNone;
+  int32_t num_free_ = 0;
+  absl::flat_hash_map<uint64_t, int32_t> block_by_hash_;
+};
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_ENGINE_KV_CACHE_H_

@@ -1,0 +1,91 @@
+// ModelRunner: runs the forward pass of a Model on one backend ("cpu",
+// "cuda" when built) over a ragged batch, reading and writing a paged KV
+// cache that the runner owns (host memory for cpu, device memory for cuda).
+//
+// One forward call takes any mix of sequences: each brings its new tokens (a
+// prefill chunk or one decode token), the position of the first of them,
+// and its block table. The runner writes the new tokens' K/V into the cache
+// slots their positions map to, attends over everything before them, and
+// returns logits for the rows asked for.
+//
+// Thread-safety: none; one thread (the engine loop) owns a runner. Forward
+// may use a pool of worker threads internally.
+#ifndef PDSERVE_ENGINE_MODEL_RUNNER_H_
+#define PDSERVE_ENGINE_MODEL_RUNNER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/kv_layout.h"
+#include "engine/model.h"
+
+namespace pdserve {
+
+struct SequenceInput {
+  std::span<const int32_t> tokens;  // New tokens; at least one.
+  int32_t start_pos = 0;            // Position of tokens[0].
+  // Blocks holding positions [0, start_pos + tokens.size()), in order.
+  std::span<const BlockId> block_table;
+  // Logits for every new token (true) or only the last one (false).
+  bool all_logits = false;
+};
+
+struct ForwardBatch {
+  std::vector<SequenceInput> sequences;
+};
+
+struct ModelRunnerOptions {
+  // Backend name: "cpu" (always built) or "cuda". Default: "cpu".
+  std::string backend = "cpu";
+  // Size of the KV pool in blocks; 0 sizes it from kv_cache_bytes. Default: 0.
+  int32_t num_kv_blocks = 0;
+  // Memory for the KV pool when num_kv_blocks is 0. Default: 256 MiB.
+  size_t kv_cache_bytes = size_t{256} << 20;
+  // Tokens per KV block. Default: 16.
+  int32_t block_size = 16;
+  // Worker threads for the cpu backend; 0 uses every core. Default: 0.
+  int32_t num_threads = 0;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual const Model& model() const = 0;
+  virtual const KvBlockLayout& kv_layout() const = 0;
+  virtual int32_t num_kv_blocks() const = 0;
+
+  // Number of logits rows Forward produces for `batch`.
+  static size_t NumLogitsRows(const ForwardBatch& batch);
+
+  // Runs the batch. `logits` receives NumLogitsRows(batch) rows of
+  // vocab_size floats, sequences in order. INVALID_ARGUMENT (and nothing
+  // written to the cache) for an ill-formed batch: empty sequence, token id
+  // outside the vocabulary, positions beyond the model's context, a block
+  // table too short or naming a block outside the pool, a logits span of the
+  // wrong size.
+  virtual absl::Status Forward(const ForwardBatch& batch, std::span<float> logits) = 0;
+
+ protected:
+  // The checks every backend shares; backends call it first.
+  absl::Status ValidateBatch(const ForwardBatch& batch, std::span<const float> logits) const;
+};
+
+// Creates a runner for `options.backend`. NOT_FOUND for a backend that is
+// not built into this binary; RESOURCE_EXHAUSTED when the KV pool cannot be
+// allocated.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
+    std::shared_ptr<const Model> model, const ModelRunnerOptions& options);
+
+// Names of the backends built into this binary.
+std::vector<std::string> AvailableBackends();
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_ENGINE_MODEL_RUNNER_H_
