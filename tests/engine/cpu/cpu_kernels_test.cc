@@ -1,0 +1,182 @@
+// The CPU kernels against straightforward double-precision references.
+#include "engine/cpu/cpu_kernels.h"
+
+#include <cmath>
+#include <complex>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace pdserve::cpu {
+namespace {
+
+std::vector<float> RandomVector(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+struct MatMulCase {
+  int64_t m, n, k;
+  DType dtype;
+};
+
+class MatMulTest : public ::testing::TestWithParam<MatMulCase> {};
+
+TEST_P(MatMulTest, MatchesDoubleReference) {
+  const auto [m, n, k, dtype] = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(m * 1000003 + n * 101 + k));
+  const std::vector<float> x = RandomVector(m * k, rng);
+  const std::vector<float> wf = RandomVector(n * k, rng);
+  std::vector<std::byte> wbytes(n * k * DTypeSize(dtype));
+  for (int64_t i = 0; i < n * k; ++i) StoreFromFloat(wbytes.data(), dtype, i, wf[i]);
+  const WeightMatrix w{dtype, static_cast<int32_t>(n), static_cast<int32_t>(k), wbytes.data()};
+
+  std::vector<float> y(m * n, -1.0f);
+  MatMul(x.data(), m, w, y.data(), /*num_threads=*/2);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0.0, mag = 0.0;
+      for (int64_t t = 0; t < k; ++t) {
+        const double p = static_cast<double>(x[i * k + t]) * LoadAsFloat(wbytes.data(), dtype, j * k + t);
+        ref += p;
+        mag += std::abs(p);
+      }
+      ASSERT_NEAR(y[i * n + j], ref, 1e-5 * mag + 1e-6) << "at " << i << "," << j;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MatMulTest,
+    ::testing::Values(MatMulCase{1, 1, 1, DType::kF32}, MatMulCase{1, 7, 13, DType::kF32},
+                      MatMulCase{3, 50, 64, DType::kF32}, MatMulCase{4, 96, 67, DType::kF32},
+                      MatMulCase{17, 131, 200, DType::kF32}, MatMulCase{5, 49, 8, DType::kBF16},
+                      MatMulCase{9, 100, 129, DType::kBF16}, MatMulCase{2, 37, 31, DType::kF16},
+                      MatMulCase{13, 97, 256, DType::kF16}),
+    [](const auto& info) {
+      return absl::StrCat("m", info.param.m, "n", info.param.n, "k", info.param.k,
+                          std::string(DTypeName(info.param.dtype)));
+    });
+
+TEST(RmsNormTest, MatchesDefinition) {
+  std::mt19937 rng(1);
+  const int n = 75;
+  const std::vector<float> x = RandomVector(n, rng, 3.0f), w = RandomVector(n, rng);
+  std::vector<float> y(n);
+  RmsNorm(x.data(), w.data(), n, 1e-5f, y.data());
+  double ss = 0.0;
+  for (float v : x) ss += static_cast<double>(v) * v;
+  const double inv = 1.0 / std::sqrt(ss / n + 1e-5);
+  for (int i = 0; i < n; ++i) EXPECT_NEAR(y[i], w[i] * x[i] * inv, 1e-5 * std::abs(w[i] * x[i] * inv) + 1e-7);
+  RmsNorm(x.data(), w.data(), n, 1e-5f, const_cast<float*>(x.data()));  // In place.
+  for (int i = 0; i < n; ++i) EXPECT_FLOAT_EQ(x[i], y[i]);
+}
+
+TEST(SiluMulTest, MatchesDefinition) {
+  const std::vector<float> g = {-20.0f, -1.0f, 0.0f, 0.5f, 3.0f, 30.0f};
+  const std::vector<float> u = {2.0f, 3.0f, 4.0f, -1.0f, 0.25f, 1.0f};
+  std::vector<float> out(g.size());
+  SiluMul(g.data(), u.data(), g.size(), out.data());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double s = g[i] / (1.0 + std::exp(-static_cast<double>(g[i])));
+    EXPECT_NEAR(out[i], s * u[i], 1e-6 * std::abs(s * u[i]) + 1e-7);
+  }
+}
+
+TEST(RopeTest, BothStylesRotatePairsByPositionTimesFrequency) {
+  ModelConfig c;
+  c.head_dim = 8;
+  c.rope_theta = 10000.0f;
+  const std::vector<float> inv = RopeInvFreq(c);
+  ASSERT_EQ(inv.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(inv[i], std::pow(10000.0, -2.0 * i / 8), 1e-7);
+  const int pos = 37;
+  std::vector<float> cs(4), sn(4);
+  RopeAngles(pos, inv, cs.data(), sn.data());
+  std::mt19937 rng(3);
+  const std::vector<float> x = RandomVector(16, rng);  // Two heads.
+  for (RopeStyle style : {RopeStyle::kHalfRotation, RopeStyle::kAdjacentPairs}) {
+    std::vector<float> y = x;
+    ApplyRope(y.data(), 2, 8, cs.data(), sn.data(), style);
+    for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < 4; ++i) {
+        const int a = style == RopeStyle::kHalfRotation ? i : 2 * i;
+        const int b = style == RopeStyle::kHalfRotation ? i + 4 : 2 * i + 1;
+        const std::complex<double> z(x[h * 8 + a], x[h * 8 + b]);
+        const std::complex<double> r = z * std::polar(1.0, pos * static_cast<double>(inv[i]));
+        EXPECT_NEAR(y[h * 8 + a], r.real(), 1e-5);
+        EXPECT_NEAR(y[h * 8 + b], r.imag(), 1e-5);
+      }
+    }
+  }
+}
+
+TEST(RopeTest, Llama3ScalingKeepsHighScalesLowAndBlendsMiddle) {
+  ModelConfig c;
+  c.head_dim = 64;
+  c.rope_theta = 500000.0f;
+  const std::vector<float> base = RopeInvFreq(c);
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 8192};
+  const std::vector<float> scaled = RopeInvFreq(c);
+  int high = 0, low = 0, mid = 0;
+  for (size_t i = 0; i < base.size(); ++i) {
+    const double wavelen = 2 * M_PI / base[i];
+    if (wavelen < 8192.0 / 4) {
+      EXPECT_FLOAT_EQ(scaled[i], base[i]);
+      ++high;
+    } else if (wavelen > 8192.0) {
+      EXPECT_FLOAT_EQ(scaled[i], base[i] / 8);
+      ++low;
+    } else {
+      EXPECT_GT(scaled[i], base[i] / 8 * 0.999f);
+      EXPECT_LT(scaled[i], base[i] * 1.001f);
+      ++mid;
+    }
+  }
+  EXPECT_GT(high, 0);
+  EXPECT_GT(low, 0);
+  EXPECT_GT(mid, 0);
+}
+
+TEST(AttendOneTest, MatchesSoftmaxAttentionThroughAShuffledBlockTable) {
+  const KvBlockLayout layout{1, 2, 16, 4, DType::kF32};
+  const int num_blocks = 6;
+  std::vector<std::byte> pool(layout.layer_block_bytes() * num_blocks);
+  const std::vector<BlockId> table = {BlockId(4), BlockId(1), BlockId(5), BlockId(0)};
+  const PagedKv kv{&layout, pool.data(), table};
+  std::mt19937 rng(7);
+  const int len = 14;
+  std::vector<std::vector<float>> keys, values;
+  for (int p = 0; p < len; ++p) {
+    keys.push_back(RandomVector(16, rng));
+    values.push_back(RandomVector(16, rng));
+    std::copy(keys.back().begin(), keys.back().end(), kv.Key(p, 1));
+    std::copy(values.back().begin(), values.back().end(), kv.Value(p, 1));
+  }
+  const std::vector<float> q = RandomVector(16, rng);
+  for (int first : {0, 5}) {
+    std::vector<float> scores(len), out(16);
+    AttendOne(q.data(), kv, 1, first, len - 1, 0.25f, scores.data(), out.data());
+    std::vector<double> w;
+    double mx = -1e30, sum = 0;
+    for (int p = first; p < len; ++p) {
+      double s = 0;
+      for (int i = 0; i < 16; ++i) s += q[i] * keys[p][i];
+      w.push_back(s * 0.25);
+      mx = std::max(mx, w.back());
+    }
+    for (double& x : w) sum += (x = std::exp(x - mx));
+    for (int i = 0; i < 16; ++i) {
+      double ref = 0;
+      for (int p = first; p < len; ++p) ref += w[p - first] / sum * values[p][i];
+      EXPECT_NEAR(out[i], ref, 1e-5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pdserve::cpu

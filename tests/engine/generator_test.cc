@@ -1,0 +1,213 @@
+// Continuous batching: what a request gets does not depend on what else is
+// in the batch, cancellation frees its blocks, and bad requests are refused.
+#include "engine/generator.h"
+
+#include <map>
+#include <random>
+
+#include "engine/builtin_tiny.h"
+#include "gtest/gtest.h"
+
+namespace pdserve {
+namespace {
+
+struct Output {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::kNone;
+};
+
+std::shared_ptr<const Model> Tiny() {
+  auto m = MakeTinyModel();
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+std::unique_ptr<ModelRunner> MakeRunner(const std::shared_ptr<const Model>& m, int blocks) {
+  auto r = CreateModelRunner(m, {.num_kv_blocks = blocks, .block_size = 16, .num_threads = 2});
+  EXPECT_TRUE(r.ok()) << r.status();
+  return *std::move(r);
+}
+
+// Runs until idle; `arrivals[step]` are added before that step.
+std::map<uint64_t, Output> RunAll(Generator& g, std::map<int, std::vector<GenerationRequest>> arrivals) {
+  std::map<uint64_t, Output> out;
+  std::vector<GenerationEvent> events;
+  for (int step = 0; g.HasWork() || !arrivals.empty(); ++step) {
+    if (auto it = arrivals.find(step); it != arrivals.end()) {
+      for (auto& r : it->second) EXPECT_TRUE(g.Add(std::move(r)).ok());
+      arrivals.erase(it);
+    }
+    events.clear();
+    EXPECT_TRUE(g.Step(events).ok());
+    for (const auto& e : events) {
+      Output& o = out[e.id.value];
+      EXPECT_EQ(o.finish, FinishReason::kNone) << "event after the last one";
+      if (e.has_token) o.tokens.push_back(e.token.token);
+      o.finish = e.finish;
+    }
+    if (step > 10000) break;
+  }
+  return out;
+}
+
+std::vector<int32_t> Prompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p = {256};  // BOS
+  while (static_cast<int>(p.size()) < n) p.push_back(static_cast<int32_t>(rng() % 256));
+  return p;
+}
+
+TEST(GeneratorTest, GreedyMatchesArgmaxOfFullRecompute) {
+  auto model = Tiny();
+  auto runner = MakeRunner(model, 64);
+  auto g = Generator::Create(runner.get(), {});
+  ASSERT_TRUE(g.ok());
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = 12, .ignore_eos = true};
+  const auto prompt = Prompt(9, 1);
+  auto out = RunAll(**g, {{0, {{RequestId(1), prompt, sp}}}});
+  ASSERT_EQ(out[1].tokens.size(), 12u);
+  EXPECT_EQ(out[1].finish, FinishReason::kLength);
+
+  // Reference: recompute the whole sequence each step and take the argmax.
+  auto ref_runner = MakeRunner(model, 64);
+  std::vector<BlockId> table;
+  for (int i = 0; i < 64; ++i) table.push_back(BlockId(i));
+  std::vector<int32_t> seq = prompt;
+  const int vocab = model->config().vocab_size;
+  for (int i = 0; i < 12; ++i) {
+    ForwardBatch b;
+    b.sequences.push_back({.tokens = seq, .start_pos = 0, .block_table = table});
+    std::vector<float> logits(vocab);
+    ASSERT_TRUE(ref_runner->Forward(b, logits).ok());
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    EXPECT_EQ(out[1].tokens[i], next) << "token " << i;
+    seq.push_back(next);
+  }
+}
+
+TEST(GeneratorTest, OutputsDoNotDependOnBatchComposition) {
+  auto model = Tiny();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 10; ++i) {
+    SamplingParams sp;
+    sp.max_tokens = 6 + i;
+    sp.ignore_eos = true;
+    if (i % 2 == 0) {
+      sp.temperature = 0.0f;
+    } else {
+      sp.temperature = 0.9f;
+      sp.top_k = 40;
+      sp.top_p = 0.95f;
+      sp.seed = 1000 + i;
+    }
+    // Prompts from 3 to 300 tokens; the long ones take several prefill chunks.
+    reqs.push_back({RequestId(i + 1), Prompt(3 + i * 33, i), sp});
+  }
+  // Each alone, in a fresh generator.
+  std::map<uint64_t, Output> alone;
+  for (const auto& r : reqs) {
+    auto runner = MakeRunner(model, 64);
+    auto g = Generator::Create(runner.get(), {.max_batch_tokens = 64, .max_running = 4});
+    ASSERT_TRUE(g.ok());
+    alone[r.id.value] = RunAll(**g, {{0, {r}}})[r.id.value];
+  }
+  // All together, arriving over several steps, with a small token budget so
+  // prefill chunks and decode tokens share steps.
+  auto runner = MakeRunner(model, 256);
+  auto g = Generator::Create(runner.get(), {.max_batch_tokens = 64, .max_running = 6});
+  ASSERT_TRUE(g.ok());
+  std::map<int, std::vector<GenerationRequest>> arrivals;
+  for (size_t i = 0; i < reqs.size(); ++i) arrivals[static_cast<int>(i % 4) * 3].push_back(reqs[i]);
+  auto together = RunAll(**g, arrivals);
+  for (const auto& r : reqs) {
+    EXPECT_EQ(together[r.id.value].tokens, alone[r.id.value].tokens) << "request " << r.id.value;
+    EXPECT_EQ(together[r.id.value].finish, FinishReason::kLength);
+  }
+  EXPECT_EQ((*g)->block_pool().num_free(), 256);
+}
+
+TEST(GeneratorTest, CancelFreesBlocksAndEndsTheStream) {
+  auto model = Tiny();
+  auto runner = MakeRunner(model, 32);
+  auto g = Generator::Create(runner.get(), {});
+  ASSERT_TRUE(g.ok());
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = 100, .ignore_eos = true};
+  ASSERT_TRUE((*g)->Add({RequestId(1), Prompt(20, 1), sp}).ok());
+  ASSERT_TRUE((*g)->Add({RequestId(2), Prompt(20, 2), sp}).ok());
+  std::vector<GenerationEvent> events;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*g)->Step(events).ok());
+  EXPECT_LT((*g)->block_pool().num_free(), 32);
+  (*g)->Cancel(RequestId(1));
+  (*g)->Cancel(RequestId(2));
+  (*g)->Cancel(RequestId(99));  // Unknown: ignored.
+  EXPECT_EQ((*g)->block_pool().num_free(), 32);
+  events.clear();
+  ASSERT_TRUE((*g)->Step(events).ok());
+  ASSERT_EQ(events.size(), 2u);
+  for (const auto& e : events) {
+    EXPECT_FALSE(e.has_token);
+    EXPECT_EQ(e.finish, FinishReason::kCancelled);
+  }
+  EXPECT_FALSE((*g)->HasWork());
+}
+
+TEST(GeneratorTest, StopTokenEndsWithStopAndMaxTokensWithLength) {
+  auto model = Tiny();
+  auto runner = MakeRunner(model, 32);
+  auto g = Generator::Create(runner.get(), {});
+  ASSERT_TRUE(g.ok());
+  SamplingParams greedy{.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true};
+  auto first = RunAll(**g, {{0, {{RequestId(1), Prompt(5, 3), greedy}}}});
+  ASSERT_EQ(first[1].tokens.size(), 8u);
+  // Stop on the third token the model would produce.
+  SamplingParams stop = greedy;
+  stop.stop_token_ids = {first[1].tokens[2]};
+  auto second = RunAll(**g, {{0, {{RequestId(2), Prompt(5, 3), stop}}}});
+  EXPECT_EQ(second[2].finish, FinishReason::kStop);
+  const auto pos = std::find(first[1].tokens.begin(), first[1].tokens.end(), first[1].tokens[2]);
+  EXPECT_EQ(second[2].tokens, std::vector<int32_t>(first[1].tokens.begin(), pos + 1));
+}
+
+TEST(GeneratorTest, RequestsWaitForBlocksThenRun) {
+  auto model = Tiny();
+  auto runner = MakeRunner(model, 4);  // 64 tokens of KV.
+  auto g = Generator::Create(runner.get(), {});
+  ASSERT_TRUE(g.ok());
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = 20, .ignore_eos = true};
+  std::map<int, std::vector<GenerationRequest>> arrivals;
+  for (int i = 0; i < 3; ++i) arrivals[0].push_back({RequestId(i + 1), Prompt(30, i), sp});
+  auto out = RunAll(**g, arrivals);  // 50 tokens each: one at a time fits.
+  for (int i = 1; i <= 3; ++i) EXPECT_EQ(out[i].tokens.size(), 20u);
+  EXPECT_EQ((*g)->block_pool().num_free(), 4);
+}
+
+TEST(GeneratorTest, BadRequestsAreRefused) {
+  auto model = Tiny();
+  auto runner = MakeRunner(model, 8);
+  auto g = Generator::Create(runner.get(), {});
+  ASSERT_TRUE(g.ok());
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  SamplingParams sp;
+  EXPECT_EQ((*g)->Add({RequestId(1), {}, sp}).code(), kInvalid);
+  EXPECT_EQ((*g)->Add({RequestId(1), {1, 258}, sp}).code(), kInvalid);
+  EXPECT_EQ((*g)->Add({RequestId(1), {1, -1}, sp}).code(), kInvalid);
+  SamplingParams zero = sp;
+  zero.max_tokens = 0;
+  EXPECT_EQ((*g)->Add({RequestId(1), {1}, zero}).code(), kInvalid);
+  SamplingParams huge = sp;
+  huge.max_tokens = 5000;
+  EXPECT_EQ((*g)->Add({RequestId(1), {1}, huge}).code(), kInvalid);
+  SamplingParams big = sp;
+  big.max_tokens = 200;  // Fits the context but never the 8-block pool.
+  EXPECT_EQ((*g)->Add({RequestId(1), {1}, big}).code(), absl::StatusCode::kResourceExhausted);
+  SamplingParams neg = sp;
+  neg.temperature = -1.0f;
+  EXPECT_EQ((*g)->Add({RequestId(1), {1}, neg}).code(), kInvalid);
+  ASSERT_TRUE((*g)->Add({RequestId(1), {1}, sp}).ok());
+  EXPECT_EQ((*g)->Add({RequestId(1), {2}, sp}).code(), kInvalid);  // Duplicate id.
+  EXPECT_EQ(Generator::Create(runner.get(), {.max_batch_tokens = 4, .max_running = 8}).status().code(),
+            kInvalid);
+}
+
+}  // namespace
+}  // namespace pdserve

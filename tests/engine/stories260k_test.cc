@@ -1,0 +1,67 @@
+// The real trained stories260K model, converted from llama2.c to Hugging
+// Face layout, greedy from BOS: the published text, and token for token the
+// greedy output of transformers on the same converted directory
+// (tests/fixtures/stories260k_greedy.json, from
+// tools/check_llama2c_with_transformers.py).
+#include <filesystem>
+#include <fstream>
+
+#include "engine/generator.h"
+#include "engine/llama2c.h"
+#include "engine/model.h"
+#include "engine/model_runner.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pdserve {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kPublished[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
+
+TEST(Stories260kTest, GreedyFromBosIsThePublishedText) {
+  const fs::path src = fs::path(PDSERVE_SHARED_DIR) / "models/stories260K";
+  if (!fs::exists(src / "stories260K.bin")) GTEST_SKIP() << "no " << src;
+  const fs::path dir = fs::path(PDSERVE_BINARY_DIR) / "test-models/stories260K";
+  ASSERT_TRUE(ConvertLlama2cToHf(src / "stories260K.bin", src / "tok512.bin", dir).ok());
+  auto model = Model::Load(dir.string());
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_NE((*model)->tokenizer(), nullptr);
+
+  std::ifstream in(std::string(PDSERVE_FIXTURES_DIR) + "/stories260k_greedy.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto want = ref["tokens"].get<std::vector<int32_t>>();
+  ASSERT_GE(want.size(), 100u);
+
+  auto runner = CreateModelRunner(*model, {.num_kv_blocks = 32, .block_size = 16, .num_threads = 2});
+  ASSERT_TRUE(runner.ok());
+  auto g = Generator::Create(runner->get(), {});
+  ASSERT_TRUE(g.ok());
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = static_cast<int32_t>(want.size()),
+                    .ignore_eos = true};
+  ASSERT_TRUE((*g)->Add({RequestId(1), ref["prompt_ids"].get<std::vector<int32_t>>(), sp}).ok());
+  std::vector<int32_t> got;
+  std::vector<GenerationEvent> events;
+  while ((*g)->HasWork()) {
+    events.clear();
+    ASSERT_TRUE((*g)->Step(events).ok());
+    for (const auto& e : events) got.push_back(e.token.token);
+  }
+  EXPECT_EQ(got, want);
+
+  auto text = (*model)->tokenizer()->Decode(got, /*skip_special_tokens=*/true);
+  ASSERT_TRUE(text.ok());
+  EXPECT_TRUE(text->starts_with(kPublished)) << *text;
+  // Streaming gives the same text.
+  IncrementalDetokenizer detok(*(*model)->tokenizer(), true);
+  std::string streamed;
+  for (int32_t id : got) streamed += *detok.Append(id);
+  streamed += detok.Flush();
+  EXPECT_EQ(streamed, *text);
+}
+
+}  // namespace
+}  // namespace pdserve
