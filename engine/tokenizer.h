@@ -71,6 +71,7 @@ class Tokenizer {
   std::string_view TokenText(int32_t id) const;
 
  private:
+  friend class IncrementalDetokenizer;  // Decodes raw bytes of id windows.
   explicit Tokenizer(std::unique_ptr<TokenizerImpl> impl);
   std::unique_ptr<TokenizerImpl> impl_;
 };
