@@ -72,8 +72,15 @@ absl::StatusOr<Json> ParseObject(std::string_view text, std::string_view what) {
   return j;
 }
 
-absl::Status ParseRopeScaling(const Json& j, RopeScaling& out) {
-  auto it = j.find("rope_scaling");
+// RoPE scaling from `rope_scaling` (transformers 4) or `rope_parameters`
+// (transformers 5, which also carries rope_theta).
+absl::Status ParseRopeScaling(const Json& j, RopeScaling& out, float& rope_theta) {
+  auto it = j.find("rope_parameters");
+  if (it != j.end() && it->is_object()) {
+    PD_RETURN_IF_ERROR(ReadFloat(*it, "rope_theta", rope_theta));
+  } else {
+    it = j.find("rope_scaling");
+  }
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_object()) return FieldError("rope_scaling", "must be an object or null");
   const Json& r = *it;
@@ -189,7 +196,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json) {
   PD_RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", c.max_position_embeddings));
   PD_RETURN_IF_ERROR(ReadFloat(j, "rms_norm_eps", c.rms_norm_eps));
   PD_RETURN_IF_ERROR(ReadFloat(j, "rope_theta", c.rope_theta));
-  PD_RETURN_IF_ERROR(ParseRopeScaling(j, c.rope_scaling));
+  PD_RETURN_IF_ERROR(ParseRopeScaling(j, c.rope_scaling, c.rope_theta));
   PD_RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", c.tie_word_embeddings));
   if (qwen2) {
     c.qkv_bias = true;
@@ -200,8 +207,10 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json) {
     PD_RETURN_IF_ERROR(ReadBool(j, "attention_bias", c.qkv_bias));
     if (mistral) PD_RETURN_IF_ERROR(ReadInt(j, "sliding_window", c.sliding_window));
   }
-  if (auto it = j.find("torch_dtype"); it != j.end() && it->is_string()) {
-    PD_ASSIGN_OR_RETURN(c.torch_dtype, ParseDType(it->get<std::string>()));
+  for (const char* key : {"torch_dtype", "dtype"}) {  // transformers 4 / 5.
+    if (auto it = j.find(key); it != j.end() && it->is_string()) {
+      PD_ASSIGN_OR_RETURN(c.torch_dtype, ParseDType(it->get<std::string>()));
+    }
   }
   if (auto it = j.find("mlp_bias"); it != j.end() && it->is_boolean() && it->get<bool>()) {
     return FieldError("mlp_bias", "true is not supported");
