@@ -5,8 +5,11 @@
 //   - decode tokens/s at batch 1 and 16 (context 256), with the bytes a
 //     step must read (weights + KV) turned into achieved bandwidth, as a
 //     share of this machine's copy bandwidth measured in the same run
-//     (STREAM convention: bytes read + bytes written per second).
+//     (STREAM convention: bytes read + bytes written per second);
+//   - prefill's achieved FLOP/s as a share of the machine's fp32 FMA peak,
+//     also measured in the same run (independent FMA chains on every thread).
 // Every figure is the median of --reps runs.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -55,6 +58,53 @@ double MeasureCopyBandwidth(int threads, int reps) {
   return Median(gbps);
 }
 
+// fp32 FMA throughput with `threads` threads: ten independent chains of
+// 8-wide FMAs per thread, enough to cover the FMA latency.
+double MeasureFmaPeak(int threads, int reps) {
+  const long iters = 50'000'000;
+  std::vector<double> gflops;
+  for (int r = 0; r < reps; ++r) {
+    float sink = 0.0f;
+    const auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+      const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
+      __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2),
+             a3 = _mm256_set1_ps(3), a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5),
+             a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7), a8 = _mm256_set1_ps(8),
+             a9 = _mm256_set1_ps(9);
+      for (long i = 0; i < iters; ++i) {
+        a0 = _mm256_fmadd_ps(a0, b, c); a1 = _mm256_fmadd_ps(a1, b, c);
+        a2 = _mm256_fmadd_ps(a2, b, c); a3 = _mm256_fmadd_ps(a3, b, c);
+        a4 = _mm256_fmadd_ps(a4, b, c); a5 = _mm256_fmadd_ps(a5, b, c);
+        a6 = _mm256_fmadd_ps(a6, b, c); a7 = _mm256_fmadd_ps(a7, b, c);
+        a8 = _mm256_fmadd_ps(a8, b, c); a9 = _mm256_fmadd_ps(a9, b, c);
+      }
+      const __m256 s = _mm256_add_ps(
+          _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+          _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)),
+                        _mm256_add_ps(a8, a9)));
+      sink += s[0];
+    }
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (sink == 0.0f) std::cerr << "";  // Keeps the loop alive.
+    gflops.push_back(2.0 * 8 * 10 * iters * threads / sec / 1e9);
+  }
+  return Median(gflops);
+}
+
+// FLOPs of one forward over `n` new tokens at positions [0, n): the matrix
+// products plus attention (QK^T and PV over the causal triangle).
+double PrefillFlops(const ModelConfig& c, int64_t n) {
+  const double q = static_cast<double>(c.num_heads) * c.head_dim;
+  const double kv = static_cast<double>(c.num_kv_heads) * c.head_dim;
+  const double per_token_layer =
+      2.0 * c.hidden_size * (q + 2 * kv) + 2.0 * q * c.hidden_size +
+      3 * 2.0 * c.hidden_size * c.intermediate_size;
+  const double attention = 2.0 * 2.0 * q * (static_cast<double>(n) * (n + 1) / 2);
+  return c.num_layers * (per_token_layer * n + attention) + 2.0 * c.hidden_size * c.vocab_size;
+}
+
 ModelConfig Shape110M() {
   ModelConfig c;
   c.architecture = "LlamaForCausalLM";
@@ -90,8 +140,11 @@ int Run() {
   const int reps = absl::GetFlag(FLAGS_reps);
   const int context = absl::GetFlag(FLAGS_decode_context);
   const double copy_gbps = MeasureCopyBandwidth(threads, reps);
-  std::cout << absl::StrFormat("copy bandwidth (%d threads): %.1f GB/s\n\n", threads, copy_gbps);
-  std::cout << "| weights | phase | tokens | median time | tokens/s | GB/s read | share of copy BW |\n"
+  const double peak_gflops = MeasureFmaPeak(threads, reps);
+  std::cout << absl::StrFormat(
+      "copy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak: %.1f GFLOP/s\n\n", threads,
+      copy_gbps, peak_gflops);
+  std::cout << "| weights | phase | tokens | median time | tokens/s | achieved | share of limit |\n"
                "|---|---|---|---|---|---|---|\n";
 
   const std::string dtypes = absl::GetFlag(FLAGS_dtypes);
@@ -136,8 +189,9 @@ int Run() {
         if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       }
       const double t = Median(secs);
-      std::cout << absl::StrFormat("| %s | prefill | %d | %.1f ms | %.0f | | |\n", name, len,
-                                   t * 1e3, len / t);
+      const double gflops = PrefillFlops((*model)->config(), len) / t / 1e9;
+      std::cout << absl::StrFormat("| %s | prefill | %d | %.1f ms | %.0f | %.1f GFLOP/s | %.0f%% of FMA peak |\n",
+                                   name, len, t * 1e3, len / t, gflops, 100.0 * gflops / peak_gflops);
     }
 
     for (int batch : {1, max_batch}) {
@@ -167,7 +221,7 @@ int Run() {
       const KvBlockLayout& L = (*runner)->kv_layout();
       const double kv_bytes = 2.0 * batch * (context + reps / 2) * L.slot_bytes() * L.num_layers;
       const double bytes = WeightBytesReadPerStep(**model) + kv_bytes;
-      std::cout << absl::StrFormat("| %s | decode b=%d | %d | %.2f ms/step | %.1f | %.1f | %.0f%% |\n",
+      std::cout << absl::StrFormat("| %s | decode b=%d | %d | %.2f ms/step | %.1f | %.1f GB/s | %.0f%% of copy BW |\n",
                                    name, batch, batch, t * 1e3, batch / t, bytes / t / 1e9,
                                    100.0 * bytes / t / 1e9 / copy_gbps);
     }

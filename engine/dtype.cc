@@ -23,7 +23,7 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
   if (name == "F16" || name == "float16") return DType::kF16;
   if (name == "BF16" || name == "bfloat16") return DType::kBF16;
   return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype '", name, "' (expected F32, F16 or BF16)"));
+      absl::StrCat("unsupported dtype '", std::string(name), "' (expected F32, F16 or BF16)"));
 }
 
 float Fp16ToFloat(uint16_t h) {
