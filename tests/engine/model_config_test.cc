@@ -1,0 +1,157 @@
+// config.json as published for real model families, and the errors for
+// configs pdserve cannot serve.
+#include "engine/model_config.h"
+
+#include "gtest/gtest.h"
+
+namespace pdserve {
+namespace {
+
+// Abridged from the published config.json files.
+constexpr char kLlama2_7b[] = R"({
+  "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+  "tie_word_embeddings": false, "torch_dtype": "float16", "vocab_size": 32000})";
+
+constexpr char kLlama31_8b[] = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009], "hidden_size": 4096, "intermediate_size": 14336,
+  "max_position_embeddings": 131072, "model_type": "llama", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "vocab_size": 128256})";
+
+constexpr char kMistral7b[] = R"({
+  "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 32768,
+  "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+  "sliding_window": 4096, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "vocab_size": 32000})";
+
+constexpr char kQwen2_0_5b[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "bos_token_id": 151643, "eos_token_id": 151643,
+  "hidden_size": 896, "intermediate_size": 4864, "max_position_embeddings": 32768,
+  "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+  "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16", "use_sliding_window": false, "vocab_size": 151936})";
+
+TEST(ModelConfigTest, Llama2) {
+  auto c = ParseHfConfig(kLlama2_7b);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c->num_kv_heads, 32);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_FLOAT_EQ(c->rope_theta, 10000.0f);
+  EXPECT_EQ(c->torch_dtype, DType::kF16);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{2});
+}
+
+TEST(ModelConfigTest, Llama31WithLlama3RopeScalingAndSeveralEos) {
+  auto c = ParseHfConfig(kLlama31_8b);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_kv_heads, 8);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_FLOAT_EQ(c->rope_scaling.factor, 8.0f);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_FLOAT_EQ(c->rope_theta, 500000.0f);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
+  EXPECT_EQ(c->torch_dtype, DType::kBF16);
+}
+
+TEST(ModelConfigTest, MistralSlidingWindowAndQwen2Bias) {
+  auto m = ParseHfConfig(kMistral7b);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 4096);
+  EXPECT_FALSE(m->qkv_bias);
+  auto q = ParseHfConfig(kQwen2_0_5b);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_TRUE(q->qkv_bias);
+  EXPECT_TRUE(q->tie_word_embeddings);
+  EXPECT_EQ(q->sliding_window, 0);  // use_sliding_window is false.
+  EXPECT_EQ(q->head_dim, 64);
+}
+
+TEST(ModelConfigTest, Transformers5SpellingWithRopeParameters) {
+  auto c = ParseHfConfig(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "dtype": "bfloat16",
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 32);  // Explicit, not hidden / heads.
+  EXPECT_EQ(c->torch_dtype, DType::kBF16);
+  EXPECT_FLOAT_EQ(c->rope_theta, 500000.0f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 32);
+}
+
+TEST(ModelConfigTest, RoundTripsThroughToHfConfigJson) {
+  for (const char* text : {kLlama2_7b, kLlama31_8b, kMistral7b, kQwen2_0_5b}) {
+    auto c = ParseHfConfig(text);
+    ASSERT_TRUE(c.ok());
+    auto again = ParseHfConfig(ToHfConfigJson(*c));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(ToHfConfigJson(*again), ToHfConfigJson(*c));
+  }
+}
+
+TEST(ModelConfigTest, GenerationConfigOverridesEos) {
+  auto c = ParseHfConfig(kLlama2_7b);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(ApplyGenerationConfig(R"({"eos_token_id": [2, 7], "bos_token_id": 1})", *c).ok());
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{2, 7}));
+  EXPECT_EQ(ApplyGenerationConfig(R"({"eos_token_id": 99999})", *c).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{2, 7}));  // Unchanged on error.
+  EXPECT_EQ(ApplyGenerationConfig("[", *c).code(), absl::StatusCode::kInvalidArgument);
+}
+
+struct BadCase {
+  const char* what;
+  std::string json;
+  const char* message;  // Must appear in the error.
+};
+
+TEST(ModelConfigTest, BadConfigsNameTheProblem) {
+  const std::string base = R"("vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4)";
+  const std::vector<BadCase> cases = {
+      {"not json", "{", "not a valid JSON"},
+      {"array", "[]", "not a valid JSON object"},
+      {"unknown arch", R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", )" + base + "}",
+       "GPT2LMHeadModel"},
+      {"no arch", "{" + base + "}", "unsupported architecture"},
+      {"string size", R"({"model_type": "llama", "vocab_size": "100", "hidden_size": 64})", "vocab_size"},
+      {"zero layers", R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 0, "num_attention_heads": 4})", "num_hidden_layers"},
+      {"gqa", R"({"model_type": "llama", )" + base + R"(, "num_key_value_heads": 3})", "num_key_value_heads"},
+      {"odd head", R"({"model_type": "llama", )" + base + R"(, "head_dim": 15})", "head_dim"},
+      {"yarn", R"({"model_type": "llama", )" + base + R"(, "rope_scaling": {"type": "yarn", "factor": 4}})",
+       "yarn"},
+      {"huge", R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 99999999999})", "range"},
+      {"eps", R"({"model_type": "llama", )" + base + R"(, "rms_norm_eps": -1})", "rms_norm_eps"},
+      {"dtype", R"({"model_type": "llama", )" + base + R"(, "torch_dtype": "int8"})", "int8"},
+      {"eos", R"({"model_type": "llama", )" + base + R"(, "eos_token_id": 100})", "eos_token_id"},
+      {"eos type", R"({"model_type": "llama", )" + base + R"(, "eos_token_id": "x"})", "eos_token_id"},
+  };
+  for (const BadCase& c : cases) {
+    auto r = ParseHfConfig(c.json);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(r.status().message().find(c.message), std::string::npos) << c.what << ": " << r.status();
+  }
+}
+
+}  // namespace
+}  // namespace pdserve
