@@ -27,7 +27,9 @@ class Llama2cTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(kSrc / "stories260K.bin")) GTEST_SKIP() << "no " << kSrc;
-    out_ = fs::path(testing::TempDir()) / "llama2c-out";
+    // ctest runs each test in its own process, in parallel: no shared paths.
+    out_ = fs::path(testing::TempDir()) /
+           (std::string("llama2c-") + testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(out_);
   }
   fs::path out_;
@@ -87,7 +89,8 @@ TEST_F(Llama2cTest, ConvertedDirectoryHasHfLayoutAndPermutedQk) {
 TEST_F(Llama2cTest, TruncatedOrCorruptInputsAreRejected) {
   const std::string ckpt = Slurp(kSrc / "stories260K.bin");
   const std::string tok = Slurp(kSrc / "tok512.bin");
-  const fs::path dir = fs::path(testing::TempDir());
+  const fs::path dir = out_.string() + "-inputs";
+  fs::create_directories(dir);
   auto write = [&](const std::string& name, const std::string& bytes) {
     std::ofstream(dir / name, std::ios::binary | std::ios::trunc) << bytes;
     return dir / name;
