@@ -191,7 +191,9 @@ absl::StatusOr<std::shared_ptr<const Model>> Model::Load(std::string_view spec) 
     PD_ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromHfFiles(dir / "tokenizer.json",
                                                           dir / "tokenizer_config.json"));
   }
-  return Assemble(fs::absolute(dir).lexically_normal().filename().string(), std::move(config),
+  fs::path canonical = fs::absolute(dir).lexically_normal();
+  if (canonical.filename().empty()) canonical = canonical.parent_path();  // "dir/"
+  return Assemble(canonical.filename().string(), std::move(config),
                   std::move(weights), {}, std::move(ckpt), std::move(tokenizer));
 }
 

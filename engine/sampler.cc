@@ -15,6 +15,11 @@ inline float Sanitize(float x) {
   return std::isfinite(x) ? x : std::numeric_limits<float>::lowest();
 }
 
+// Orders (score, id) candidates best first; the lower id wins ties.
+bool Better(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+  return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
 }  // namespace
 
 absl::Status ValidateSamplingParams(const SamplingParams& p, int32_t vocab_size) {
@@ -75,16 +80,13 @@ SampledToken Sampler::Sample(std::span<const float> logits) {
     scratch_.resize(n);
     const float inv_t = 1.0f / params_.temperature;
     for (int32_t i = 0; i < n; ++i) scratch_[i] = {Sanitize(logits[i]) * inv_t, i};
-    auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
     int32_t keep = n;
     if (params_.top_k > 0 && params_.top_k < n) {
       keep = params_.top_k;
-      std::nth_element(scratch_.begin(), scratch_.begin() + keep - 1, scratch_.end(), better);
+      std::nth_element(scratch_.begin(), scratch_.begin() + keep - 1, scratch_.end(), Better);
     }
     // Sorting only what survived top-k keeps the common case cheap.
-    std::sort(scratch_.begin(), scratch_.begin() + keep, better);
+    std::sort(scratch_.begin(), scratch_.begin() + keep, Better);
     const float top = scratch_[0].first;
     double total = 0.0;
     for (int32_t i = 0; i < keep; ++i) {
@@ -127,10 +129,7 @@ SampledToken Sampler::Sample(std::span<const float> logits) {
     const int32_t k = std::min(params_.logprobs, n);
     scratch_.resize(n);
     for (int32_t i = 0; i < n; ++i) scratch_[i] = {Sanitize(logits[i]), i};
-    auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
-    std::partial_sort(scratch_.begin(), scratch_.begin() + k, scratch_.end(), better);
+    std::partial_sort(scratch_.begin(), scratch_.begin() + k, scratch_.end(), Better);
     out.top_logprobs.reserve(k);
     for (int32_t i = 0; i < k; ++i) out.top_logprobs.push_back({scratch_[i].second, scratch_[i].first - log_z});
   }

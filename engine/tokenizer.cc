@@ -316,7 +316,7 @@ absl::Status TokenizerImpl::PreTokenize(std::string text, bool at_start,
             } else {
               next.push_back({p, off});
             }
-            off += p.size() + 1;  // Only "is it at 0" matters downstream.
+            off += p.size();
           }
           break;
         }
@@ -476,7 +476,6 @@ void TokenizerImpl::Bpe(std::string_view word, std::vector<int32_t>& out) const 
 std::string TokenizerImpl::DecodeBytes(std::span<const int32_t> ids, bool skip_special) const {
   std::vector<std::string> parts;
   parts.reserve(ids.size());
-  std::vector<char> is_byte_token;
   for (int32_t id : ids) {
     if (skip_special && special[id]) continue;
     parts.push_back(tokens[id]);

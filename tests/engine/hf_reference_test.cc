@@ -10,6 +10,7 @@
 #include "engine/model_runner.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/test_util.h"
 
 namespace pdserve {
 namespace {
@@ -20,9 +21,9 @@ class HfReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
   const std::string dir = kFixtures + GetParam();
-  std::ifstream in(dir + "/reference.json");
-  ASSERT_TRUE(in.good()) << "missing " << dir << "/reference.json";
-  const nlohmann::json ref = nlohmann::json::parse(in);
+  const std::string text = testing_util::ReadFileOrEmpty(dir + "/reference.json");
+  ASSERT_FALSE(text.empty()) << "missing " << dir << "/reference.json";
+  const nlohmann::json ref = nlohmann::json::parse(text);
   auto model = Model::Load(dir);
   ASSERT_TRUE(model.ok()) << model.status();
   const int vocab = (*model)->config().vocab_size;
@@ -55,20 +56,9 @@ TEST_P(HfReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
       worst = std::max(worst, max_diff / max_abs);
     }
 
-    auto g = Generator::Create(runner->get(), {});
-    ASSERT_TRUE(g.ok());
     const std::vector<int32_t> want_tokens = c["greedy_new_tokens"].get<std::vector<int32_t>>();
-    SamplingParams sp{.temperature = 0.0f, .max_tokens = static_cast<int32_t>(want_tokens.size()),
-                      .ignore_eos = true};
-    ASSERT_TRUE((*g)->Add({RequestId(1), ids, sp}).ok());
-    std::vector<int32_t> got;
-    std::vector<GenerationEvent> events;
-    while ((*g)->HasWork()) {
-      events.clear();
-      ASSERT_TRUE((*g)->Step(events).ok());
-      for (const auto& e : events) got.push_back(e.token.token);
-    }
-    EXPECT_EQ(got, want_tokens);
+    EXPECT_EQ(testing_util::GreedyTokens(**runner, ids, static_cast<int32_t>(want_tokens.size())),
+              want_tokens);
   }
   std::cout << GetParam() << ": largest logit difference " << worst
             << " of the row's largest logit\n";

@@ -10,6 +10,7 @@
 #include "engine/safetensors.h"
 #include "engine/tokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
 
 namespace pdserve {
 namespace {
@@ -18,10 +19,7 @@ namespace fs = std::filesystem;
 
 const fs::path kSrc = fs::path(PDSERVE_SHARED_DIR) / "models/stories260K";
 
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing_util::ReadFileOrEmpty;
 
 class Llama2cTest : public ::testing::Test {
  protected:
@@ -37,7 +35,7 @@ class Llama2cTest : public ::testing::Test {
 
 TEST_F(Llama2cTest, ConvertedDirectoryHasHfLayoutAndPermutedQk) {
   ASSERT_TRUE(ConvertLlama2cToHf(kSrc / "stories260K.bin", kSrc / "tok512.bin", out_).ok());
-  auto config = ParseHfConfig(Slurp(out_ / "config.json"));
+  auto config = ParseHfConfig(ReadFileOrEmpty(out_ / "config.json"));
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->hidden_size, 64);
   EXPECT_EQ(config->num_layers, 5);
@@ -52,7 +50,7 @@ TEST_F(Llama2cTest, ConvertedDirectoryHasHfLayoutAndPermutedQk) {
 
   // Layer 0's wq in the raw file starts after the header, the embedding and
   // every layer's attention norm.
-  const std::string raw = Slurp(kSrc / "stories260K.bin");
+  const std::string raw = ReadFileOrEmpty(kSrc / "stories260K.bin");
   const float* f = reinterpret_cast<const float*>(raw.data() + 28);
   const float* wq0 = f + 512 * 64 + 5 * 64;
   const int64_t q_shape[] = {64, 64};
@@ -87,8 +85,8 @@ TEST_F(Llama2cTest, ConvertedDirectoryHasHfLayoutAndPermutedQk) {
 }
 
 TEST_F(Llama2cTest, TruncatedOrCorruptInputsAreRejected) {
-  const std::string ckpt = Slurp(kSrc / "stories260K.bin");
-  const std::string tok = Slurp(kSrc / "tok512.bin");
+  const std::string ckpt = ReadFileOrEmpty(kSrc / "stories260K.bin");
+  const std::string tok = ReadFileOrEmpty(kSrc / "tok512.bin");
   const fs::path dir = out_.string() + "-inputs";
   fs::create_directories(dir);
   auto write = [&](const std::string& name, const std::string& bytes) {

@@ -12,6 +12,7 @@
 #include "engine/model_runner.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/test_util.h"
 
 namespace pdserve {
 namespace {
@@ -30,26 +31,17 @@ TEST(Stories260kTest, GreedyFromBosIsThePublishedText) {
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_NE((*model)->tokenizer(), nullptr);
 
-  std::ifstream in(std::string(PDSERVE_FIXTURES_DIR) + "/stories260k_greedy.json");
-  ASSERT_TRUE(in.good());
-  const nlohmann::json ref = nlohmann::json::parse(in);
+  const std::string text =
+      testing_util::ReadFileOrEmpty(std::string(PDSERVE_FIXTURES_DIR) + "/stories260k_greedy.json");
+  ASSERT_FALSE(text.empty());
+  const nlohmann::json ref = nlohmann::json::parse(text);
   const auto want = ref["tokens"].get<std::vector<int32_t>>();
   ASSERT_GE(want.size(), 100u);
 
   auto runner = CreateModelRunner(*model, {.num_kv_blocks = 32, .block_size = 16, .num_threads = 2});
   ASSERT_TRUE(runner.ok());
-  auto g = Generator::Create(runner->get(), {});
-  ASSERT_TRUE(g.ok());
-  SamplingParams sp{.temperature = 0.0f, .max_tokens = static_cast<int32_t>(want.size()),
-                    .ignore_eos = true};
-  ASSERT_TRUE((*g)->Add({RequestId(1), ref["prompt_ids"].get<std::vector<int32_t>>(), sp}).ok());
-  std::vector<int32_t> got;
-  std::vector<GenerationEvent> events;
-  while ((*g)->HasWork()) {
-    events.clear();
-    ASSERT_TRUE((*g)->Step(events).ok());
-    for (const auto& e : events) got.push_back(e.token.token);
-  }
+  const std::vector<int32_t> got = testing_util::GreedyTokens(
+      **runner, ref["prompt_ids"].get<std::vector<int32_t>>(), static_cast<int32_t>(want.size()));
   EXPECT_EQ(got, want);
 
   auto text = (*model)->tokenizer()->Decode(got, /*skip_special_tokens=*/true);

@@ -7,6 +7,7 @@
 
 #include "engine/tokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve {
@@ -14,22 +15,17 @@ namespace {
 
 const std::string kDir = std::string(PDSERVE_FIXTURES_DIR) + "/tokenizers/";
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing_util::ReadFileOrEmpty;
 
 const nlohmann::json& Expected() {
-  static const nlohmann::json* j = new nlohmann::json(nlohmann::json::parse(Slurp(kDir + "expected.json")));
+  static const nlohmann::json* j = new nlohmann::json(nlohmann::json::parse(ReadFileOrEmpty(kDir + "expected.json")));
   return *j;
 }
 
 // The gpt2 vocabulary with Llama 3's pre-tokenization, made the way the
 // fixture script makes it.
 std::string Llama3StyleJson() {
-  nlohmann::json j = nlohmann::json::parse(Slurp(kDir + "gpt2/tokenizer.json"));
+  nlohmann::json j = nlohmann::json::parse(ReadFileOrEmpty(kDir + "gpt2/tokenizer.json"));
   j["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/tokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
 
 namespace pdserve {
 namespace {
@@ -18,12 +19,7 @@ namespace fs = std::filesystem;
 
 const fs::path kVocabDir = fs::path(PDSERVE_SHARED_DIR) / "tokenizers/llama.cpp-vocab";
 
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing_util::ReadFileOrEmpty;
 
 class LlamaCppVocabTest : public ::testing::TestWithParam<std::string> {};
 
@@ -34,8 +30,8 @@ TEST_P(LlamaCppVocabTest, EveryCaseEncodesToTheExpectedIds) {
   ASSERT_TRUE(tok.ok()) << tok.status();
 
   std::vector<std::string> cases =
-      absl::StrSplit(Slurp(gguf.string() + ".inp"), "\n__ggml_vocab_test__\n");
-  std::vector<std::string> expected = absl::StrSplit(Slurp(gguf.string() + ".out"), '\n');
+      absl::StrSplit(ReadFileOrEmpty(gguf.string() + ".inp"), "\n__ggml_vocab_test__\n");
+  std::vector<std::string> expected = absl::StrSplit(ReadFileOrEmpty(gguf.string() + ".out"), '\n');
   ASSERT_FALSE(cases.empty());
   if (cases.back().empty()) cases.pop_back();  // After the last separator.
   ASSERT_GE(expected.size(), cases.size());

@@ -12,16 +12,14 @@
 #include "engine/pretokenizer_regex.h"
 #include "engine/unicode.h"
 #include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
 
 namespace pdserve {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing_util::ReadFileOrEmpty;
 
 TEST(ByteLevelTokenizerTest, RoundTripsAnyUtf8AndAddsBos) {
   auto tok = Tokenizer::MakeByteLevel();
@@ -147,7 +145,7 @@ TEST(TokenizerJsonTest, MalformedFilesGiveErrors) {
 TEST(GgufTest, TruncatedAndCorruptFilesGiveErrorsNotCrashes) {
   const fs::path gguf = fs::path(PDSERVE_SHARED_DIR) / "tokenizers/llama.cpp-vocab/ggml-vocab-llama-spm.gguf";
   if (!fs::exists(gguf)) GTEST_SKIP() << "no " << gguf;
-  const std::string bytes = Slurp(gguf);
+  const std::string bytes = ReadFileOrEmpty(gguf);
   ASSERT_TRUE(ParseGgufMetadata(bytes).ok());
   for (size_t n = 0; n < bytes.size(); n += bytes.size() / 97 + 1) {
     EXPECT_FALSE(ParseGgufMetadata(std::string_view(bytes).substr(0, n)).ok()) << "cut at " << n;

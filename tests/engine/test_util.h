@@ -1,0 +1,42 @@
+// Small helpers shared by the engine tests.
+#ifndef PDSERVE_TESTS_ENGINE_TEST_UTIL_H_
+#define PDSERVE_TESTS_ENGINE_TEST_UTIL_H_
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "engine/generator.h"
+#include "gtest/gtest.h"
+
+namespace pdserve::testing_util {
+
+inline std::string ReadFileOrEmpty(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Greedy-decodes `max_tokens` tokens (EOS ignored) for one prompt.
+inline std::vector<int32_t> GreedyTokens(ModelRunner& runner, const std::vector<int32_t>& prompt,
+                                         int32_t max_tokens) {
+  auto g = Generator::Create(&runner, {});
+  EXPECT_TRUE(g.ok()) << g.status();
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = max_tokens, .ignore_eos = true};
+  EXPECT_TRUE((*g)->Add({RequestId(1), prompt, sp}).ok());
+  std::vector<int32_t> out;
+  std::vector<GenerationEvent> events;
+  while ((*g)->HasWork()) {
+    events.clear();
+    EXPECT_TRUE((*g)->Step(events).ok());
+    for (const auto& e : events) {
+      if (e.has_token) out.push_back(e.token.token);
+    }
+  }
+  return out;
+}
+
+}  // namespace pdserve::testing_util
+
+#endif  // PDSERVE_TESTS_ENGINE_TEST_UTIL_H_
