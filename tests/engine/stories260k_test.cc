@@ -31,10 +31,10 @@ TEST(Stories260kTest, GreedyFromBosIsThePublishedText) {
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_NE((*model)->tokenizer(), nullptr);
 
-  const std::string text =
+  const std::string fixture =
       testing_util::ReadFileOrEmpty(std::string(PDSERVE_FIXTURES_DIR) + "/stories260k_greedy.json");
-  ASSERT_FALSE(text.empty());
-  const nlohmann::json ref = nlohmann::json::parse(text);
+  ASSERT_FALSE(fixture.empty());
+  const nlohmann::json ref = nlohmann::json::parse(fixture);
   const auto want = ref["tokens"].get<std::vector<int32_t>>();
   ASSERT_GE(want.size(), 100u);
 
