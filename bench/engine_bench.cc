@@ -21,6 +21,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "engine/builtin_tiny.h"
 #include "engine/model_runner.h"
 
@@ -144,13 +145,13 @@ int Run() {
   std::cout << absl::StrFormat(
       "copy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak: %.1f GFLOP/s\n\n", threads,
       copy_gbps, peak_gflops);
-  std::cout << "| weights | phase | tokens | median time | tokens/s | achieved | share of limit |\n"
+  std::cout << "| weights | phase | tokens per forward | median time | tokens/s | GB/s read (share of copy BW) | GFLOP/s (share of FMA peak) |\n"
                "|---|---|---|---|---|---|---|\n";
 
-  const std::string dtypes = absl::GetFlag(FLAGS_dtypes);
+  const std::vector<std::string> dtypes = absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',');
   for (const auto& [name, dtype] : {std::pair{"f32", DType::kF32}, std::pair{"bf16", DType::kBF16},
                                     std::pair{"f16", DType::kF16}}) {
-    if (dtypes.find(name) == std::string::npos) continue;
+    if (std::find(dtypes.begin(), dtypes.end(), name) == dtypes.end()) continue;
     auto model = MakeRandomModel("bench-110m", Shape110M(), dtype, 1);
     if (!model.ok()) {
       std::cerr << model.status() << "\n";
@@ -190,8 +191,8 @@ int Run() {
       }
       const double t = Median(secs);
       const double gflops = PrefillFlops((*model)->config(), len) / t / 1e9;
-      std::cout << absl::StrFormat("| %s | prefill | %d | %.1f ms | %.0f | %.1f GFLOP/s | %.0f%% of FMA peak |\n",
-                                   name, len, t * 1e3, len / t, gflops, 100.0 * gflops / peak_gflops);
+      std::cout << absl::StrFormat("| %s | prefill %d | %d | %.1f ms | %.0f | | %.1f (%.0f%%) |\n", name,
+                                   len, len, t * 1e3, len / t, gflops, 100.0 * gflops / peak_gflops);
     }
 
     for (int batch : {1, max_batch}) {
@@ -221,9 +222,14 @@ int Run() {
       const KvBlockLayout& L = (*runner)->kv_layout();
       const double kv_bytes = 2.0 * batch * (context + reps / 2) * L.slot_bytes() * L.num_layers;
       const double bytes = WeightBytesReadPerStep(**model) + kv_bytes;
-      std::cout << absl::StrFormat("| %s | decode b=%d | %d | %.2f ms/step | %.1f | %.1f GB/s | %.0f%% of copy BW |\n",
-                                   name, batch, batch, t * 1e3, batch / t, bytes / t / 1e9,
-                                   100.0 * bytes / t / 1e9 / copy_gbps);
+      // Decode FLOPs: the per-token matrix products plus attention over the context.
+      const double flops = batch * (PrefillFlops((*model)->config(), 1) +
+                                    (*model)->config().num_layers * 4.0 * context *
+                                        (*model)->config().num_heads * (*model)->config().head_dim);
+      std::cout << absl::StrFormat("| %s | decode b=%d, context %d | %d | %.2f ms | %.1f | %.1f (%.0f%%) | %.1f (%.0f%%) |\n",
+                                   name, batch, context, batch, t * 1e3, batch / t, bytes / t / 1e9,
+                                   100.0 * bytes / t / 1e9 / copy_gbps, flops / t / 1e9,
+                                   100.0 * flops / t / 1e9 / peak_gflops);
     }
   }
   return 0;

@@ -30,26 +30,43 @@ inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// A register tile: MR rows of x against NR rows of w over the whole k,
-// MR * NR accumulators. w points at the tile's first weight row.
+// A register tile: MR rows of x against NR rows of w over the whole k.
+// Small tiles (decode: MR = 1 or 2) would be bound by the FMA latency with
+// only MR * NR dependency chains, so they keep two banks of accumulators
+// and alternate between them along k.
 template <DType T, int MR, int NR>
 void MatMulTile(const float* x, int64_t k, const std::byte* w, float* y, int64_t ldy) {
   constexpr size_t kElem = DTypeSize(T);
-  __m256 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  constexpr int kBanks = MR * NR <= 6 ? 2 : 1;
+  __m256 acc[kBanks][MR][NR];
+  for (int b = 0; b < kBanks; ++b)
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) acc[b][i][j] = _mm256_setzero_ps();
   int64_t kk = 0;
-  for (; kk + 8 <= k; kk += 8) {
-    __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = Load8<T>(w + (j * k + kk) * kElem);
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * k + kk);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+  for (; kk + 8 * kBanks <= k; kk += 8 * kBanks) {
+    for (int b = 0; b < kBanks; ++b) {
+      const int64_t at = kk + 8 * b;
+      __m256 wv[NR];
+      for (int j = 0; j < NR; ++j) wv[j] = Load8<T>(w + (j * k + at) * kElem);
+      for (int i = 0; i < MR; ++i) {
+        const __m256 xv = _mm256_loadu_ps(x + i * k + at);
+        for (int j = 0; j < NR; ++j) acc[b][i][j] = _mm256_fmadd_ps(xv, wv[j], acc[b][i][j]);
+      }
+    }
+  }
+  for (; kk + 8 <= k; kk += 8) {  // A last group of 8 when two banks do not fit.
+    for (int j = 0; j < NR; ++j) {
+      const __m256 wv = Load8<T>(w + (j * k + kk) * kElem);
+      for (int i = 0; i < MR; ++i) {
+        acc[0][i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + kk), wv, acc[0][i][j]);
+      }
     }
   }
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NR; ++j) {
-      float s = HorizontalSum(acc[i][j]);
+      __m256 sum = acc[0][i][j];
+      for (int b = 1; b < kBanks; ++b) sum = _mm256_add_ps(sum, acc[b][i][j]);
+      float s = HorizontalSum(sum);
       for (int64_t t = kk; t < k; ++t) {
         s += x[i * k + t] * LoadAsFloat(w + j * k * kElem, T, t);
       }
