@@ -30,5 +30,5 @@ fi
 
 if [[ "${1:-}" == "--fixtures" ]]; then
   # Only needed to regenerate tests/fixtures; the tests read committed files.
-  python3 -m pip install --quiet torch transformers tokenizers safetensors sentencepiece protobuf numpy
+  python3 -m pip install --quiet torch transformers tokenizers safetensors sentencepiece protobuf numpy gguf
 fi
