@@ -110,7 +110,7 @@ struct PreTokenizerStep {
 };
 
 struct NormalizerStep {
-  enum class Kind { kPrepend, kReplace } kind;
+  enum class Kind { kPrepend, kReplace, kNfc } kind;
   std::string a, b;  // kPrepend: a; kReplace: a -> b.
 };
 
@@ -234,10 +234,16 @@ absl::Status TokenizerImpl::EncodeSegment(std::string_view segment, bool at_star
                                           std::vector<int32_t>& out) const {
   std::string text(segment);
   for (const NormalizerStep& n : normalizer) {
-    if (n.kind == NormalizerStep::Kind::kPrepend) {
-      if (!text.empty()) text = n.a + text;
-    } else {
-      ReplaceAll(text, n.a, n.b);
+    switch (n.kind) {
+      case NormalizerStep::Kind::kPrepend:
+        if (!text.empty()) text = n.a + text;
+        break;
+      case NormalizerStep::Kind::kReplace:
+        ReplaceAll(text, n.a, n.b);
+        break;
+      case NormalizerStep::Kind::kNfc:
+        text = unicode::NormalizeNfc(text);
+        break;
     }
   }
   std::vector<Piece> pieces;
@@ -612,6 +618,8 @@ absl::Status LoadNormalizer(const Json& j, TokenizerImpl& t) {
       if (!p.is_object() || !p.contains("String")) return Unsupported("normalizer Replace with a regex");
       t.normalizer.push_back({NormalizerStep::Kind::kReplace, p["String"].get<std::string>(),
                               JsonString(*s, "content")});
+    } else if (type == "NFC") {
+      t.normalizer.push_back({NormalizerStep::Kind::kNfc});
     } else {
       return Unsupported(absl::StrCat("normalizer '", type, "'"));
     }

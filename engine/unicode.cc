@@ -1,6 +1,7 @@
 #include "engine/unicode.h"
 
 #include <algorithm>
+#include <optional>
 #include <span>
 
 namespace pdserve::unicode {
@@ -8,6 +9,16 @@ namespace {
 
 struct CodePointRange {
   char32_t lo, hi;
+};
+struct CombiningClassRange {
+  char32_t lo, hi;
+  uint8_t ccc;
+};
+struct Decomposition {
+  char32_t cp, first, second;  // second == 0: a singleton.
+};
+struct Composition {
+  char32_t first, second, composite;
 };
 
 #include "engine/unicode_tables.inc"
@@ -52,7 +63,94 @@ size_t SequenceLength(std::string_view s, bool* incomplete) {
   return len;
 }
 
+// Hangul syllables compose and decompose algorithmically (Unicode 3.12).
+constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
+constexpr char32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount,
+                   kSCount = kLCount * kNCount;
+
+uint8_t CombiningClass(char32_t cp) {
+  if (cp < 0x300) return 0;
+  auto it = std::upper_bound(std::begin(kCombiningClass), std::end(kCombiningClass), cp,
+                             [](char32_t c, const CombiningClassRange& r) { return c < r.lo; });
+  return it != std::begin(kCombiningClass) && cp <= (it - 1)->hi ? (it - 1)->ccc : 0;
+}
+
+void Decompose(char32_t cp, std::u32string& out) {
+  if (cp >= kSBase && cp < kSBase + kSCount) {
+    const char32_t s = cp - kSBase;
+    out.push_back(kLBase + s / kNCount);
+    out.push_back(kVBase + (s % kNCount) / kTCount);
+    if (s % kTCount != 0) out.push_back(kTBase + s % kTCount);
+    return;
+  }
+  auto it = std::lower_bound(std::begin(kDecomposition), std::end(kDecomposition), cp,
+                             [](const Decomposition& d, char32_t c) { return d.cp < c; });
+  if (it == std::end(kDecomposition) || it->cp != cp) {
+    out.push_back(cp);
+    return;
+  }
+  Decompose(it->first, out);
+  if (it->second != 0) Decompose(it->second, out);
+}
+
+std::optional<char32_t> Compose(char32_t a, char32_t b) {
+  if (a >= kLBase && a < kLBase + kLCount && b >= kVBase && b < kVBase + kVCount) {
+    return kSBase + ((a - kLBase) * kVCount + (b - kVBase)) * kTCount;
+  }
+  if (a >= kSBase && a < kSBase + kSCount && (a - kSBase) % kTCount == 0 && b > kTBase &&
+      b < kTBase + kTCount) {
+    return a + (b - kTBase);
+  }
+  auto it = std::lower_bound(std::begin(kComposition), std::end(kComposition), std::pair{a, b},
+                             [](const Composition& c, std::pair<char32_t, char32_t> key) {
+                               return std::pair{c.first, c.second} < key;
+                             });
+  if (it == std::end(kComposition) || it->first != a || it->second != b) return std::nullopt;
+  return it->composite;
+}
+
 }  // namespace
+
+std::string NormalizeNfc(std::string_view text) {
+  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
+    return std::string(text);  // ASCII is always NFC.
+  }
+  // Canonical decomposition, then canonical ordering of combining marks.
+  std::u32string d;
+  for (char32_t cp : DecodeUtf8(text)) Decompose(cp, d);
+  for (size_t i = 0; i < d.size();) {
+    if (CombiningClass(d[i]) == 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < d.size() && CombiningClass(d[j]) != 0) ++j;
+    std::stable_sort(d.begin() + i, d.begin() + j,
+                     [](char32_t a, char32_t b) { return CombiningClass(a) < CombiningClass(b); });
+    i = j;
+  }
+  // Canonical composition: each character joins the last starter unless a
+  // character of the same or higher class (or a starter) stands between.
+  std::u32string out;
+  size_t starter = std::u32string::npos;
+  int last_class = -1;
+  for (char32_t cp : d) {
+    const int cc = CombiningClass(cp);
+    if (starter != std::u32string::npos && (last_class < cc || (last_class == 0 && starter == out.size() - 1))) {
+      if (auto c = Compose(out[starter], cp)) {
+        out[starter] = *c;
+        continue;
+      }
+    }
+    if (cc == 0) starter = out.size();
+    last_class = cc;
+    out.push_back(cp);
+  }
+  std::string result;
+  result.reserve(text.size());
+  for (char32_t cp : out) AppendUtf8(cp, result);
+  return result;
+}
 
 bool Is(char32_t cp, Category category) {
   switch (category) {

@@ -33,6 +33,10 @@ size_t CompleteUtf8Prefix(std::string_view bytes);
 // errors="replace" and Rust's from_utf8_lossy do (maximal subparts).
 std::string ToValidUtf8(std::string_view bytes);
 
+// Unicode Normalization Form C of well-formed UTF-8 (check IsValidUtf8
+// first), with the tables of tools/gen_unicode_tables.py.
+std::string NormalizeNfc(std::string_view text);
+
 }  // namespace pdserve::unicode
 
 #endif  // PDSERVE_ENGINE_UNICODE_H_

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine/tokenizer.h"
+#include "engine/unicode.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
 #include "nlohmann/json.hpp"
@@ -22,20 +23,24 @@ const nlohmann::json& Expected() {
   return *j;
 }
 
-// The gpt2 vocabulary with Llama 3's pre-tokenization, made the way the
-// fixture script makes it.
-std::string Llama3StyleJson() {
+// The gpt2 vocabulary with another family's pre-tokenization, made the way
+// the fixture script makes it: Llama 3's Split pattern (and ignore_merges),
+// or Qwen2's NFC normalizer and Split pattern.
+std::string VariantJson(bool qwen2) {
   nlohmann::json j = nlohmann::json::parse(ReadFileOrEmpty(kDir + "gpt2/tokenizer.json"));
+  const std::string pattern =
+      qwen2 ? R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"
+            : R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   j["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",
-       {{{"type", "Split"},
-         {"pattern",
-          {{"Regex", R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
-         {"behavior", "Isolated"},
-         {"invert", false}},
-        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
-  j["model"]["ignore_merges"] = true;
+       {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", !qwen2}, {"use_regex", false}}}}};
+  if (qwen2) {
+    j["normalizer"] = {{"type", "NFC"}};
+  } else {
+    j["model"]["ignore_merges"] = true;
+  }
   return j.dump();
 }
 
@@ -44,7 +49,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& name) {
     return Tokenizer::FromHfFiles(kDir + "llama2/tokenizer.json", kDir + "llama2/tokenizer_config.json");
   }
   if (name == "gpt2") return Tokenizer::FromHfFiles(kDir + "gpt2/tokenizer.json", "");
-  return Tokenizer::FromHfJson(Llama3StyleJson(), "");
+  return Tokenizer::FromHfJson(VariantJson(name == "qwen2-style"), "");
 }
 
 class HfTokenizerTest : public ::testing::TestWithParam<std::string> {};
@@ -95,12 +100,21 @@ TEST_P(HfTokenizerTest, IncrementalDetokenizationEqualsDecode) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, HfTokenizerTest,
-                         ::testing::Values("llama2", "gpt2", "llama3-style"),
+                         ::testing::Values("llama2", "gpt2", "llama3-style", "qwen2-style"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+TEST(NfcTest, MatchesPythonUnicodedata) {
+  const auto& cases = Expected()["nfc"];
+  ASSERT_GE(cases.size(), 500u);
+  for (const auto& c : cases) {
+    const std::string in = c[0].get<std::string>();
+    EXPECT_EQ(unicode::NormalizeNfc(in), c[1].get<std::string>()) << "input '" << in << "'";
+  }
+}
 
 }  // namespace
 }  // namespace pdserve
