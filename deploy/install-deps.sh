@@ -12,7 +12,6 @@ APT_PACKAGES=(
   libabsl-dev            # Status/StatusOr, flags, strings, synchronization
   nlohmann-json3-dev     # config.json, tokenizer.json, safetensors headers
   libgtest-dev libgmock-dev googletest  # unit tests
-  libbenchmark-dev       # bench/
   python3
 )
 

@@ -47,6 +47,14 @@ void MatMulTile(const float* x, int64_t k, const std::byte* w, float* y, int64_t
     for (int b = 0; b < kBanks; ++b) {
       const int64_t at = kk + 8 * b;
       __m256 wv[NR];
+      if constexpr (MR <= 2) {
+        // Decode reads each weight row once, NR short rows at a time; the
+        // hardware prefetcher restarts at every row, so warm the next
+        // tile's rows (they follow these in memory). Prefetches never fault.
+        for (int j = 0; j < NR; ++j) {
+          _mm_prefetch(reinterpret_cast<const char*>(w + ((j + NR) * k + at) * kElem), _MM_HINT_T0);
+        }
+      }
       for (int j = 0; j < NR; ++j) wv[j] = Load8<T>(w + (j * k + at) * kElem);
       for (int i = 0; i < MR; ++i) {
         const __m256 xv = _mm256_loadu_ps(x + i * k + at);
