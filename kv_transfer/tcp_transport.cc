@@ -1,0 +1,439 @@
+// "tcp": the portable transport. Writes travel as checksummed frames
+// (tcp_frame.h) over one TCP stream per connection; the receiver checks
+// every frame against its registered regions before copying it in.
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kv_transfer/region_table.h"
+#include "kv_transfer/tcp_frame.h"
+#include "kv_transfer/transports.h"
+
+namespace pdserve::kv {
+namespace {
+
+// How often blocked threads look at the stop flag.
+constexpr absl::Duration kStopPoll = absl::Milliseconds(50);
+
+// Outcome of a socket wait: the caller turns it into a Status.
+enum class Io { kOk, kClosed, kTimeout, kError };
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() { Reset(); }
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    Reset();
+    fd_ = std::exchange(o.fd_, -1);
+    return *this;
+  }
+  int get() const { return fd_; }
+  void Reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
+Io WaitFor(int fd, short events, absl::Time deadline) {
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return Io::kTimeout;
+    pollfd p{fd, events, 0};
+    const int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+    const int r = ::poll(&p, 1, ms);
+    if (r > 0) return Io::kOk;
+    if (r < 0 && errno != EINTR) return Io::kError;
+  }
+}
+
+Io SendAll(int fd, const std::byte* data, size_t len, absl::Time deadline) {
+  while (len > 0) {
+    const ssize_t n = ::send(fd, data, len, MSG_NOSIGNAL);
+    if (n > 0) {
+      data += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (Io io = WaitFor(fd, POLLOUT, deadline); io != Io::kOk) return io;
+      continue;
+    }
+    return errno == EPIPE || errno == ECONNRESET ? Io::kClosed : Io::kError;
+  }
+  return Io::kOk;
+}
+
+Io RecvAll(int fd, std::byte* data, size_t len, absl::Time deadline) {
+  while (len > 0) {
+    const ssize_t n = ::recv(fd, data, len, 0);
+    if (n > 0) {
+      data += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return Io::kClosed;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (Io io = WaitFor(fd, POLLIN, deadline); io != Io::kOk) return io;
+      continue;
+    }
+    return errno == ECONNRESET ? Io::kClosed : Io::kError;
+  }
+  return Io::kOk;
+}
+
+absl::Status IoStatus(Io io, std::string_view what) {
+  switch (io) {
+    case Io::kOk:
+      return absl::OkStatus();
+    case Io::kTimeout:
+      return absl::DeadlineExceededError(absl::StrCat(std::string(what), ": timed out"));
+    case Io::kClosed:
+      return absl::UnavailableError(absl::StrCat(std::string(what), ": peer closed the connection"));
+    case Io::kError:
+      return absl::UnavailableError(absl::StrCat(std::string(what), ": ", std::strerror(errno)));
+  }
+  return absl::InternalError("unreachable");
+}
+
+void SetNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(std::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("address '", std::string(address), "' is not host:port"));
+  }
+  std::string host(address.substr(0, colon));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::pair{host, std::string(address.substr(colon + 1))};
+}
+
+absl::StatusOr<addrinfo*> Resolve(std::string_view address, bool passive) {
+  PD_ASSIGN_OR_RETURN(auto hp, SplitHostPort(address));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* result = nullptr;
+  if (int rc = ::getaddrinfo(hp.first.c_str(), hp.second.c_str(), &hints, &result); rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve '", std::string(address), "': ", ::gai_strerror(rc)));
+  }
+  return result;
+}
+
+Io SendFrame(int fd, const FrameHeader& h, std::span<const std::byte> payload, absl::Time deadline) {
+  std::byte header[kFrameHeaderBytes];
+  EncodeFrameHeader(h, header);
+  if (Io io = SendAll(fd, header, sizeof(header), deadline); io != Io::kOk) return io;
+  return SendAll(fd, payload.data(), payload.size(), deadline);
+}
+
+class TcpConnection final : public KvConnection {
+ public:
+  TcpConnection(Fd fd, RegionTable* local, const TransportOptions& options)
+      : fd_(std::move(fd)), local_(local), options_(options) {}
+
+  absl::Status Write(std::span<const WriteOp> ops) override {
+    if (fd_.get() < 0) return absl::UnavailableError("connection is closed");
+    for (const WriteOp& op : ops) {  // Check every local range before sending anything.
+      PD_RETURN_IF_ERROR(CheckLocal(op));
+    }
+    for (const WriteOp& op : ops) {
+      for (uint64_t done = 0; done < op.length;) {
+        const uint32_t chunk = static_cast<uint32_t>(std::min<uint64_t>(op.length - done, options_.max_frame_bytes));
+        Io io = Io::kOk;
+        const absl::Status local = local_->Access(
+            op.local_region, op.local_offset + done, chunk, [&](std::span<std::byte> src) {
+              const FrameHeader h{FrameType::kWrite, op.remote_region.value, chunk,
+                                  op.remote_offset + done, Crc32c(src)};
+              io = SendFrame(fd_.get(), h, src, absl::Now() + options_.io_timeout);
+            });
+        if (!local.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("local ", local.message())));
+        if (io != Io::kOk) return Fail(PeerError(IoStatus(io, "sending KV")));
+        done += chunk;
+      }
+    }
+    return Sync();
+  }
+
+  absl::Status Notify(std::string_view message) override {
+    if (fd_.get() < 0) return absl::UnavailableError("connection is closed");
+    if (message.size() > options_.max_message_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("notification of ", message.size(),
+                                                       " bytes exceeds the limit of ",
+                                                       options_.max_message_bytes));
+    }
+    const auto payload = std::as_bytes(std::span(message.data(), message.size()));
+    const FrameHeader h{FrameType::kNotify, 0, static_cast<uint32_t>(message.size()), 0, Crc32c(payload)};
+    if (Io io = SendFrame(fd_.get(), h, payload, absl::Now() + options_.io_timeout); io != Io::kOk) {
+      return Fail(PeerError(IoStatus(io, "sending a notification")));
+    }
+    return Sync();
+  }
+
+ private:
+  absl::Status CheckLocal(const WriteOp& op) {
+    const absl::Status s = local_->Access(op.local_region, op.local_offset, op.length, [](auto) {});
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("local ", s.message()));
+    return absl::OkStatus();
+  }
+
+  // SYNC, then the peer's ACK (or its ERROR).
+  absl::Status Sync() {
+    const absl::Time deadline = absl::Now() + options_.io_timeout;
+    if (Io io = SendFrame(fd_.get(), {FrameType::kSync}, {}, deadline); io != Io::kOk) {
+      return Fail(PeerError(IoStatus(io, "sending a sync")));
+    }
+    absl::Status reply = ReadReply(deadline);
+    if (!reply.ok()) return Fail(reply);
+    return absl::OkStatus();
+  }
+
+  // The receiver answers only ACK or ERROR.
+  absl::Status ReadReply(absl::Time deadline) {
+    std::byte raw[kFrameHeaderBytes];
+    if (Io io = RecvAll(fd_.get(), raw, sizeof(raw), deadline); io != Io::kOk) {
+      return IoStatus(io, "waiting for the peer's acknowledgement");
+    }
+    FrameHeader h;
+    if (!DecodeFrameHeader(raw, h)) return absl::DataLossError("malformed reply from the peer");
+    if (h.type == FrameType::kAck && h.length == 0) return absl::OkStatus();
+    if (h.type != FrameType::kError || h.length > options_.max_message_bytes) {
+      return absl::DataLossError("unexpected reply from the peer");
+    }
+    std::string message(h.length, '\0');
+    if (Io io = RecvAll(fd_.get(), reinterpret_cast<std::byte*>(message.data()), h.length, deadline);
+        io != Io::kOk) {
+      return IoStatus(io, "reading the peer's error");
+    }
+    const auto code = h.region <= 16 ? static_cast<absl::StatusCode>(h.region) : absl::StatusCode::kUnknown;
+    return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
+                        absl::StrCat("peer refused the transfer: ", message));
+  }
+
+  // A send failed: the peer may have said why before closing.
+  absl::Status PeerError(absl::Status send_error) {
+    absl::Status reason = ReadReply(absl::Now() + absl::Milliseconds(200));
+    return reason.ok() || absl::IsDeadlineExceeded(reason) || absl::IsUnavailable(reason) ? send_error : reason;
+  }
+
+  absl::Status Fail(absl::Status s) {
+    if (!absl::IsInvalidArgument(s)) fd_.Reset();
+    return s;
+  }
+
+  Fd fd_;
+  RegionTable* const local_;
+  const TransportOptions options_;
+};
+
+class TcpTransport final : public KvTransport {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvTransport>> Create(const TransportOptions& options) {
+    PD_ASSIGN_OR_RETURN(addrinfo * ai, Resolve(options.listen_address, /*passive=*/true));
+    std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> free_ai(ai, &::freeaddrinfo);
+    Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    const int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (fd.get() < 0 || ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), 64) != 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address, ": ",
+                                                 std::strerror(errno)));
+    }
+    SetNonBlocking(fd.get());
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+    ::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), port, sizeof(port),
+                  NI_NUMERICHOST | NI_NUMERICSERV);
+    const std::string endpoint = addr.ss_family == AF_INET6 ? absl::StrCat("[", host, "]:", port)
+                                                             : absl::StrCat(host, ":", port);
+    return std::unique_ptr<KvTransport>(new TcpTransport(options, std::move(fd), endpoint));
+  }
+
+  ~TcpTransport() override {
+    stop_.store(true);
+    accept_thread_.join();
+    absl::MutexLock lock(&mu_);
+    for (Peer& p : peers_) p.thread.join();
+  }
+
+  const TransportCapabilities& capabilities() const override { return caps_; }
+  std::string endpoint() const override { return endpoint_; }
+  absl::StatusOr<RegionId> RegisterMemory(std::span<std::byte> memory) override {
+    return regions_.Register(memory);
+  }
+  absl::Status DeregisterMemory(RegionId region) override { return regions_.Deregister(region); }
+
+  absl::StatusOr<std::unique_ptr<KvConnection>> Connect(std::string_view endpoint) override {
+    PD_ASSIGN_OR_RETURN(addrinfo * ai, Resolve(endpoint, /*passive=*/false));
+    std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> free_ai(ai, &::freeaddrinfo);
+    Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (fd.get() < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+    SetNonBlocking(fd.get());
+    if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      return absl::UnavailableError(absl::StrCat("cannot connect to ", std::string(endpoint), ": ",
+                                                 std::strerror(errno)));
+    }
+    if (WaitFor(fd.get(), POLLOUT, absl::Now() + options_.io_timeout) != Io::kOk) {
+      return absl::DeadlineExceededError(absl::StrCat("connecting to ", std::string(endpoint), " timed out"));
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      return absl::UnavailableError(absl::StrCat("cannot connect to ", std::string(endpoint), ": ",
+                                                 std::strerror(err)));
+    }
+    const int one = 1;
+    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return std::unique_ptr<KvConnection>(new TcpConnection(std::move(fd), &regions_, options_));
+  }
+
+  absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) override {
+    return notifications_.Wait(timeout);
+  }
+
+ private:
+  struct Peer {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  TcpTransport(const TransportOptions& options, Fd listen_fd, std::string endpoint)
+      : options_(options),
+        endpoint_(std::move(endpoint)),
+        notifications_(options.max_pending_notifications),
+        listen_fd_(std::move(listen_fd)),
+        accept_thread_([this] { AcceptLoop(); }) {}
+
+  void AcceptLoop() {
+    while (!stop_.load()) {
+      if (WaitFor(listen_fd_.get(), POLLIN, absl::Now() + kStopPoll) != Io::kOk) continue;
+      Fd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (fd.get() < 0) continue;
+      absl::MutexLock lock(&mu_);
+      // Reap peers whose connections have ended.
+      for (auto it = peers_.begin(); it != peers_.end();) {
+        if (it->done.load()) {
+          it->thread.join();
+          it = peers_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      Peer& peer = peers_.emplace_back();
+      peer.thread = std::thread([this, &peer, f = std::move(fd)]() mutable {
+        Serve(std::move(f));
+        peer.done.store(true);
+      });
+    }
+  }
+
+  // Sends ERROR and ends the connection. Closing with unread bytes in the
+  // socket would reset it and could destroy the ERROR before the sender
+  // reads it, so the input is drained (bounded in time) after a half-close.
+  void Refuse(int fd, const absl::Status& why) {
+    const std::string msg(why.message().substr(0, options_.max_message_bytes));
+    const auto payload = std::as_bytes(std::span(msg.data(), msg.size()));
+    const FrameHeader h{FrameType::kError, static_cast<uint32_t>(why.code()), static_cast<uint32_t>(msg.size()),
+                        0, Crc32c(payload)};
+    const absl::Time deadline = absl::Now() + options_.io_timeout;
+    if (SendFrame(fd, h, payload, deadline) != Io::kOk) return;
+    ::shutdown(fd, SHUT_WR);
+    std::byte sink[4096];
+    while (!stop_.load() && WaitFor(fd, POLLIN, std::min(deadline, absl::Now() + kStopPoll)) == Io::kOk) {
+      const ssize_t n = ::recv(fd, sink, sizeof(sink), 0);
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return;
+      if (absl::Now() > deadline) return;
+    }
+  }
+
+  // One peer's stream of frames. The staging buffer bounds what a peer can
+  // make us hold: one frame of at most max_frame_bytes.
+  void Serve(Fd fd) {
+    std::vector<std::byte> staging;
+    std::byte raw[kFrameHeaderBytes];
+    while (!stop_.load()) {
+      // Idle between frames for as long as the peer likes; once a frame has
+      // begun, the rest must arrive within io_timeout.
+      const Io ready = WaitFor(fd.get(), POLLIN, absl::Now() + kStopPoll);
+      if (ready == Io::kTimeout) continue;
+      if (ready != Io::kOk) return;
+      const absl::Time deadline = absl::Now() + options_.io_timeout;
+      if (RecvAll(fd.get(), raw, sizeof(raw), deadline) != Io::kOk) return;
+      FrameHeader h;
+      if (!DecodeFrameHeader(raw, h)) return Refuse(fd.get(), absl::DataLossError("malformed frame header"));
+      const uint32_t limit = h.type == FrameType::kWrite    ? options_.max_frame_bytes
+                             : h.type == FrameType::kNotify ? options_.max_message_bytes
+                                                            : 0;
+      if (h.type == FrameType::kAck || h.type == FrameType::kError) {
+        return Refuse(fd.get(), absl::DataLossError("unexpected frame type from a sender"));
+      }
+      if (h.length > limit) {
+        return Refuse(fd.get(), absl::ResourceExhaustedError(absl::StrCat(
+                                    "frame of ", h.length, " bytes exceeds the limit of ", limit)));
+      }
+      if (staging.size() < h.length) staging.resize(h.length);
+      if (RecvAll(fd.get(), staging.data(), h.length, deadline) != Io::kOk) return;
+      const std::span<const std::byte> payload(staging.data(), h.length);
+      if (Crc32c(payload) != h.crc) return Refuse(fd.get(), absl::DataLossError("frame checksum mismatch"));
+      absl::Status s = absl::OkStatus();
+      switch (h.type) {
+        case FrameType::kWrite:
+          s = regions_.Access(RegionId(h.region), h.offset, h.length, [&](std::span<std::byte> dst) {
+            std::memcpy(dst.data(), payload.data(), payload.size());
+          });
+          break;
+        case FrameType::kNotify:
+          s = notifications_.Push({std::string(reinterpret_cast<const char*>(payload.data()), payload.size())});
+          break;
+        case FrameType::kSync:
+          if (SendFrame(fd.get(), {FrameType::kAck}, {}, deadline) != Io::kOk) return;
+          break;
+        default:
+          break;
+      }
+      if (!s.ok()) return Refuse(fd.get(), s);
+    }
+  }
+
+  const TransportOptions options_;
+  const TransportCapabilities caps_{"tcp", false, false, true};
+  const std::string endpoint_;
+  RegionTable regions_;
+  NotificationQueue notifications_;
+  std::atomic<bool> stop_{false};
+  Fd listen_fd_;
+  absl::Mutex mu_;
+  std::list<Peer> peers_ ABSL_GUARDED_BY(mu_);  // std::list: Peer addresses stay put.
+  std::thread accept_thread_;  // Last: starts once everything above exists.
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvTransport>> CreateTcpTransport(const TransportOptions& options) {
+  return TcpTransport::Create(options);
+}
+
+}  // namespace pdserve::kv

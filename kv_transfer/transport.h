@@ -1,0 +1,121 @@
+// kv_transfer: moves byte ranges of registered memory (a worker's KV pool)
+// from one worker to another, with small notifications ordered after the
+// writes. The KV byte layout the ranges carry is engine/kv_layout.h.
+//
+// A KvTransport is one worker's end: it registers local memory, accepts
+// peers (the receiving side) and connects to peers (the sending side).
+// Transports are chosen by name at run time (CreateKvTransport); a caller
+// asks capabilities() instead of casting.
+//
+// Every transfer is bounded: a timeout on every wait, a size limit on every
+// frame and message, and bounds checks against the registered region before
+// a byte is written. A peer cannot make a worker allocate without limit.
+//
+// Thread-safety: KvTransport methods may be called from any thread.
+// A KvConnection is used by one thread at a time.
+#ifndef PDSERVE_KV_TRANSFER_TRANSPORT_H_
+#define PDSERVE_KV_TRANSFER_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/strong_id.h"
+
+namespace pdserve::kv {
+
+using RegionId = StrongId<struct RegionIdTag, uint32_t>;
+
+// Copy `length` bytes from (local_region, local_offset) of the sender to
+// (remote_region, remote_offset) of the receiver.
+struct WriteOp {
+  RegionId local_region;
+  uint64_t local_offset = 0;
+  RegionId remote_region;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+struct TransportCapabilities {
+  std::string name;            // "tcp", "inproc".
+  bool device_memory = false;  // Can register GPU memory directly.
+  bool one_sided = false;      // Writes land without the receiver's CPU.
+  bool cross_host = false;     // Reaches other machines.
+};
+
+struct Notification {
+  std::string message;
+};
+
+struct TransportOptions {
+  // Address the receiving side listens on ("host:port"; port 0 picks one).
+  // Default: "127.0.0.1:0".
+  std::string listen_address = "127.0.0.1:0";
+  // Largest payload of one frame; longer writes are split. The receiver
+  // buffers at most one frame per connection. Default: 4 MiB.
+  uint32_t max_frame_bytes = 4u << 20;
+  // Largest notification message. Default: 64 KiB.
+  uint32_t max_message_bytes = 64u << 10;
+  // Notifications held for WaitNotification before the sender is refused.
+  // Default: 4096.
+  size_t max_pending_notifications = 4096;
+  // Limit on every wait: a write's acknowledgement, a frame's remaining
+  // bytes, a connect. Default: 10 s.
+  absl::Duration io_timeout = absl::Seconds(10);
+};
+
+// The sending side's connection to one peer.
+class KvConnection {
+ public:
+  virtual ~KvConnection() = default;
+
+  // Writes every op, in order, and returns once the peer has them in its
+  // memory. INVALID_ARGUMENT for a local range outside its region;
+  // OUT_OF_RANGE / NOT_FOUND when the peer refuses a remote range or
+  // region; DEADLINE_EXCEEDED after io_timeout without progress;
+  // UNAVAILABLE when the peer is gone. After an error other than
+  // INVALID_ARGUMENT the connection is closed.
+  virtual absl::Status Write(std::span<const WriteOp> ops) = 0;
+
+  // Delivers `message` to the peer's WaitNotification after every write
+  // before it; returns once the peer has queued it. RESOURCE_EXHAUSTED when
+  // the peer's queue is full or the message too long.
+  virtual absl::Status Notify(std::string_view message) = 0;
+};
+
+class KvTransport {
+ public:
+  virtual ~KvTransport() = default;
+
+  virtual const TransportCapabilities& capabilities() const = 0;
+  // What a peer passes to Connect to reach this transport.
+  virtual std::string endpoint() const = 0;
+
+  // Makes `memory` readable by local writes and writable by peers. The
+  // memory must stay valid until DeregisterMemory (or destruction).
+  virtual absl::StatusOr<RegionId> RegisterMemory(std::span<std::byte> memory) = 0;
+  // Waits for writes in progress into the region, then forgets it.
+  virtual absl::Status DeregisterMemory(RegionId region) = 0;
+
+  virtual absl::StatusOr<std::unique_ptr<KvConnection>> Connect(std::string_view endpoint) = 0;
+
+  // The next notification from any peer, or DEADLINE_EXCEEDED.
+  virtual absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) = 0;
+};
+
+// "tcp" or "inproc". NOT_FOUND for a transport not built into this binary.
+absl::StatusOr<std::unique_ptr<KvTransport>> CreateKvTransport(std::string_view name,
+                                                               const TransportOptions& options);
+
+std::vector<std::string> AvailableKvTransports();
+
+}  // namespace pdserve::kv
+
+#endif  // PDSERVE_KV_TRANSFER_TRANSPORT_H_

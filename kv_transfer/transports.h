@@ -1,0 +1,18 @@
+// Factories of the transports built into this binary (internal; callers use
+// CreateKvTransport).
+#ifndef PDSERVE_KV_TRANSFER_TRANSPORTS_H_
+#define PDSERVE_KV_TRANSFER_TRANSPORTS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kv_transfer/transport.h"
+
+namespace pdserve::kv {
+
+std::unique_ptr<KvTransport> CreateInprocTransport(const TransportOptions& options);
+absl::StatusOr<std::unique_ptr<KvTransport>> CreateTcpTransport(const TransportOptions& options);
+
+}  // namespace pdserve::kv
+
+#endif  // PDSERVE_KV_TRANSFER_TRANSPORTS_H_

@@ -1,0 +1,189 @@
+// The TCP receiver against a hostile or broken sender speaking raw bytes:
+// truncated, corrupt and oversized frames, a stalled frame, and a sender
+// facing a receiver that never answers. Nothing may crash, hang, allocate
+// without bound or touch registered memory.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "kv_transfer/tcp_frame.h"
+#include "kv_transfer/transport.h"
+
+namespace pdserve::kv {
+namespace {
+
+int Dial(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(endpoint.substr(colon + 1))));
+  inet_pton(AF_INET, endpoint.substr(0, colon).c_str(), &addr.sin_addr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval tv{5, 0};  // No test may hang on a read.
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+void SendBytes(int fd, const void* data, size_t len) {
+  ASSERT_EQ(::send(fd, data, len, MSG_NOSIGNAL), static_cast<ssize_t>(len));
+}
+
+void SendHeader(int fd, FrameHeader h) {
+  std::byte raw[kFrameHeaderBytes];
+  EncodeFrameHeader(h, raw);
+  SendBytes(fd, raw, sizeof(raw));
+}
+
+// Reads the receiver's reply frame: its type and, for ERROR, the code.
+std::pair<FrameType, absl::StatusCode> ReadReply(int fd) {
+  std::byte raw[kFrameHeaderBytes];
+  size_t got = 0;
+  while (got < sizeof(raw)) {
+    const ssize_t n = ::recv(fd, raw + got, sizeof(raw) - got, 0);
+    if (n <= 0) return {FrameType::kWrite, absl::StatusCode::kUnavailable};  // Closed.
+    got += static_cast<size_t>(n);
+  }
+  FrameHeader h;
+  EXPECT_TRUE(DecodeFrameHeader(raw, h));
+  std::vector<char> message(h.length);  // Consume the error text.
+  for (size_t read = 0; read < message.size();) {
+    const ssize_t n = ::recv(fd, message.data() + read, message.size() - read, 0);
+    if (n <= 0) break;
+    read += static_cast<size_t>(n);
+  }
+  return {h.type, static_cast<absl::StatusCode>(h.region)};
+}
+
+bool ClosedByPeer(int fd) {
+  char c;
+  return ::recv(fd, &c, 1, 0) == 0;
+}
+
+class TcpWireTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TransportOptions o;
+    o.max_frame_bytes = 1024;
+    o.io_timeout = absl::Milliseconds(300);
+    auto t = CreateKvTransport("tcp", o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    receiver_ = *std::move(t);
+    auto r = receiver_->RegisterMemory(memory_);
+    ASSERT_TRUE(r.ok());
+    region_ = *r;
+  }
+
+  // The receiver still serves a well-behaved sender, and `memory_` is
+  // untouched by what came before.
+  void ExpectHealthyAndUntouched() {
+    for (std::byte b : memory_) ASSERT_EQ(b, std::byte{0});
+    auto sender = CreateKvTransport("tcp", {});
+    ASSERT_TRUE(sender.ok());
+    std::vector<std::byte> src(16, std::byte{9});
+    auto local = (*sender)->RegisterMemory(src);
+    ASSERT_TRUE(local.ok());
+    auto conn = (*sender)->Connect(receiver_->endpoint());
+    ASSERT_TRUE(conn.ok());
+    const WriteOp op{*local, 0, region_, 100, 16};
+    ASSERT_TRUE((*conn)->Write({&op, 1}).ok());
+    EXPECT_EQ(memory_[100], std::byte{9});
+  }
+
+  std::vector<std::byte> memory_ = std::vector<std::byte>(4096, std::byte{0});
+  std::unique_ptr<KvTransport> receiver_;
+  RegionId region_;
+};
+
+TEST_F(TcpWireTest, TruncatedHeaderThenCloseIsIgnored) {
+  const int fd = Dial(receiver_->endpoint());
+  const char partial[10] = {};
+  SendBytes(fd, partial, sizeof(partial));
+  ::close(fd);
+  ExpectHealthyAndUntouched();
+}
+
+TEST_F(TcpWireTest, BadMagicIsRefused) {
+  const int fd = Dial(receiver_->endpoint());
+  std::byte raw[kFrameHeaderBytes] = {};
+  SendBytes(fd, raw, sizeof(raw));
+  EXPECT_EQ(ReadReply(fd), std::pair(FrameType::kError, absl::StatusCode::kDataLoss));
+  EXPECT_TRUE(ClosedByPeer(fd));
+  ::close(fd);
+  ExpectHealthyAndUntouched();
+}
+
+TEST_F(TcpWireTest, OversizedFrameIsRefusedBeforeItsPayload) {
+  const int fd = Dial(receiver_->endpoint());
+  SendHeader(fd, {FrameType::kWrite, region_.value, 0xFFFFFFF0u, 0, 0});  // ~4 GiB announced.
+  EXPECT_EQ(ReadReply(fd), std::pair(FrameType::kError, absl::StatusCode::kResourceExhausted));
+  ::close(fd);
+  ExpectHealthyAndUntouched();
+}
+
+TEST_F(TcpWireTest, CorruptPayloadIsRefusedAndNotWritten) {
+  const int fd = Dial(receiver_->endpoint());
+  std::vector<std::byte> payload(64, std::byte{5});
+  const uint32_t crc = Crc32c(payload);
+  payload[10] = std::byte{6};  // Flipped in flight.
+  SendHeader(fd, {FrameType::kWrite, region_.value, 64, 0, crc});
+  SendBytes(fd, payload.data(), payload.size());
+  EXPECT_EQ(ReadReply(fd), std::pair(FrameType::kError, absl::StatusCode::kDataLoss));
+  ::close(fd);
+  ExpectHealthyAndUntouched();
+}
+
+TEST_F(TcpWireTest, StalledFrameTimesOutAndWritesNothing) {
+  const int fd = Dial(receiver_->endpoint());
+  std::vector<std::byte> payload(512, std::byte{5});
+  SendHeader(fd, {FrameType::kWrite, region_.value, 512, 0, Crc32c(payload)});
+  SendBytes(fd, payload.data(), 100);  // ...and nothing more.
+  const auto start = absl::Now();
+  EXPECT_TRUE(ClosedByPeer(fd));  // After io_timeout (300 ms).
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  ::close(fd);
+  ExpectHealthyAndUntouched();
+}
+
+TEST_F(TcpWireTest, SenderGivesUpOnAReceiverThatNeverAnswers) {
+  // A listener that accepts and then reads nothing.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+
+  TransportOptions o;
+  o.io_timeout = absl::Milliseconds(300);
+  auto sender = CreateKvTransport("tcp", o);
+  ASSERT_TRUE(sender.ok());
+  std::vector<std::byte> src(16 << 20);  // More than the socket buffers hold.
+  auto local = (*sender)->RegisterMemory(src);
+  ASSERT_TRUE(local.ok());
+  auto conn = (*sender)->Connect(endpoint);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const auto start = absl::Now();
+  const WriteOp op{*local, 0, RegionId(1), 0, src.size()};
+  const absl::Status s = (*conn)->Write({&op, 1});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ::close(listener);
+}
+
+TEST(Crc32cTest, KnownValue) {
+  const std::string check = "123456789";  // The standard check input.
+  EXPECT_EQ(Crc32c(std::as_bytes(std::span(check.data(), check.size()))), 0xE3069283u);
+}
+
+}  // namespace
+}  // namespace pdserve::kv
