@@ -573,6 +573,33 @@ bool JsonBool(const Json& j, const char* key, bool fallback) {
   return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
 }
 
+int JsonInt(const Json& j, const char* key, int fallback) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_integer() ? it->get<int>() : fallback;
+}
+
+// A missing field reads as null (a const Json's operator[] must not be used
+// on a missing key).
+const Json& Field(const Json& j, const char* key) {
+  static const Json* null = new Json();
+  auto it = j.find(key);
+  return it != j.end() ? *it : *null;
+}
+
+// The literal of a Replace step's {"String": ...} pattern.
+absl::StatusOr<std::string> ReplaceLiteral(const Json& step, std::string_view where) {
+  const Json& p = Field(step, "pattern");
+  if (!p.is_object() || !p.contains("String") || !p["String"].is_string()) {
+    return Unsupported(absl::StrCat(std::string(where), " Replace without a string pattern"));
+  }
+  return p["String"].get<std::string>();
+}
+
+// Metaspace's prepend_scheme, or the older add_prefix_space flag.
+std::string MetaspaceScheme(const Json& step) {
+  return JsonString(step, "prepend_scheme", JsonBool(step, "add_prefix_space", true) ? "always" : "never");
+}
+
 // "Sequence" wrappers flattened into a list of steps.
 std::vector<const Json*> Flatten(const Json& j, const char* list_key) {
   std::vector<const Json*> out;
@@ -614,10 +641,8 @@ absl::Status LoadNormalizer(const Json& j, TokenizerImpl& t) {
     if (type == "Prepend") {
       t.normalizer.push_back({NormalizerStep::Kind::kPrepend, JsonString(*s, "prepend")});
     } else if (type == "Replace") {
-      const Json& p = (*s)["pattern"];
-      if (!p.is_object() || !p.contains("String")) return Unsupported("normalizer Replace with a regex");
-      t.normalizer.push_back({NormalizerStep::Kind::kReplace, p["String"].get<std::string>(),
-                              JsonString(*s, "content")});
+      PD_ASSIGN_OR_RETURN(std::string from, ReplaceLiteral(*s, "normalizer"));
+      t.normalizer.push_back({NormalizerStep::Kind::kReplace, std::move(from), JsonString(*s, "content")});
     } else if (type == "NFC") {
       t.normalizer.push_back({NormalizerStep::Kind::kNfc});
     } else {
@@ -633,7 +658,7 @@ absl::Status LoadPreTokenizer(const Json& j, TokenizerImpl& t) {
     PreTokenizerStep step;
     if (type == "Split") {
       step.kind = PreTokenizerStep::Kind::kSplit;
-      PD_ASSIGN_OR_RETURN(step.regex, PatternRegex((*s)["pattern"]));
+      PD_ASSIGN_OR_RETURN(step.regex, PatternRegex(Field(*s, "pattern")));
       const std::string behavior = JsonString(*s, "behavior");
       if (behavior == "Isolated") step.behavior = SplitBehavior::kIsolated;
       else if (behavior == "Removed") step.behavior = SplitBehavior::kRemoved;
@@ -651,8 +676,7 @@ absl::Status LoadPreTokenizer(const Json& j, TokenizerImpl& t) {
     } else if (type == "Metaspace") {
       step.kind = PreTokenizerStep::Kind::kMetaspace;
       step.replacement = JsonString(*s, "replacement", kSpaceMarker);
-      const std::string scheme = JsonString(*s, "prepend_scheme",
-                                            JsonBool(*s, "add_prefix_space", true) ? "always" : "never");
+      const std::string scheme = MetaspaceScheme(*s);
       step.prepend = scheme == "first"   ? PreTokenizerStep::Prepend::kFirst
                      : scheme == "never" ? PreTokenizerStep::Prepend::kNever
                                          : PreTokenizerStep::Prepend::kAlways;
@@ -675,10 +699,8 @@ absl::Status LoadDecoder(const Json& j, TokenizerImpl& t) {
     if (type == "ByteLevel") {
       d.kind = DecoderStep::Kind::kByteLevel;
     } else if (type == "Replace") {
-      const Json& p = (*s)["pattern"];
-      if (!p.is_object() || !p.contains("String")) return Unsupported("decoder Replace with a regex");
       d.kind = DecoderStep::Kind::kReplace;
-      d.a = p["String"].get<std::string>();
+      PD_ASSIGN_OR_RETURN(d.a, ReplaceLiteral(*s, "decoder"));
       d.b = JsonString(*s, "content");
     } else if (type == "ByteFallback") {
       d.kind = DecoderStep::Kind::kByteFallback;
@@ -687,12 +709,12 @@ absl::Status LoadDecoder(const Json& j, TokenizerImpl& t) {
     } else if (type == "Strip") {
       d.kind = DecoderStep::Kind::kStrip;
       d.a = JsonString(*s, "content", " ");
-      d.start = (*s).value("start", 0);
-      d.stop = (*s).value("stop", 0);
+      d.start = JsonInt(*s, "start", 0);
+      d.stop = JsonInt(*s, "stop", 0);
     } else if (type == "Metaspace") {
       d.kind = DecoderStep::Kind::kMetaspace;
       d.a = JsonString(*s, "replacement", kSpaceMarker);
-      d.prepend = JsonString(*s, "prepend_scheme", JsonBool(*s, "add_prefix_space", true) ? "always" : "never") != "never";
+      d.prepend = MetaspaceScheme(*s) != "never";
     } else {
       return Unsupported(absl::StrCat("decoder '", type, "'"));
     }
@@ -707,13 +729,16 @@ absl::Status LoadPostProcessor(const Json& j, TokenizerImpl& t) {
     if (type == "ByteLevel") continue;  // Offsets only.
     if (type != "TemplateProcessing") return Unsupported(absl::StrCat("post-processor '", type, "'"));
     bool before = true;
-    for (const Json& item : (*s)["single"]) {
+    const Json& single = Field(*s, "single");
+    if (!single.is_array()) return absl::InvalidArgumentError("tokenizer: TemplateProcessing without 'single'");
+    for (const Json& item : single) {
       if (item.contains("Sequence")) {
         before = false;
       } else if (item.contains("SpecialToken")) {
         const std::string name = JsonString(item["SpecialToken"], "id");
-        const Json& specials = (*s)["special_tokens"];
-        if (!specials.contains(name) || !specials[name].contains("ids")) {
+        const Json& specials = Field(*s, "special_tokens");
+        if (!specials.is_object() || !specials.contains(name) || !specials[name].is_object() ||
+            !specials[name].contains("ids") || !specials[name]["ids"].is_array()) {
           return absl::InvalidArgumentError(absl::StrCat("tokenizer: post-processor names unknown token ", name));
         }
         for (const Json& id : specials[name]["ids"]) {
@@ -953,7 +978,13 @@ Tokenizer::~Tokenizer() = default;
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(std::string_view tokenizer_json,
                                                                  std::string_view config_json) {
   auto impl = std::make_unique<TokenizerImpl>();
-  PD_RETURN_IF_ERROR(LoadHfJson(tokenizer_json, config_json, *impl));
+  // Every field is type-checked before use; this only contains what a
+  // check might have missed, so no exception leaves the module.
+  try {
+    PD_RETURN_IF_ERROR(LoadHfJson(tokenizer_json, config_json, *impl));
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", e.what()));
+  }
   impl->Finish();
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }

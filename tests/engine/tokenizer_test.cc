@@ -137,6 +137,19 @@ TEST(TokenizerJsonTest, MalformedFilesGiveErrors) {
   EXPECT_EQ(split.status().code(), kInvalid);
   EXPECT_NE(split.status().message().find("regex"), std::string::npos) << split.status();
   EXPECT_EQ(Tokenizer::FromHfJson(R"j({"model": {"type": "BPE", "vocab": {"a": 0}}})j", "{bad").status().code(), kInvalid);
+  // Fields of the wrong type or missing where a structure is expected.
+  for (const char* bad : {
+           R"j({"model": {"type": "BPE", "vocab": {"a": 0}}, "decoder": {"type": "Replace", "pattern": 5}})j",
+           R"j({"model": {"type": "BPE", "vocab": {"a": 0}}, "decoder": {"type": "Replace"}})j",
+           R"j({"model": {"type": "BPE", "vocab": {"a": 0}}, "normalizer": {"type": "Replace", "pattern": {"String": 1}}})j",
+           R"j({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": "Split"}})j",
+           R"j({"model": {"type": "BPE", "vocab": {"a": 0}}, "post_processor": {"type": "TemplateProcessing"}})j",
+           R"j({"model": {"type": "BPE", "vocab": {"a": 0}}, "post_processor": {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<s>"}}], "special_tokens": {"<s>": {"ids": "x"}}}})j",
+           R"j({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a"]]}})j",
+           R"j({"model": {"type": "BPE", "vocab": {"a": 0}}, "added_tokens": [{"id": "x", "content": "b"}]})j"}) {
+    EXPECT_EQ(Tokenizer::FromHfJson(bad, "").status().code(), kInvalid) << bad;
+  }
   auto ok = Tokenizer::FromHfJson(R"j({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}})j", "");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(*(*ok)->Encode("abab", false), (std::vector<int32_t>{2, 2}));
