@@ -369,8 +369,9 @@ class TcpTransport final : public KvTransport {
     }
   }
 
-  // One peer's stream of frames. The staging buffer bounds what a peer can
-  // make us hold: one frame of at most max_frame_bytes.
+  // One peer's stream of frames. What a peer can make us hold is bounded:
+  // writes land in registered memory after a range check, notifications in
+  // one staging buffer of at most max_message_bytes.
   void Serve(Fd fd) {
     std::vector<std::byte> staging;
     std::byte raw[kFrameHeaderBytes];
@@ -394,20 +395,31 @@ class TcpTransport final : public KvTransport {
         return Refuse(fd.get(), absl::ResourceExhaustedError(absl::StrCat(
                                     "frame of ", h.length, " bytes exceeds the limit of ", limit)));
       }
-      if (staging.size() < h.length) staging.resize(h.length);
-      if (RecvAll(fd.get(), staging.data(), h.length, deadline) != Io::kOk) return;
-      const std::span<const std::byte> payload(staging.data(), h.length);
-      if (Crc32c(payload) != h.crc) return Refuse(fd.get(), absl::DataLossError("frame checksum mismatch"));
       absl::Status s = absl::OkStatus();
       switch (h.type) {
-        case FrameType::kWrite:
+        case FrameType::kWrite: {
+          // The range is checked first, then the payload lands in place (no
+          // staging copy) and is verified there. A frame that fails its
+          // checksum or stops half way fails the transfer: the decode
+          // worker never reads blocks whose transfer did not complete.
+          Io io = Io::kOk;
+          bool intact = true;
           s = regions_.Access(RegionId(h.region), h.offset, h.length, [&](std::span<std::byte> dst) {
-            std::memcpy(dst.data(), payload.data(), payload.size());
+            io = RecvAll(fd.get(), dst.data(), dst.size(), deadline);
+            intact = io == Io::kOk && Crc32c(dst) == h.crc;
           });
+          if (s.ok() && io != Io::kOk) return;
+          if (s.ok() && !intact) s = absl::DataLossError("frame checksum mismatch");
           break;
-        case FrameType::kNotify:
+        }
+        case FrameType::kNotify: {
+          if (staging.size() < h.length) staging.resize(h.length);
+          if (RecvAll(fd.get(), staging.data(), h.length, deadline) != Io::kOk) return;
+          const std::span<const std::byte> payload(staging.data(), h.length);
+          if (Crc32c(payload) != h.crc) return Refuse(fd.get(), absl::DataLossError("frame checksum mismatch"));
           s = notifications_.Push({std::string(reinterpret_cast<const char*>(payload.data()), payload.size())});
           break;
+        }
         case FrameType::kSync:
           if (SendFrame(fd.get(), {FrameType::kAck}, {}, deadline) != Io::kOk) return;
           break;

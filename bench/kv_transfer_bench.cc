@@ -1,0 +1,136 @@
+// pd-kv-transfer-bench: bandwidth of one KV write of 4 KiB ... 64 MiB over
+// each transport built here, next to the limit measured in the same run: a
+// plain loopback TCP stream (send the bytes, wait for a 1-byte reply) for
+// "tcp", memcpy for "inproc". Medians of --reps runs.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "kv_transfer/transport.h"
+
+ABSL_FLAG(int32_t, reps, 9, "Repetitions per size (median reported)");
+ABSL_FLAG(int32_t, max_frame_kib, 0, "Frame size of the tcp transport in KiB (0: its default)");
+
+namespace pdserve::kv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds to push `bytes` through a plain loopback TCP stream and get a
+// one-byte acknowledgement back: the limit the tcp transport is measured
+// against (same kernel path, no framing, no checksum).
+double PlainTcpSeconds(size_t bytes, int reps) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::listen(listener, 1);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::thread server([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    std::vector<char> buf(1 << 20);
+    for (int r = 0; r < reps; ++r) {
+      for (size_t got = 0; got < bytes;) {
+        const ssize_t n = ::recv(fd, buf.data(), std::min(buf.size(), bytes - got), 0);
+        if (n <= 0) return;
+        got += static_cast<size_t>(n);
+      }
+      const char ack = 1;
+      ::send(fd, &ack, 1, 0);
+    }
+    ::close(fd);
+  });
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::vector<char> data(bytes, 3);
+  std::vector<double> secs;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    for (size_t sent = 0; sent < bytes;) sent += static_cast<size_t>(::send(fd, data.data() + sent, bytes - sent, 0));
+    char ack;
+    ::recv(fd, &ack, 1, 0);
+    secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  ::close(fd);
+  server.join();
+  ::close(listener);
+  return Median(secs);
+}
+
+double MemcpySeconds(size_t bytes, int reps) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  std::vector<double> secs;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return Median(secs);
+}
+
+int Run() {
+  const int reps = absl::GetFlag(FLAGS_reps);
+  std::cout << "| transport | bytes | median time | GB/s | limit (same run) | limit GB/s | share of limit |\n"
+               "|---|---|---|---|---|---|---|\n";
+  for (const char* name : {"tcp", "inproc"}) {
+    TransportOptions options;
+    if (absl::GetFlag(FLAGS_max_frame_kib) > 0) options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_kib) << 10;
+    auto sender = CreateKvTransport(name, options);
+    auto receiver = CreateKvTransport(name, options);
+    if (!sender.ok() || !receiver.ok()) return 1;
+    const size_t max_bytes = size_t{64} << 20;
+    std::vector<std::byte> src(max_bytes, std::byte{1}), dst(max_bytes);
+    auto local = (*sender)->RegisterMemory(src);
+    auto remote = (*receiver)->RegisterMemory(dst);
+    auto conn = (*sender)->Connect((*receiver)->endpoint());
+    if (!local.ok() || !remote.ok() || !conn.ok()) return 1;
+    for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+      const WriteOp op{*local, 0, *remote, 0, bytes};
+      std::vector<double> secs;
+      for (int r = 0; r < reps + 1; ++r) {
+        const auto t0 = Clock::now();
+        if (absl::Status s = (*conn)->Write({&op, 1}); !s.ok()) {
+          std::cerr << s << "\n";
+          return 1;
+        }
+        if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      const double t = Median(secs);
+      const bool tcp = std::string(name) == "tcp";
+      const double limit = tcp ? PlainTcpSeconds(bytes, reps) : MemcpySeconds(bytes, reps);
+      std::cout << absl::StrFormat("| %s | %d | %.1f us | %.2f | %s | %.2f | %.0f%% |\n", name, bytes,
+                                   t * 1e6, bytes / t / 1e9, tcp ? "plain TCP stream" : "memcpy",
+                                   bytes / limit / 1e9, 100.0 * limit / t);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pdserve::kv
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return pdserve::kv::Run();
+}
