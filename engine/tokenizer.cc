@@ -136,6 +136,9 @@ class TokenizerImpl {
   absl::flat_hash_map<std::string, int32_t> token_ids;
   std::vector<char> special;  // Per id.
   std::vector<AddedToken> added;  // Matched in input text; longest first.
+  // Indices into `added` by the first byte of their text, longest first:
+  // the input scan looks only at tokens that can start at a position.
+  std::array<std::vector<uint32_t>, 256> added_by_first_byte;
 
   // BPE model. Merges are ranked pairs of ids (Hugging Face) or, for
   // SentencePiece vocabularies from GGUF, scores of the merged piece.
@@ -171,9 +174,13 @@ class TokenizerImpl {
     for (size_t id = 0; id < tokens.size(); ++id) {
       if (auto b = ByteTokenValue(tokens[id]); b && byte_ids[*b] < 0) byte_ids[*b] = static_cast<int32_t>(id);
     }
-    std::sort(added.begin(), added.end(), [](const AddedToken& a, const AddedToken& b) {
+    std::stable_sort(added.begin(), added.end(), [](const AddedToken& a, const AddedToken& b) {
       return a.content.size() > b.content.size();
     });
+    for (auto& bucket : added_by_first_byte) bucket.clear();
+    for (uint32_t i = 0; i < added.size(); ++i) {
+      added_by_first_byte[static_cast<uint8_t>(added[i].content[0])].push_back(i);
+    }
   }
 
   std::optional<int32_t> Find(std::string_view text) const {
@@ -203,9 +210,9 @@ absl::Status TokenizerImpl::Encode(std::string_view text, bool add_special,
   size_t pos = 0, seg_start = 0;
   while (pos < text.size()) {
     const AddedToken* hit = nullptr;
-    for (const AddedToken& t : added) {
-      if (text.compare(pos, t.content.size(), t.content) == 0) {
-        hit = &t;
+    for (uint32_t i : added_by_first_byte[static_cast<uint8_t>(text[pos])]) {
+      if (text.compare(pos, added[i].content.size(), added[i].content) == 0) {
+        hit = &added[i];
         break;
       }
     }
