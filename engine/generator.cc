@@ -56,6 +56,14 @@ absl::Status Generator::Add(GenerationRequest request) {
   }
   auto seq = std::make_unique<Sequence>();
   seq->sampler = std::make_unique<Sampler>(request.sampling);
+  if (options_.enable_prefix_caching) {
+    const size_t bs = runner_->kv_layout().block_size;
+    uint64_t parent = 0;
+    for (size_t end = bs; end <= request.prompt.size(); end += bs) {
+      parent = HashBlockTokens(parent, std::span(request.prompt).subspan(end - bs, bs));
+      seq->block_hashes.push_back(parent);
+    }
+  }
   seq->tokens.reserve(total);
   seq->tokens = request.prompt;
   seq->request = std::move(request);
@@ -79,9 +87,27 @@ void Generator::Cancel(RequestId id) {
 void Generator::Admit() {
   while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence& s = *waiting_.front();
-    auto blocks = pool_.Allocate(BlocksFor(s.request));
-    if (!blocks.ok()) return;  // FIFO: wait for blocks to free up.
-    s.blocks = *std::move(blocks);
+    // Shared prefix blocks first. The prompt's last token is always
+    // computed (its logits are needed), so its block is never shared.
+    const int32_t bs = runner_->kv_layout().block_size;
+    const size_t shareable =
+        std::min(s.block_hashes.size(), (s.request.prompt.size() - 1) / static_cast<size_t>(bs));
+    std::vector<BlockId> blocks;
+    while (blocks.size() < shareable) {
+      const std::optional<BlockId> hit = pool_.LookupPrefix(s.block_hashes[blocks.size()]);
+      if (!hit) break;
+      blocks.push_back(*hit);
+    }
+    auto fresh = pool_.Allocate(BlocksFor(s.request) - static_cast<int32_t>(blocks.size()));
+    if (!fresh.ok()) {  // FIFO: wait for blocks to free up.
+      pool_.Release(blocks);
+      return;
+    }
+    s.num_computed = static_cast<int32_t>(blocks.size()) * bs;
+    s.num_hashed = blocks.size();
+    prefix_cached_tokens_ += s.num_computed;
+    blocks.insert(blocks.end(), fresh->begin(), fresh->end());
+    s.blocks = std::move(blocks);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -151,6 +177,11 @@ absl::Status Generator::Step(std::vector<GenerationEvent>& events) {
   for (size_t i = 0; i < batch_seqs_.size(); ++i) {
     Sequence& s = *batch_seqs_[i];
     s.num_computed += static_cast<int32_t>(batch_.sequences[i].tokens.size());
+    // Prompt blocks now complete become shareable.
+    const size_t full = static_cast<size_t>(s.num_computed) / runner_->kv_layout().block_size;
+    for (; s.num_hashed < std::min(full, s.block_hashes.size()); ++s.num_hashed) {
+      pool_.SetHash(s.blocks[s.num_hashed], s.block_hashes[s.num_hashed]);
+    }
     if (s.num_computed < static_cast<int32_t>(s.request.prompt.size())) continue;  // Mid-prompt.
     if (SampleNext(s, std::span(logits_).subspan(i * vocab, vocab), events)) {
       pool_.Release(s.blocks);

@@ -8,6 +8,13 @@
 // request waits in the queue until its blocks are free. Finished and
 // cancelled requests return their blocks at once.
 //
+// Prefix caching: every full block of a prompt is registered in the pool
+// under the hash of the tokens up to its end once its KV is computed. A
+// later prompt with the same prefix shares those blocks (ref-counted)
+// instead of computing them again; freed blocks keep their content until
+// the pool hands them out anew. The block holding a prompt's last token is
+// never shared, so shared blocks are only ever read.
+//
 // Thread-safety: none; the engine loop thread owns a Generator.
 #ifndef PDSERVE_ENGINE_GENERATOR_H_
 #define PDSERVE_ENGINE_GENERATOR_H_
@@ -54,6 +61,8 @@ struct GeneratorOptions {
   int32_t max_batch_tokens = 512;
   // Most sequences in the running batch. Default: 64.
   int32_t max_running = 64;
+  // Reuse the KV of prompt prefixes computed before. Default: true.
+  bool enable_prefix_caching = true;
 };
 
 class Generator {
@@ -79,6 +88,8 @@ class Generator {
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   const KvBlockPool& block_pool() const { return pool_; }
+  // Prompt tokens whose KV came from the prefix cache, since creation.
+  int64_t prefix_cached_tokens() const { return prefix_cached_tokens_; }
 
  private:
   struct Sequence {
@@ -86,6 +97,10 @@ class Generator {
     std::vector<int32_t> tokens;  // Prompt then generated; reserved up front.
     int32_t num_computed = 0;     // Tokens whose KV is in the cache.
     std::vector<BlockId> blocks;
+    // Hash chain of the prompt's full blocks; the first num_hashed of
+    // `blocks` are registered in the pool under them.
+    std::vector<uint64_t> block_hashes;
+    size_t num_hashed = 0;
     std::unique_ptr<Sampler> sampler;
   };
 
@@ -107,6 +122,7 @@ class Generator {
   ForwardBatch batch_;
   std::vector<Sequence*> batch_seqs_;
   std::vector<float> logits_;
+  int64_t prefix_cached_tokens_ = 0;
 };
 
 }  // namespace pdserve

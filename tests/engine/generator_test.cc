@@ -181,6 +181,62 @@ TEST(GeneratorTest, RequestsWaitForBlocksThenRun) {
   EXPECT_EQ((*g)->block_pool().num_free(), 4);
 }
 
+// Greedy output of `prompt` from a fresh generator without prefix caching.
+std::vector<int32_t> Uncached(const std::shared_ptr<const Model>& model, const std::vector<int32_t>& prompt,
+                              int max_tokens) {
+  auto runner = MakeRunner(model, 64);
+  auto g = Generator::Create(runner.get(), {.enable_prefix_caching = false});
+  EXPECT_TRUE(g.ok());
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = max_tokens, .ignore_eos = true};
+  return RunAll(**g, {{0, {{RequestId(1), prompt, sp}}}})[1].tokens;
+}
+
+TEST(GeneratorTest, PrefixCacheReusesComputedBlocksWithTheSameOutput) {
+  auto model = Tiny();
+  auto runner = MakeRunner(model, 64);
+  auto g = Generator::Create(runner.get(), {});
+  ASSERT_TRUE(g.ok());
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true};
+  const std::vector<int32_t> shared = Prompt(50, 7);  // 3 full blocks of 16, and 2 tokens.
+  std::vector<int32_t> other = shared;
+  other.resize(48);
+  for (int32_t t : Prompt(20, 8)) other.push_back(t % 256);
+
+  auto first = RunAll(**g, {{0, {{RequestId(1), shared, sp}}}});
+  EXPECT_EQ((*g)->prefix_cached_tokens(), 0);
+  auto again = RunAll(**g, {{0, {{RequestId(2), shared, sp}}}});
+  EXPECT_EQ((*g)->prefix_cached_tokens(), 48);  // Three blocks; the last token is recomputed.
+  EXPECT_EQ(again[2].tokens, first[1].tokens);
+  auto diverging = RunAll(**g, {{0, {{RequestId(3), other, sp}}}});
+  EXPECT_EQ((*g)->prefix_cached_tokens(), 96);  // The same three blocks again.
+  EXPECT_EQ(first[1].tokens, Uncached(model, shared, 8));
+  EXPECT_EQ(diverging[3].tokens, Uncached(model, other, 8));
+  EXPECT_EQ((*g)->block_pool().num_free(), 64);
+}
+
+TEST(GeneratorTest, PrefixCacheSurvivesBlockReuseUnderPressure) {
+  auto model = Tiny();
+  auto runner = MakeRunner(model, 8);  // Room for two 40-token requests.
+  auto g = Generator::Create(runner.get(), {});
+  ASSERT_TRUE(g.ok());
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true};
+  const std::vector<int32_t> a = Prompt(40, 1);
+  const auto want = Uncached(model, a, 8);
+  EXPECT_EQ(RunAll(**g, {{0, {{RequestId(1), a, sp}}}})[1].tokens, want);
+  // Other prompts recycle every block, overwriting the cached prefix...
+  for (int i = 0; i < 6; ++i) {
+    RunAll(**g, {{0, {{RequestId(10 + i), Prompt(40, 100 + i), sp}}}});
+  }
+  // ...and `a` still comes out right, from whatever survived.
+  EXPECT_EQ(RunAll(**g, {{0, {{RequestId(2), a, sp}}}})[2].tokens, want);
+  // Two identical prompts in flight at once share nothing unsafe.
+  std::map<int, std::vector<GenerationRequest>> both = {{0, {{RequestId(3), a, sp}, {RequestId(4), a, sp}}}};
+  auto out = RunAll(**g, both);
+  EXPECT_EQ(out[3].tokens, want);
+  EXPECT_EQ(out[4].tokens, want);
+  EXPECT_EQ((*g)->block_pool().num_free(), 8);
+}
+
 TEST(GeneratorTest, BadRequestsAreRefused) {
   auto model = Tiny();
   auto runner = MakeRunner(model, 8);
