@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/gguf.h"
-#include "engine/pretokenizer_regex.h"
+#include "engine/split_pattern.h"
 #include "engine/unicode.h"
 #include "nlohmann/json.hpp"
 
@@ -21,8 +21,6 @@ using Json = nlohmann::json;
 
 namespace {
 
-constexpr char kGpt2Pattern[] =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr char kSpaceMarker[] = "\xE2\x96\x81";  // U+2581 "▁"
 
 absl::Status Unsupported(std::string_view what) {
@@ -95,18 +93,17 @@ struct Piece {
   size_t offset;
 };
 
-enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext };
+enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
 struct PreTokenizerStep {
-  enum class Kind { kSplit, kByteLevel, kMetaspace, kDigits } kind;
-  std::shared_ptr<PretokenizerRegex> regex;  // kSplit, kByteLevel with use_regex.
+  enum class Kind { kSplit, kByteLevel, kMetaspace } kind;
+  std::optional<SplitPattern> pattern;  // kSplit, kByteLevel with use_regex.
   SplitBehavior behavior = SplitBehavior::kIsolated;
   bool invert = false;
   bool add_prefix_space = false;      // kByteLevel
   std::string replacement;            // kMetaspace
   enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;
   bool split = false;                 // kMetaspace
-  bool individual_digits = false;     // kDigits
 };
 
 struct NormalizerStep {
@@ -125,7 +122,29 @@ struct AddedToken {
   int32_t id;
   std::string content;
   bool special, lstrip, rstrip;
+  bool single_word = false;  // Matches only where no word character touches it.
 };
+
+// The code point that ends / starts `text` (text is valid UTF-8).
+char32_t LastCodePoint(std::string_view text) {
+  size_t i = text.size();
+  while (i > 0 && (static_cast<unsigned char>(text[i - 1]) & 0xC0) == 0x80) --i;
+  if (i == 0) return 0;
+  const std::vector<char32_t> cps = unicode::DecodeUtf8(text.substr(i - 1));
+  return cps.empty() ? 0 : cps.front();
+}
+char32_t FirstCodePoint(std::string_view text) {
+  if (text.empty()) return 0;
+  size_t len = 1;
+  while (len < text.size() && len < 4 && (static_cast<unsigned char>(text[len]) & 0xC0) == 0x80) ++len;
+  const std::vector<char32_t> cps = unicode::DecodeUtf8(text.substr(0, len));
+  return cps.empty() ? 0 : cps.front();
+}
+bool IsWordChar(char32_t c) {
+  return c == '_' || unicode::Is(c, unicode::Category::kLetter) ||
+         unicode::Is(c, unicode::Category::kNumber);
+}
+bool IsUnicodeSpace(char32_t c) { return c != 0 && unicode::Is(c, unicode::Category::kWhiteSpace); }
 
 }  // namespace
 
@@ -211,19 +230,32 @@ absl::Status TokenizerImpl::Encode(std::string_view text, bool add_special,
   while (pos < text.size()) {
     const AddedToken* hit = nullptr;
     for (uint32_t i : added_by_first_byte[static_cast<uint8_t>(text[pos])]) {
-      if (text.compare(pos, added[i].content.size(), added[i].content) == 0) {
-        hit = &added[i];
-        break;
+      const AddedToken& a = added[i];
+      if (text.compare(pos, a.content.size(), a.content) != 0) continue;
+      if (a.single_word && (IsWordChar(LastCodePoint(text.substr(0, pos))) ||
+                            IsWordChar(FirstCodePoint(text.substr(pos + a.content.size()))))) {
+        continue;
       }
+      hit = &a;
+      break;
     }
     if (hit == nullptr) {
       ++pos;
       continue;
     }
     size_t seg_end = pos, next = pos + hit->content.size();
-    auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
-    if (hit->lstrip) while (seg_end > seg_start && is_space(text[seg_end - 1])) --seg_end;
-    if (hit->rstrip) while (next < text.size() && is_space(text[next])) ++next;
+    // lstrip/rstrip take the whitespace (Unicode White_Space) beside the token.
+    while (hit->lstrip && seg_end > seg_start &&
+           IsUnicodeSpace(LastCodePoint(text.substr(seg_start, seg_end - seg_start)))) {
+      std::string cp;
+      unicode::AppendUtf8(LastCodePoint(text.substr(seg_start, seg_end - seg_start)), cp);
+      seg_end -= cp.size();
+    }
+    while (hit->rstrip && next < text.size() && IsUnicodeSpace(FirstCodePoint(text.substr(next)))) {
+      std::string cp;
+      unicode::AppendUtf8(FirstCodePoint(text.substr(next)), cp);
+      next += cp.size();
+    }
     if (seg_end > seg_start) {
       PD_RETURN_IF_ERROR(EncodeSegment(text.substr(seg_start, seg_end - seg_start), seg_start == 0, out));
     }
@@ -279,10 +311,10 @@ absl::Status TokenizerImpl::PreTokenize(std::string text, bool at_start,
             t = " " + t;
           }
           std::vector<std::string> parts;
-          if (step.regex) {
+          if (step.pattern) {
             const std::vector<char32_t> cps = unicode::DecodeUtf8(t, &offsets);
             matches.clear();
-            PD_RETURN_IF_ERROR(step.regex->FindAll(cps, matches));
+            step.pattern->FindAll(cps, matches);
             // Turn matches into [begin, end, is_match] byte spans covering t.
             std::vector<std::tuple<size_t, size_t, bool>> spans;
             size_t last = 0;
@@ -293,10 +325,15 @@ absl::Status TokenizerImpl::PreTokenize(std::string text, bool at_start,
             }
             if (last < t.size()) spans.push_back({last, t.size(), false});
             std::string pending;  // MergedWithNext: matches waiting for the next span.
+            bool prev_match = false;  // Contiguous: the last part is a match.
             for (auto& [b, e, m] : spans) {
               if (step.invert) m = !m;
               std::string span = t.substr(b, e - b);
               switch (step.behavior) {
+                case SplitBehavior::kContiguous:
+                  if (m && prev_match) parts.back() += span; else parts.push_back(std::move(span));
+                  prev_match = m;
+                  break;
                 case SplitBehavior::kIsolated:
                   parts.push_back(std::move(span));
                   break;
@@ -349,20 +386,6 @@ absl::Status TokenizerImpl::PreTokenize(std::string text, bool at_start,
             if (hit == std::string::npos) hit = t.size();
             next.push_back({t.substr(start, hit - start), piece.offset + start});
             start = hit;
-          }
-          break;
-        }
-        case PreTokenizerStep::Kind::kDigits: {
-          const std::string& t = piece.text;
-          size_t i = 0;
-          while (i < t.size()) {
-            const bool digit = t[i] >= '0' && t[i] <= '9';
-            size_t j = i + 1;
-            if (!digit || !step.individual_digits) {
-              while (j < t.size() && (t[j] >= '0' && t[j] <= '9') == digit) ++j;
-            }
-            next.push_back({t.substr(i, j - i), piece.offset + i});
-            i = j;
           }
           break;
         }
@@ -621,25 +644,30 @@ std::vector<const Json*> Flatten(const Json& j, const char* list_key) {
   return out;
 }
 
-// A Split/Replace `pattern`: {"String": s} or {"Regex": r}.
-absl::StatusOr<std::shared_ptr<PretokenizerRegex>> PatternRegex(const Json& pattern) {
-  if (!pattern.is_object()) return Unsupported("pattern (not an object)");
+// A Split `pattern`: {"String": s} or {"Regex": r}.
+absl::StatusOr<SplitPattern> PatternFromJson(const Json& pattern) {
+  if (!pattern.is_object()) return Unsupported("Split pattern (not an object)");
   if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<PretokenizerRegex> r,
-                        PretokenizerRegex::Compile(pattern["Regex"].get<std::string>()));
-    return std::shared_ptr<PretokenizerRegex>(std::move(r));
+    return SplitPattern::FromRegex(pattern["Regex"].get<std::string>());
   }
   if (pattern.contains("String") && pattern["String"].is_string()) {
-    // A literal: escape every character that is special in a regex.
-    std::string escaped;
-    for (char c : pattern["String"].get<std::string>()) {
-      if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) escaped += '\\';
-      escaped += c;
-    }
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<PretokenizerRegex> r, PretokenizerRegex::Compile(escaped));
-    return std::shared_ptr<PretokenizerRegex>(std::move(r));
+    const std::string literal = pattern["String"].get<std::string>();
+    if (literal.empty() || !unicode::IsValidUtf8(literal)) return Unsupported("empty or non-UTF-8 Split string");
+    const std::vector<char32_t> cps = unicode::DecodeUtf8(literal);
+    return SplitPattern::FromLiteral(std::u32string(cps.begin(), cps.end()));
   }
-  return Unsupported("pattern kind");
+  return Unsupported("Split pattern kind");
+}
+
+// A Split/Punctuation `behavior`.
+absl::StatusOr<SplitBehavior> BehaviorFromJson(const Json& step, const char* fallback) {
+  const std::string behavior = JsonString(step, "behavior", fallback);
+  if (behavior == "Isolated") return SplitBehavior::kIsolated;
+  if (behavior == "Removed") return SplitBehavior::kRemoved;
+  if (behavior == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (behavior == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (behavior == "Contiguous") return SplitBehavior::kContiguous;
+  return Unsupported(absl::StrCat("split behavior '", behavior, "'"));
 }
 
 absl::Status LoadNormalizer(const Json& j, TokenizerImpl& t) {
@@ -665,20 +693,14 @@ absl::Status LoadPreTokenizer(const Json& j, TokenizerImpl& t) {
     PreTokenizerStep step;
     if (type == "Split") {
       step.kind = PreTokenizerStep::Kind::kSplit;
-      PD_ASSIGN_OR_RETURN(step.regex, PatternRegex(Field(*s, "pattern")));
-      const std::string behavior = JsonString(*s, "behavior");
-      if (behavior == "Isolated") step.behavior = SplitBehavior::kIsolated;
-      else if (behavior == "Removed") step.behavior = SplitBehavior::kRemoved;
-      else if (behavior == "MergedWithPrevious") step.behavior = SplitBehavior::kMergedWithPrevious;
-      else if (behavior == "MergedWithNext") step.behavior = SplitBehavior::kMergedWithNext;
-      else return Unsupported(absl::StrCat("Split behavior '", behavior, "'"));
+      PD_ASSIGN_OR_RETURN(step.pattern, PatternFromJson(Field(*s, "pattern")));
+      PD_ASSIGN_OR_RETURN(step.behavior, BehaviorFromJson(*s, ""));
       step.invert = JsonBool(*s, "invert", false);
     } else if (type == "ByteLevel") {
       step.kind = PreTokenizerStep::Kind::kByteLevel;
       step.add_prefix_space = JsonBool(*s, "add_prefix_space", false);
       if (JsonBool(*s, "use_regex", true)) {
-        PD_ASSIGN_OR_RETURN(auto r, PretokenizerRegex::Compile(kGpt2Pattern));
-        step.regex = std::move(r);
+        PD_ASSIGN_OR_RETURN(step.pattern, SplitPattern::FromRegex(SplitPattern::kGpt2Regex));
       }
     } else if (type == "Metaspace") {
       step.kind = PreTokenizerStep::Kind::kMetaspace;
@@ -689,8 +711,16 @@ absl::Status LoadPreTokenizer(const Json& j, TokenizerImpl& t) {
                                          : PreTokenizerStep::Prepend::kAlways;
       step.split = JsonBool(*s, "split", true);
     } else if (type == "Digits") {
-      step.kind = PreTokenizerStep::Kind::kDigits;
-      step.individual_digits = JsonBool(*s, "individual_digits", false);
+      // Runs of digits are one Contiguous split, which a run-matching
+      // pattern gives with Isolated.
+      step.kind = PreTokenizerStep::Kind::kSplit;
+      step.pattern = SplitPattern::Digits(JsonBool(*s, "individual_digits", false));
+    } else if (type == "Punctuation") {
+      step.kind = PreTokenizerStep::Kind::kSplit;
+      PD_ASSIGN_OR_RETURN(step.behavior, BehaviorFromJson(*s, "Isolated"));
+      const bool contiguous = step.behavior == SplitBehavior::kContiguous;
+      step.pattern = SplitPattern::Punctuation(contiguous);
+      if (contiguous) step.behavior = SplitBehavior::kIsolated;
     } else {
       return Unsupported(absl::StrCat("pre-tokenizer '", type, "'"));
     }
@@ -832,7 +862,7 @@ absl::Status LoadHfJson(std::string_view tokenizer_json, std::string_view config
       }
       AddedToken tok{a["id"].get<int32_t>(), a["content"].get<std::string>(),
                      JsonBool(a, "special", false), JsonBool(a, "lstrip", false),
-                     JsonBool(a, "rstrip", false)};
+                     JsonBool(a, "rstrip", false), JsonBool(a, "single_word", false)};
       if (tok.content.empty()) continue;
       t.AddToken(tok.content, tok.id);
       t.special[tok.id] = tok.special;
@@ -856,8 +886,18 @@ absl::Status LoadHfJson(std::string_view tokenizer_json, std::string_view config
     }
     if (auto bos = ConfigTokenText(c, "bos_token")) t.bos_id = t.Find(*bos);
     if (auto eos = ConfigTokenText(c, "eos_token"); eos && t.Find(*eos)) t.eos_ids.push_back(*t.Find(*eos));
-    // An explicit add_bos_token without a post-processor that adds it.
-    if (JsonBool(c, "add_bos_token", false) && t.bos_id && t.prefix_ids.empty()) {
+    // transformers' Llama-family fast tokenizers rebuild the post-processor
+    // from add_bos_token (default true) and add_eos_token (default false)
+    // when they load, whatever tokenizer.json says.
+    const std::string cls = JsonString(c, "tokenizer_class");
+    if (cls.starts_with("LlamaTokenizer") || cls.starts_with("CodeLlamaTokenizer") ||
+        cls.starts_with("GemmaTokenizer")) {
+      t.prefix_ids.clear();
+      t.suffix_ids.clear();
+      if (JsonBool(c, "add_bos_token", true) && t.bos_id) t.prefix_ids.push_back(*t.bos_id);
+      if (JsonBool(c, "add_eos_token", false) && !t.eos_ids.empty()) t.suffix_ids.push_back(t.eos_ids[0]);
+    } else if (JsonBool(c, "add_bos_token", false) && t.bos_id && t.prefix_ids.empty()) {
+      // An explicit add_bos_token without a post-processor that adds it.
       t.prefix_ids.push_back(*t.bos_id);
     }
   }
@@ -955,8 +995,7 @@ absl::Status LoadGguf(const GgufMetadata& m, TokenizerImpl& t) {
     for (size_t i = 0; i < patterns.size(); ++i) {
       PreTokenizerStep step;
       step.kind = PreTokenizerStep::Kind::kSplit;
-      PD_ASSIGN_OR_RETURN(auto r, PretokenizerRegex::Compile(patterns[i]));
-      step.regex = std::move(r);
+      PD_ASSIGN_OR_RETURN(step.pattern, SplitPattern::FromRegex(patterns[i]));
       t.pre_tokenizer.push_back(std::move(step));
     }
     PreTokenizerStep byte_level;

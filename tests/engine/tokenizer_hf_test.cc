@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "engine/split_pattern.h"
 #include "engine/tokenizer.h"
 #include "engine/unicode.h"
 #include "gtest/gtest.h"
@@ -106,6 +107,46 @@ INSTANTIATE_TEST_SUITE_P(Tokenizers, HfTokenizerTest,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// Each split rule the scanners implement cuts every fixture string into the
+// pieces Hugging Face's pre-tokenizer (Oniguruma) gives, Isolated.
+TEST(SplitPatternTest, PiecesMatchHuggingFace) {
+  const auto& rules = Expected()["splits"];
+  ASSERT_GE(rules.size(), 18u);
+  for (const auto& rule : rules) {
+    const std::string kind = rule["kind"].get<std::string>(), arg = rule["arg"].get<std::string>();
+    absl::StatusOr<SplitPattern> pattern = absl::InvalidArgumentError("unknown rule kind");
+    if (kind == "regex") pattern = SplitPattern::FromRegex(arg);
+    if (kind == "punctuation") pattern = SplitPattern::Punctuation(arg == "contiguous");
+    if (kind == "digits") pattern = SplitPattern::Digits(arg == "individual");
+    ASSERT_TRUE(pattern.ok()) << pattern.status();
+    int passed = 0;
+    for (const auto& c : rule["cases"]) {
+      const std::string text = c[0].get<std::string>();
+      const std::vector<char32_t> cps = unicode::DecodeUtf8(text);
+      std::vector<std::pair<size_t, size_t>> matches;
+      pattern->FindAll(cps, matches);
+      // Matches and the text between them, as Isolated splitting keeps both.
+      std::vector<std::string> pieces;
+      auto append = [&](size_t b, size_t e) {
+        std::string piece;
+        for (size_t i = b; i < e; ++i) unicode::AppendUtf8(cps[i], piece);
+        pieces.push_back(std::move(piece));
+      };
+      size_t last = 0;
+      for (auto [b, e] : matches) {
+        if (b > last) append(last, b);
+        append(b, e);
+        last = e;
+      }
+      if (last < cps.size()) append(last, cps.size());
+      const auto want = c[1].get<std::vector<std::string>>();
+      EXPECT_EQ(pieces, want) << kind << " " << arg << " on '" << text << "'";
+      passed += pieces == want;
+    }
+    std::cout << kind << " '" << arg.substr(0, 40) << "': " << passed << "/" << rule["cases"].size() << "\n";
+  }
+}
 
 TEST(NfcTest, MatchesPythonUnicodedata) {
   const auto& cases = Expected()["nfc"];

@@ -3,13 +3,14 @@
 // tokenizer.json / GGUF files (errors, never crashes).
 #include "engine/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <cstring>
 #include <random>
 
 #include "engine/gguf.h"
-#include "engine/pretokenizer_regex.h"
+#include "engine/split_pattern.h"
 #include "engine/unicode.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
@@ -97,29 +98,109 @@ TEST(Utf8Test, ValidationAndReplacementFollowTheStandard) {
   EXPECT_EQ(unicode::CompleteUtf8Prefix("ab\xFF"), 3u);
 }
 
-TEST(PretokenizerRegexTest, Gpt2PatternSplitsAsExpected) {
-  auto re = PretokenizerRegex::Compile(
-      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)");
-  ASSERT_TRUE(re.ok()) << re.status();
-  const std::string text = "Hello world's  123!!\n";
-  const auto cps = unicode::DecodeUtf8(text);
-  std::vector<std::pair<size_t, size_t>> m;
-  ASSERT_TRUE((*re)->FindAll(cps, m).ok());
+// The pieces (matches and the text between them) a pattern cuts `text` into.
+std::vector<std::string> SplitPieces(const SplitPattern& pattern, std::string_view text) {
+  const std::vector<char32_t> cps = unicode::DecodeUtf8(text);
+  std::vector<std::pair<size_t, size_t>> matches;
+  pattern.FindAll(cps, matches);
   std::vector<std::string> pieces;
-  for (auto [b, e] : m) {
+  size_t last = 0;
+  auto append = [&](size_t b, size_t e) {
     std::string s;
     for (size_t i = b; i < e; ++i) unicode::AppendUtf8(cps[i], s);
-    pieces.push_back(s);
+    pieces.push_back(std::move(s));
+  };
+  for (auto [b, e] : matches) {
+    if (b > last) append(last, b);
+    append(b, e);
+    last = e;
   }
-  const std::vector<std::string> want = {"Hello", " world", "'s", " ", " 123", "!!", "\n"};
-  EXPECT_EQ(pieces, want);
+  if (last < cps.size()) append(last, cps.size());
+  return pieces;
 }
 
-TEST(PretokenizerRegexTest, UnsupportedSyntaxIsAnErrorNotAWrongSplit) {
-  for (const char* bad : {"(?<=a)b", "a{3,1}", "[z-a]", "\\p{Greek}", "(abc", "abc)", "*a",
-                          "a++", "\\d+", "[[:alpha:]]"}) {
-    EXPECT_EQ(PretokenizerRegex::Compile(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+TEST(SplitPatternTest, Gpt2PatternSplitsAsExpected) {
+  auto p = SplitPattern::FromRegex(SplitPattern::kGpt2Regex);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::vector<std::string> want = {"Hello", " world", "'s", " ", " 123", "!!", "\n"};
+  EXPECT_EQ(SplitPieces(*p, "Hello world's  123!!\n"), want);
+}
+
+TEST(SplitPatternTest, LongWhitespaceRunsSplitInLinearTime) {
+  // `\s+$` and `\s+(?!\S)` backtrack over a whole run in a regex engine; a
+  // million spaces must still split at once and correctly.
+  const std::string text = std::string(1'000'000, ' ') + "x" + std::string(1'000'000, ' ') + "\ny";
+  auto trailing = SplitPattern::FromRegex(R"(\s+$)");
+  ASSERT_TRUE(trailing.ok()) << trailing.status();
+  auto pieces = SplitPieces(*trailing, text);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[0].size(), 1'000'001u);  // Not a match: text follows.
+  EXPECT_EQ(pieces[1].size(), 1'000'000u);  // Up to, not including, the '\n'.
+  EXPECT_EQ(pieces[2], "\ny");
+  auto gpt2 = SplitPattern::FromRegex(SplitPattern::kGpt2Regex);
+  ASSERT_TRUE(gpt2.ok());
+  pieces = SplitPieces(*gpt2, text);
+  const std::vector<size_t> sizes = {999'999, 2, 1'000'000, 1, 1};
+  ASSERT_EQ(pieces.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(pieces[i].size(), sizes[i]) << i;
+}
+
+TEST(SplitPatternTest, UnknownPatternsAreAnErrorNamingThem) {
+  for (const char* bad : {"(?<=a)b", "a{3,1}", "[z-a]", "\\p{Greek}", "(abc", "abc)", "*a", "a++",
+                          "\\d+", "[[:alpha:]]", "[^abc]+", "\\s?[a-z]+x", "[a-z]{0,2}", "",
+                          // A GPT-2 pattern with one alternative changed.
+                          R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+)"}) {
+    auto p = SplitPattern::FromRegex(bad);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    if (!p.ok()) EXPECT_NE(p.status().message().find(bad), std::string::npos) << p.status();
   }
+}
+
+TEST(TokenizerJsonTest, AddedTokenStripAndSingleWordOptions) {
+  auto tok = Tokenizer::FromHfJson(R"j({
+      "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, " ": 2, "<x>": 3, "<unk>": 4},
+                "merges": [], "unk_token": "<unk>"},
+      "added_tokens": [{"id": 3, "content": "<x>", "special": true, "single_word": true,
+                        "lstrip": true, "rstrip": true}]})j", "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  // The whitespace on both sides goes with the token, Unicode spaces too.
+  EXPECT_EQ(*(*tok)->Encode("a <x> b", false), (std::vector<int32_t>{0, 3, 1}));
+  EXPECT_EQ(*(*tok)->Encode("a\u3000\t<x>\u00a0b", false), (std::vector<int32_t>{0, 3, 1}));
+  // Inside a word it is not the added token.
+  auto inside = (*tok)->Encode("a<x>b", false);
+  ASSERT_TRUE(inside.ok());
+  EXPECT_EQ(std::count(inside->begin(), inside->end(), 3), 0);
+  EXPECT_TRUE((*tok)->IsSpecial(3));
+}
+
+TEST(TokenizerJsonTest, LlamaConfigDecidesBosAndEos) {
+  const std::string json = ReadFileOrEmpty(std::string(PDSERVE_FIXTURES_DIR) + "/tokenizers/llama2/tokenizer.json");
+  if (json.empty()) GTEST_SKIP() << "no llama2 fixture";
+  // transformers rebuilds a LlamaTokenizerFast's template from these flags.
+  auto tok = Tokenizer::FromHfJson(json, R"j({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>",
+      "eos_token": "</s>", "add_bos_token": false, "add_eos_token": true})j");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto ids = (*tok)->Encode("hi", true);
+  ASSERT_TRUE(ids.ok());
+  ASSERT_FALSE(ids->empty());
+  EXPECT_NE(ids->front(), 1);
+  EXPECT_EQ(ids->back(), 2);
+  auto plain = Tokenizer::FromHfJson(json, "");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->Encode("hi", true)->front(), 1);  // tokenizer.json's own template.
+}
+
+TEST(TokenizerJsonTest, PunctuationAndDigitsPreTokenizers) {
+  // Characters are their own tokens; the pre-tokenizers decide which pairs
+  // may merge (no merge crosses a split).
+  auto tok = Tokenizer::FromHfJson(R"j({
+      "model": {"type": "BPE", "vocab": {"1": 0, "2": 1, "12": 2, "!": 3, "?": 4, "!?": 5},
+                "merges": ["1 2", "! ?"]},
+      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+          {"type": "Digits", "individual_digits": true},
+          {"type": "Punctuation", "behavior": "Contiguous"}]}})j", "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(*(*tok)->Encode("12!?", false), (std::vector<int32_t>{0, 1, 5}));
 }
 
 TEST(TokenizerJsonTest, MalformedFilesGiveErrors) {
