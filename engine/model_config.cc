@@ -1,6 +1,10 @@
 #include "engine/model_config.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -12,8 +16,8 @@ namespace {
 using Json = nlohmann::json;
 
 absl::Status FieldError(std::string_view field, std::string_view problem) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("config.json: field '", std::string(field), "' ", std::string(problem)));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "config.json: field '", std::string(field), "' ", std::string(problem)));
 }
 
 // Reads an optional integer field; absent or null leaves `out` unchanged.
@@ -22,7 +26,8 @@ absl::Status ReadInt(const Json& j, const char* field, int& out) {
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_number_integer()) return FieldError(field, "must be an integer");
   const int64_t v = it->get<int64_t>();
-  if (v < INT32_MIN || v > INT32_MAX) return FieldError(field, "is out of range");
+  if (v < INT32_MIN || v > INT32_MAX)
+    return FieldError(field, "is out of range");
   out = static_cast<int>(v);
   return absl::OkStatus();
 }
@@ -31,7 +36,10 @@ absl::Status ReadFloat(const Json& j, const char* field, float& out) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_number()) return FieldError(field, "must be a number");
-  out = it->get<float>();
+  const double v = it->get<double>();
+  if (!(std::fabs(v) <= std::numeric_limits<float>::max()))
+    return FieldError(field, "is out of range");
+  out = static_cast<float>(v);
   return absl::OkStatus();
 }
 
@@ -49,8 +57,10 @@ absl::StatusOr<std::vector<int32_t>> ReadIds(const Json& j, const char* field) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return ids;
   auto one = [&](const Json& v) -> absl::Status {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
-      return FieldError(field, "must be a non-negative integer or a list of them");
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        v.get<int64_t>() > INT32_MAX) {
+      return FieldError(field,
+                        "must be a non-negative integer or a list of them");
     }
     ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
     return absl::OkStatus();
@@ -64,7 +74,8 @@ absl::StatusOr<std::vector<int32_t>> ReadIds(const Json& j, const char* field) {
 }
 
 absl::StatusOr<Json> ParseObject(std::string_view text, std::string_view what) {
-  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  Json j = Json::parse(text.begin(), text.end(), nullptr,
+                       /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(what), " is not a valid JSON object"));
@@ -74,7 +85,8 @@ absl::StatusOr<Json> ParseObject(std::string_view text, std::string_view what) {
 
 // RoPE scaling from `rope_scaling` (transformers 4) or `rope_parameters`
 // (transformers 5, which also carries rope_theta).
-absl::Status ParseRopeScaling(const Json& j, RopeScaling& out, float& rope_theta) {
+absl::Status ParseRopeScaling(const Json& j, RopeScaling& out,
+                              float& rope_theta) {
   auto it = j.find("rope_parameters");
   if (it != j.end() && it->is_object()) {
     PD_RETURN_IF_ERROR(ReadFloat(*it, "rope_theta", rope_theta));
@@ -82,7 +94,8 @@ absl::Status ParseRopeScaling(const Json& j, RopeScaling& out, float& rope_theta
     it = j.find("rope_scaling");
   }
   if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_object()) return FieldError("rope_scaling", "must be an object or null");
+  if (!it->is_object())
+    return FieldError("rope_scaling", "must be an object or null");
   const Json& r = *it;
   std::string type;
   for (const char* key : {"rope_type", "type"}) {
@@ -98,21 +111,75 @@ absl::Status ParseRopeScaling(const Json& j, RopeScaling& out, float& rope_theta
     out.type = RopeScaling::Type::kLlama3;
     PD_RETURN_IF_ERROR(ReadFloat(r, "low_freq_factor", out.low_freq_factor));
     PD_RETURN_IF_ERROR(ReadFloat(r, "high_freq_factor", out.high_freq_factor));
-    PD_RETURN_IF_ERROR(
-        ReadInt(r, "original_max_position_embeddings", out.original_max_position_embeddings));
+    PD_RETURN_IF_ERROR(ReadInt(r, "original_max_position_embeddings",
+                               out.original_max_position_embeddings));
   } else {
     return FieldError("rope_scaling",
-                      absl::StrCat("has unsupported type '", type, "' (supported: linear, llama3)"));
+                      absl::StrCat("has unsupported type '", type,
+                                   "' (supported: linear, llama3)"));
   }
   PD_RETURN_IF_ERROR(ReadFloat(r, "factor", out.factor));
   return absl::OkStatus();
+}
+
+// Qwen2 slides its window only when use_sliding_window is set, and then only
+// in the layers from max_window_layers on (or those that layer_types marks
+// "sliding_attention"). One window for every layer, or none, is supported;
+// a mix is INVALID_ARGUMENT.
+absl::Status ReadQwen2SlidingWindow(const Json& j, int num_layers,
+                                    int& window) {
+  bool use_sliding_window = false;
+  PD_RETURN_IF_ERROR(ReadBool(j, "use_sliding_window", use_sliding_window));
+  int size = 0;
+  if (use_sliding_window)
+    PD_RETURN_IF_ERROR(ReadInt(j, "sliding_window", size));
+  if (size <= 0) {
+    window = 0;
+    return absl::OkStatus();
+  }
+  int sliding_layers = 0;
+  if (auto types = j.find("layer_types");
+      types != j.end() && !types->is_null()) {
+    if (!types->is_array() ||
+        types->size() != static_cast<size_t>(std::max(num_layers, 0))) {
+      return FieldError("layer_types", "must list one type per layer");
+    }
+    for (const Json& t : *types) {
+      if (!t.is_string())
+        return FieldError("layer_types", "must be a list of strings");
+      sliding_layers += t.get<std::string>() == "sliding_attention" ? 1 : 0;
+    }
+  } else {
+    int max_window_layers = 28;  // transformers' Qwen2Config default.
+    PD_RETURN_IF_ERROR(ReadInt(j, "max_window_layers", max_window_layers));
+    sliding_layers = std::max(0, num_layers - std::max(0, max_window_layers));
+  }
+  if (sliding_layers != 0 && sliding_layers != num_layers) {
+    return FieldError(
+        "use_sliding_window",
+        absl::StrCat("slides the window in ", sliding_layers, " of ",
+                     num_layers, " layers; only all or none is supported"));
+  }
+  window = sliding_layers == 0 ? 0 : size;
+  return absl::OkStatus();
+}
+
+// The double nearest the shortest decimal that reads back as `f`, so that
+// config.json says 1e-05 rather than 9.999999747378752e-06.
+double ShortestDouble(float f) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf) - 1, f);
+  if (ec != std::errc()) return f;
+  *end = '\0';
+  return std::strtod(buf, nullptr);
 }
 
 }  // namespace
 
 absl::Status ModelConfig::Validate() const {
   auto positive = [](int v, const char* name) -> absl::Status {
-    if (v <= 0) return FieldError(name, absl::StrCat("must be positive, got ", v));
+    if (v <= 0)
+      return FieldError(name, absl::StrCat("must be positive, got ", v));
     return absl::OkStatus();
   };
   PD_RETURN_IF_ERROR(positive(vocab_size, "vocab_size"));
@@ -122,18 +189,21 @@ absl::Status ModelConfig::Validate() const {
   PD_RETURN_IF_ERROR(positive(num_heads, "num_attention_heads"));
   PD_RETURN_IF_ERROR(positive(num_kv_heads, "num_key_value_heads"));
   PD_RETURN_IF_ERROR(positive(head_dim, "head_dim"));
-  PD_RETURN_IF_ERROR(positive(max_position_embeddings, "max_position_embeddings"));
+  PD_RETURN_IF_ERROR(
+      positive(max_position_embeddings, "max_position_embeddings"));
   if (num_heads % num_kv_heads != 0) {
-    return FieldError("num_key_value_heads",
-                      absl::StrCat("(", num_kv_heads, ") must divide num_attention_heads (",
-                                   num_heads, ")"));
+    return FieldError(
+        "num_key_value_heads",
+        absl::StrCat("(", num_kv_heads, ") must divide num_attention_heads (",
+                     num_heads, ")"));
   }
   if (head_dim % 2 != 0) return FieldError("head_dim", "must be even for RoPE");
   // Bounds that keep every size product far from overflow.
-  if (vocab_size > (1 << 22) || hidden_size > (1 << 16) || intermediate_size > (1 << 18) ||
-      num_layers > 1024 || num_heads > 1024 || head_dim > 1024 ||
-      max_position_embeddings > (1 << 24)) {
-    return absl::InvalidArgumentError("config.json: a model dimension is implausibly large");
+  if (vocab_size > (1 << 22) || hidden_size > (1 << 16) ||
+      intermediate_size > (1 << 18) || num_layers > 1024 || num_heads > 1024 ||
+      head_dim > 1024 || max_position_embeddings > (1 << 24)) {
+    return absl::InvalidArgumentError(
+        "config.json: a model dimension is implausibly large");
   }
   if (!(rms_norm_eps > 0.0f) || !std::isfinite(rms_norm_eps)) {
     return FieldError("rms_norm_eps", "must be a positive number");
@@ -141,20 +211,24 @@ absl::Status ModelConfig::Validate() const {
   if (!(rope_theta > 0.0f) || !std::isfinite(rope_theta)) {
     return FieldError("rope_theta", "must be a positive number");
   }
-  if (rope_scaling.type != RopeScaling::Type::kNone && !(rope_scaling.factor > 0.0f)) {
+  if (rope_scaling.type != RopeScaling::Type::kNone &&
+      !(rope_scaling.factor > 0.0f)) {
     return FieldError("rope_scaling.factor", "must be positive");
   }
   if (rope_scaling.type == RopeScaling::Type::kLlama3 &&
       (!(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) ||
        !(rope_scaling.low_freq_factor > 0.0f) ||
        rope_scaling.original_max_position_embeddings <= 0)) {
-    return FieldError("rope_scaling",
-                      "llama3 needs high_freq_factor > low_freq_factor > 0 and a positive "
-                      "original_max_position_embeddings");
+    return FieldError(
+        "rope_scaling",
+        "llama3 needs high_freq_factor > low_freq_factor > 0 and a positive "
+        "original_max_position_embeddings");
   }
-  if (sliding_window < 0) return FieldError("sliding_window", "must not be negative");
+  if (sliding_window < 0)
+    return FieldError("sliding_window", "must not be negative");
   for (int32_t id : eos_token_ids) {
-    if (id >= vocab_size) return FieldError("eos_token_id", "is outside the vocabulary");
+    if (id >= vocab_size)
+      return FieldError("eos_token_id", "is outside the vocabulary");
   }
   if (bos_token_id && *bos_token_id >= vocab_size) {
     return FieldError("bos_token_id", "is outside the vocabulary");
@@ -169,20 +243,30 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json) {
   if (auto it = j.find("model_type"); it != j.end() && it->is_string()) {
     model_type = it->get<std::string>();
   }
-  if (auto it = j.find("architectures"); it != j.end() && it->is_array() && !it->empty() &&
-                                         (*it)[0].is_string()) {
+  if (auto it = j.find("architectures");
+      it != j.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
     c.architecture = (*it)[0].get<std::string>();
   }
-  const bool llama = model_type == "llama" || c.architecture == "LlamaForCausalLM";
-  const bool mistral = model_type == "mistral" || c.architecture == "MistralForCausalLM";
-  const bool qwen2 = model_type == "qwen2" || c.architecture == "Qwen2ForCausalLM";
+  // The architecture decides when it is given (it names the weights' layout,
+  // e.g. a LlamaForSequenceClassification has no lm_head); model_type only
+  // when it is not.
+  const std::string_view family = !c.architecture.empty()
+                                      ? std::string_view(c.architecture)
+                                      : std::string_view(model_type);
+  const bool llama = family == "LlamaForCausalLM" || family == "llama";
+  const bool mistral = family == "MistralForCausalLM" || family == "mistral";
+  const bool qwen2 = family == "Qwen2ForCausalLM" || family == "qwen2";
   if (!llama && !mistral && !qwen2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: unsupported architecture '", c.architecture, "' (model_type '", model_type,
-        "'); supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: unsupported architecture '", c.architecture,
+                     "' (model_type '", model_type,
+                     "'); supported: LlamaForCausalLM, MistralForCausalLM, "
+                     "Qwen2ForCausalLM"));
   }
   if (c.architecture.empty()) {
-    c.architecture = llama ? "LlamaForCausalLM" : mistral ? "MistralForCausalLM" : "Qwen2ForCausalLM";
+    c.architecture = llama     ? "LlamaForCausalLM"
+                     : mistral ? "MistralForCausalLM"
+                               : "Qwen2ForCausalLM";
   }
   PD_RETURN_IF_ERROR(ReadInt(j, "vocab_size", c.vocab_size));
   PD_RETURN_IF_ERROR(ReadInt(j, "hidden_size", c.hidden_size));
@@ -193,26 +277,44 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json) {
   PD_RETURN_IF_ERROR(ReadInt(j, "num_key_value_heads", c.num_kv_heads));
   if (c.num_heads > 0) c.head_dim = c.hidden_size / c.num_heads;
   PD_RETURN_IF_ERROR(ReadInt(j, "head_dim", c.head_dim));
-  PD_RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", c.max_position_embeddings));
+  if (auto it = j.find("head_dim"); (it == j.end() || it->is_null()) &&
+                                    c.num_heads > 0 &&
+                                    c.hidden_size % c.num_heads != 0) {
+    return FieldError(
+        "hidden_size",
+        absl::StrCat("(", c.hidden_size,
+                     ") is not a multiple of num_attention_heads (",
+                     c.num_heads, ") and head_dim is not given"));
+  }
+  PD_RETURN_IF_ERROR(
+      ReadInt(j, "max_position_embeddings", c.max_position_embeddings));
   PD_RETURN_IF_ERROR(ReadFloat(j, "rms_norm_eps", c.rms_norm_eps));
   PD_RETURN_IF_ERROR(ReadFloat(j, "rope_theta", c.rope_theta));
   PD_RETURN_IF_ERROR(ParseRopeScaling(j, c.rope_scaling, c.rope_theta));
   PD_RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", c.tie_word_embeddings));
+  if (auto it = j.find("hidden_act");
+      it != j.end() && !it->is_null() &&
+      !(it->is_string() && it->get<std::string>() == "silu")) {
+    return FieldError(
+        "hidden_act",
+        absl::StrCat(it->dump(), " is not supported (only silu)"));
+  }
   if (qwen2) {
     c.qkv_bias = true;
-    bool use_sliding_window = false;
-    PD_RETURN_IF_ERROR(ReadBool(j, "use_sliding_window", use_sliding_window));
-    if (use_sliding_window) PD_RETURN_IF_ERROR(ReadInt(j, "sliding_window", c.sliding_window));
+    PD_RETURN_IF_ERROR(
+        ReadQwen2SlidingWindow(j, c.num_layers, c.sliding_window));
   } else {
     PD_RETURN_IF_ERROR(ReadBool(j, "attention_bias", c.qkv_bias));
-    if (mistral) PD_RETURN_IF_ERROR(ReadInt(j, "sliding_window", c.sliding_window));
+    if (mistral)
+      PD_RETURN_IF_ERROR(ReadInt(j, "sliding_window", c.sliding_window));
   }
   for (const char* key : {"torch_dtype", "dtype"}) {  // transformers 4 / 5.
     if (auto it = j.find(key); it != j.end() && it->is_string()) {
       PD_ASSIGN_OR_RETURN(c.torch_dtype, ParseDType(it->get<std::string>()));
     }
   }
-  if (auto it = j.find("mlp_bias"); it != j.end() && it->is_boolean() && it->get<bool>()) {
+  if (auto it = j.find("mlp_bias");
+      it != j.end() && it->is_boolean() && it->get<bool>()) {
     return FieldError("mlp_bias", "true is not supported");
   }
   PD_ASSIGN_OR_RETURN(std::vector<int32_t> bos, ReadIds(j, "bos_token_id"));
@@ -222,8 +324,10 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json) {
   return c;
 }
 
-absl::Status ApplyGenerationConfig(std::string_view generation_config_json, ModelConfig& config) {
-  PD_ASSIGN_OR_RETURN(Json j, ParseObject(generation_config_json, "generation_config.json"));
+absl::Status ApplyGenerationConfig(std::string_view generation_config_json,
+                                   ModelConfig& config) {
+  PD_ASSIGN_OR_RETURN(
+      Json j, ParseObject(generation_config_json, "generation_config.json"));
   PD_ASSIGN_OR_RETURN(std::vector<int32_t> bos, ReadIds(j, "bos_token_id"));
   PD_ASSIGN_OR_RETURN(std::vector<int32_t> eos, ReadIds(j, "eos_token_id"));
   ModelConfig updated = config;
@@ -248,32 +352,42 @@ std::string ToHfConfigJson(const ModelConfig& c) {
   j["num_key_value_heads"] = c.num_kv_heads;
   j["head_dim"] = c.head_dim;
   j["max_position_embeddings"] = c.max_position_embeddings;
-  j["rms_norm_eps"] = c.rms_norm_eps;
-  j["rope_theta"] = c.rope_theta;
+  j["rms_norm_eps"] = ShortestDouble(c.rms_norm_eps);
+  j["rope_theta"] = ShortestDouble(c.rope_theta);
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["torch_dtype"] = c.torch_dtype == DType::kBF16  ? "bfloat16"
                      : c.torch_dtype == DType::kF16 ? "float16"
                                                     : "float32";
   if (c.architecture == "LlamaForCausalLM") j["attention_bias"] = c.qkv_bias;
-  if (c.sliding_window > 0) {
-    j["sliding_window"] = c.sliding_window;
-    if (c.architecture == "Qwen2ForCausalLM") j["use_sliding_window"] = true;
+  // transformers' defaults would slide a 4096 window in Mistral when the key
+  // is absent, and in Qwen2 only from layer 28 on: spell both out.
+  if (c.architecture == "Qwen2ForCausalLM") {
+    j["use_sliding_window"] = c.sliding_window > 0;
+    if (c.sliding_window > 0) {
+      j["sliding_window"] = c.sliding_window;
+      j["max_window_layers"] = 0;
+    }
+  } else if (c.architecture == "MistralForCausalLM") {
+    j["sliding_window"] =
+        c.sliding_window > 0 ? Json(c.sliding_window) : Json(nullptr);
   }
   switch (c.rope_scaling.type) {
     case RopeScaling::Type::kNone:
       j["rope_scaling"] = nullptr;
       break;
     case RopeScaling::Type::kLinear:
-      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+      j["rope_scaling"] = {{"rope_type", "linear"},
+                           {"factor", ShortestDouble(c.rope_scaling.factor)}};
       break;
     case RopeScaling::Type::kLlama3:
       j["rope_scaling"] = {
           {"rope_type", "llama3"},
-          {"factor", c.rope_scaling.factor},
-          {"low_freq_factor", c.rope_scaling.low_freq_factor},
-          {"high_freq_factor", c.rope_scaling.high_freq_factor},
-          {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+          {"factor", ShortestDouble(c.rope_scaling.factor)},
+          {"low_freq_factor", ShortestDouble(c.rope_scaling.low_freq_factor)},
+          {"high_freq_factor", ShortestDouble(c.rope_scaling.high_freq_factor)},
+          {"original_max_position_embeddings",
+           c.rope_scaling.original_max_position_embeddings}};
       break;
   }
   if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;

@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Checks the llama2.c converter against Hugging Face transformers, which we
 did not write: loads the converted stories260K directory with
-LlamaForCausalLM and the converted tokenizer.json with PreTrainedTokenizerFast,
-greedy-decodes from BOS and prints the text (it must begin with the
-published "Once upon a time, there was a little girl named Lily. ...").
+LlamaForCausalLM and the converted tokenizer with AutoTokenizer (which reads
+tokenizer_config.json too) and with PreTrainedTokenizerFast (tokenizer.json
+alone), greedy-decodes from BOS and prints the text (it must begin with the
+published "Once upon a time, there was a little girl named Lily. ..."), and
+checks that both tokenizers encode the published text to BOS followed by the
+very ids the model generated for it (a wrong merge order would split some
+word differently).
 
   build/client/pdctl convert-llama2c ../shared/models/stories260K/stories260K.bin \
       ../shared/models/stories260K/tok512.bin /tmp/stories260K
@@ -29,6 +33,7 @@ def main():
 
     model = transformers.LlamaForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32)
     model.eval()
+    auto_tok = transformers.AutoTokenizer.from_pretrained(args.model_dir)
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{args.model_dir}/tokenizer.json")
     prompt = [1]
     ids = torch.tensor([prompt])
@@ -39,9 +44,12 @@ def main():
     text = tok.decode(new, skip_special_tokens=True)
     print(text)
     assert text.startswith(PUBLISHED), "converter output differs from the published text"
-    # The tokenizer must also round-trip the published text as llama2.c would encode it.
-    enc = tok(PUBLISHED)["input_ids"]
-    print("encode(published) =", enc[:12], "...")
+    assert auto_tok.decode(new, skip_special_tokens=True) == text
+    for t in (auto_tok, tok):
+        enc = t(PUBLISHED)["input_ids"]
+        assert enc == prompt + new[:len(enc) - 1], (type(t).__name__, enc, new[:len(enc)])
+        assert t.decode(enc, skip_special_tokens=True) == PUBLISHED
+    print(f"encode(published) = {enc[:12]} ... ({len(enc)} ids, BOS + the generated ids)")
     if args.write:
         with open(args.write, "w") as f:
             json.dump({"transformers_version": transformers.__version__,

@@ -2,7 +2,12 @@
 // configs pdserve cannot serve.
 #include "engine/model_config.h"
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace pdserve {
 namespace {
@@ -82,7 +87,8 @@ TEST(ModelConfigTest, MistralSlidingWindowAndQwen2Bias) {
 }
 
 TEST(ModelConfigTest, Transformers5SpellingWithRopeParameters) {
-  auto c = ParseHfConfig(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  auto c = ParseHfConfig(
+      R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
     "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "dtype": "bfloat16",
     "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
@@ -108,12 +114,112 @@ TEST(ModelConfigTest, RoundTripsThroughToHfConfigJson) {
 TEST(ModelConfigTest, GenerationConfigOverridesEos) {
   auto c = ParseHfConfig(kLlama2_7b);
   ASSERT_TRUE(c.ok());
-  ASSERT_TRUE(ApplyGenerationConfig(R"({"eos_token_id": [2, 7], "bos_token_id": 1})", *c).ok());
+  ASSERT_TRUE(ApplyGenerationConfig(
+                  R"({"eos_token_id": [2, 7], "bos_token_id": 1})", *c)
+                  .ok());
   EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{2, 7}));
   EXPECT_EQ(ApplyGenerationConfig(R"({"eos_token_id": 99999})", *c).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{2, 7}));  // Unchanged on error.
-  EXPECT_EQ(ApplyGenerationConfig("[", *c).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->eos_token_ids,
+            (std::vector<int32_t>{2, 7}));  // Unchanged on error.
+  EXPECT_EQ(ApplyGenerationConfig("[", *c).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelConfigTest, Qwen2SlidingWindowOnlyWhenEveryLayerSlides) {
+  const std::string base =
+      R"({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 100,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "sliding_window": 256)";
+  auto on = ParseHfConfig(
+      base + R"(, "use_sliding_window": true, "max_window_layers": 0})");
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->sliding_window, 256);
+  // transformers slides only from layer max_window_layers (default 28) on.
+  auto none = ParseHfConfig(base + R"(, "use_sliding_window": true})");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->sliding_window, 0);
+  auto listed =
+      ParseHfConfig(base + R"(, "use_sliding_window": true, "layer_types":
+    ["sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention"]})");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->sliding_window, 256);
+  auto mixed = ParseHfConfig(
+      base + R"(, "use_sliding_window": true, "max_window_layers": 2})");
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mixed.status().message().find("2 of 4 layers"), std::string::npos)
+      << mixed.status();
+  auto off = ParseHfConfig(
+      base + R"(, "use_sliding_window": false, "max_window_layers": 0})");
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->sliding_window, 0);
+  // Written back, transformers must read the same window (not its defaults).
+  auto again = ParseHfConfig(ToHfConfigJson(*on));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->sliding_window, 256);
+}
+
+TEST(ModelConfigTest, ToHfConfigJsonSpellsOutWhatTransformersWouldDefault) {
+  auto m = ParseHfConfig(kMistral7b);
+  ASSERT_TRUE(m.ok());
+  m->sliding_window = 0;
+  const auto j = nlohmann::json::parse(ToHfConfigJson(*m));
+  ASSERT_TRUE(j.contains("sliding_window"));
+  EXPECT_TRUE(j["sliding_window"]
+                  .is_null());  // Absent would mean 4096 to transformers.
+  EXPECT_EQ(j["rms_norm_eps"].get<double>(),
+            1e-5);  // Not the float's 9.99999974e-06.
+  EXPECT_EQ(j["model_type"], "mistral");
+}
+
+TEST(ModelConfigTest, LinearRopeScalingAndDefaultRopeParameters) {
+  auto c = ParseHfConfig(
+      R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "rope_scaling": {"type": "linear", "factor": 2.0}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "LlamaForCausalLM");  // From model_type.
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_FLOAT_EQ(c->rope_scaling.factor, 2.0f);
+  auto again = ParseHfConfig(ToHfConfigJson(*c));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->rope_scaling.type, RopeScaling::Type::kLinear);
+  auto d = ParseHfConfig(
+      R"({"model_type": "mistral", "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "sliding_window": null, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_FLOAT_EQ(d->rope_theta, 1e6f);
+  EXPECT_EQ(d->sliding_window, 0);
+}
+
+// The configs transformers itself wrote for the reference fixtures.
+TEST(ModelConfigTest, ParsesTheTransformersFixtures) {
+  const std::filesystem::path hf =
+      std::filesystem::path(PDSERVE_FIXTURES_DIR) / "hf";
+  auto read = [&](const char* name) {
+    std::ifstream in(hf / name / "config.json", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  if (read("llama_gqa_rope3").empty()) GTEST_SKIP() << "no " << hf;
+  auto llama = ParseHfConfig(read("llama_gqa_rope3"));
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(llama->rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_FLOAT_EQ(llama->rope_theta, 500000.0f);
+  EXPECT_EQ(llama->num_kv_heads, 2);
+  EXPECT_FALSE(llama->tie_word_embeddings);
+  auto qwen = ParseHfConfig(read("qwen2_bias_tied"));
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_TRUE(qwen->qkv_bias);
+  EXPECT_TRUE(qwen->tie_word_embeddings);
+  EXPECT_EQ(qwen->sliding_window, 0);
+  auto mistral = ParseHfConfig(read("mistral"));
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ(mistral->head_dim, 32);
+  EXPECT_EQ(mistral->torch_dtype, DType::kBF16);
+  EXPECT_EQ(mistral->sliding_window, 4096);
 }
 
 struct BadCase {
@@ -123,33 +229,89 @@ struct BadCase {
 };
 
 TEST(ModelConfigTest, BadConfigsNameTheProblem) {
-  const std::string base = R"("vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+  const std::string base =
+      R"("vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4)";
   const std::vector<BadCase> cases = {
       {"not json", "{", "not a valid JSON"},
       {"array", "[]", "not a valid JSON object"},
-      {"unknown arch", R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", )" + base + "}",
+      {"unknown arch",
+       R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", )" +
+           base + "}",
        "GPT2LMHeadModel"},
       {"no arch", "{" + base + "}", "unsupported architecture"},
-      {"string size", R"({"model_type": "llama", "vocab_size": "100", "hidden_size": 64})", "vocab_size"},
-      {"zero layers", R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 0, "num_attention_heads": 4})", "num_hidden_layers"},
-      {"gqa", R"({"model_type": "llama", )" + base + R"(, "num_key_value_heads": 3})", "num_key_value_heads"},
-      {"odd head", R"({"model_type": "llama", )" + base + R"(, "head_dim": 15})", "head_dim"},
-      {"yarn", R"({"model_type": "llama", )" + base + R"(, "rope_scaling": {"type": "yarn", "factor": 4}})",
+      {"string size",
+       R"({"model_type": "llama", "vocab_size": "100", "hidden_size": 64})",
+       "vocab_size"},
+      {"zero layers",
+       R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 0, "num_attention_heads": 4})",
+       "num_hidden_layers"},
+      {"gqa",
+       R"({"model_type": "llama", )" + base + R"(, "num_key_value_heads": 3})",
+       "num_key_value_heads"},
+      {"odd head",
+       R"({"model_type": "llama", )" + base + R"(, "head_dim": 15})",
+       "head_dim"},
+      {"yarn",
+       R"({"model_type": "llama", )" + base +
+           R"(, "rope_scaling": {"type": "yarn", "factor": 4}})",
        "yarn"},
-      {"huge", R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 99999999999})", "range"},
-      {"eps", R"({"model_type": "llama", )" + base + R"(, "rms_norm_eps": -1})", "rms_norm_eps"},
-      {"dtype", R"({"model_type": "llama", )" + base + R"(, "torch_dtype": "int8"})", "int8"},
-      {"eos", R"({"model_type": "llama", )" + base + R"(, "eos_token_id": 100})", "eos_token_id"},
-      {"eos type", R"({"model_type": "llama", )" + base + R"(, "eos_token_id": "x"})", "eos_token_id"},
+      {"huge",
+       R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 99999999999})",
+       "range"},
+      {"eps", R"({"model_type": "llama", )" + base + R"(, "rms_norm_eps": -1})",
+       "rms_norm_eps"},
+      {"dtype",
+       R"({"model_type": "llama", )" + base + R"(, "torch_dtype": "int8"})",
+       "int8"},
+      {"eos",
+       R"({"model_type": "llama", )" + base + R"(, "eos_token_id": 100})",
+       "eos_token_id"},
+      {"eos type",
+       R"({"model_type": "llama", )" + base + R"(, "eos_token_id": "x"})",
+       "eos_token_id"},
+      {"other head",
+       R"({"architectures": ["LlamaForSequenceClassification"], "model_type": "llama", )" +
+           base + "}",
+       "LlamaForSequenceClassification"},
+      {"dynamic",
+       R"({"model_type": "llama", )" + base +
+           R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2}})",
+       "dynamic"},
+      {"rope params yarn",
+       R"({"model_type": "qwen2", )" + base +
+           R"(, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4}})",
+       "yarn"},
+      {"gelu",
+       R"({"model_type": "llama", )" + base + R"(, "hidden_act": "gelu"})",
+       "hidden_act"},
+      {"uneven heads",
+       R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 66,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})",
+       "hidden_size"},
+      {"float size",
+       R"({"model_type": "llama", )" + base +
+           R"(, "max_position_embeddings": 4096.5})",
+       "max_position_embeddings"},
+      {"huge theta",
+       R"({"model_type": "llama", )" + base + R"(, "rope_theta": 1e300})",
+       "rope_theta"},
+      {"bias type",
+       R"({"model_type": "llama", )" + base + R"(, "attention_bias": 1})",
+       "attention_bias"},
+      {"llama3 factors",
+       R"({"model_type": "llama", )" + base +
+           R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}})",
+       "high_freq_factor"},
   };
   for (const BadCase& c : cases) {
     auto r = ParseHfConfig(c.json);
     ASSERT_FALSE(r.ok()) << c.what;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
-    EXPECT_NE(r.status().message().find(c.message), std::string::npos) << c.what << ": " << r.status();
+    EXPECT_NE(r.status().message().find(c.message), std::string::npos)
+        << c.what << ": " << r.status();
   }
 }
 
