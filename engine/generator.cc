@@ -29,7 +29,7 @@ int32_t Generator::BlocksFor(const GenerationRequest& r) const {
   return static_cast<int32_t>((tokens + bs - 1) / bs);
 }
 
-absl::Status Generator::Add(GenerationRequest request) {
+absl::Status Generator::Validate(const GenerationRequest& request) const {
   const ModelConfig& c = runner_->model().config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   for (int32_t t : request.prompt) {
@@ -49,13 +49,19 @@ absl::Status Generator::Add(GenerationRequest request) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "request needs ", BlocksFor(request), " KV blocks; the pool has ", pool_.num_blocks()));
   }
-  auto same_id = [&](const std::unique_ptr<Sequence>& s) { return s->request.id == request.id; };
-  if (std::any_of(waiting_.begin(), waiting_.end(), same_id) ||
-      std::any_of(running_.begin(), running_.end(), same_id)) {
-    return absl::InvalidArgumentError(absl::StrCat("duplicate request id ", request.id.value));
-  }
+  return absl::OkStatus();
+}
+
+bool Generator::Known(RequestId id) const {
+  auto same_id = [&](const std::unique_ptr<Sequence>& s) { return s->request.id == id; };
+  return std::any_of(waiting_.begin(), waiting_.end(), same_id) ||
+         std::any_of(running_.begin(), running_.end(), same_id) || held_kv_.contains(id);
+}
+
+std::unique_ptr<Generator::Sequence> Generator::NewSequence(GenerationRequest request,
+                                                            int64_t first_step) {
   auto seq = std::make_unique<Sequence>();
-  seq->sampler = std::make_unique<Sampler>(request.sampling);
+  seq->sampler = std::make_unique<Sampler>(request.sampling, first_step);
   if (options_.enable_prefix_caching) {
     const size_t bs = runner_->kv_layout().block_size;
     uint64_t parent = 0;
@@ -64,11 +70,89 @@ absl::Status Generator::Add(GenerationRequest request) {
       seq->block_hashes.push_back(parent);
     }
   }
-  seq->tokens.reserve(total);
+  seq->tokens.reserve(request.prompt.size() + request.sampling.max_tokens);
   seq->tokens = request.prompt;
   seq->request = std::move(request);
+  return seq;
+}
+
+absl::Status Generator::Add(GenerationRequest request) {
+  PD_RETURN_IF_ERROR(Validate(request));
+  if (Known(request.id) || reservations_.contains(request.id)) {
+    return absl::InvalidArgumentError(absl::StrCat("duplicate request id ", request.id.value));
+  }
+  waiting_.push_back(NewSequence(std::move(request), /*first_step=*/0));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::span<const BlockId>> Generator::Reserve(RequestId id, int32_t num_tokens) {
+  const int32_t context = runner_->model().config().max_position_embeddings;
+  if (num_tokens < 1 || num_tokens > context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reservation of ", num_tokens, " tokens outside [1, ", context, "]"));
+  }
+  if (Known(id) || reservations_.contains(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("duplicate request id ", id.value));
+  }
+  const int32_t bs = runner_->kv_layout().block_size;
+  PD_ASSIGN_OR_RETURN(std::vector<BlockId> blocks, pool_.Allocate((num_tokens + bs - 1) / bs));
+  return std::span<const BlockId>(reservations_[id] = std::move(blocks));
+}
+
+void Generator::ReleaseReservation(RequestId id) {
+  if (auto it = reservations_.find(id); it != reservations_.end()) {
+    pool_.Release(it->second);
+    reservations_.erase(it);
+  }
+}
+
+absl::Status Generator::AddPrefilled(GenerationRequest request, int32_t first_token) {
+  PD_RETURN_IF_ERROR(Validate(request));
+  if (request.sampling.max_tokens < 2) {
+    return absl::InvalidArgumentError("max_tokens < 2: nothing is left to decode");
+  }
+  if (first_token < 0 || first_token >= runner_->model().config().vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("first token id ", first_token,
+                                                   " is outside the vocabulary"));
+  }
+  if (Known(request.id)) {
+    return absl::InvalidArgumentError(absl::StrCat("duplicate request id ", request.id.value));
+  }
+  auto it = reservations_.find(request.id);
+  if (it == reservations_.end()) {
+    return absl::NotFoundError(absl::StrCat("no KV reservation for request ", request.id.value));
+  }
+  if (static_cast<int32_t>(it->second.size()) < BlocksFor(request)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the reservation holds ", it->second.size(), " blocks; prompt + max_tokens need ",
+        BlocksFor(request)));
+  }
+  const int32_t prompt_len = static_cast<int32_t>(request.prompt.size());
+  std::unique_ptr<Sequence> seq = NewSequence(std::move(request), /*first_step=*/1);
+  seq->tokens.push_back(first_token);
+  seq->num_computed = prompt_len;
+  seq->num_reported = prompt_len;
+  seq->blocks = std::move(it->second);
+  reservations_.erase(it);
   waiting_.push_back(std::move(seq));
   return absl::OkStatus();
+}
+
+void Generator::ReleaseKv(RequestId id) {
+  if (auto it = held_kv_.find(id); it != held_kv_.end()) {
+    pool_.Release(it->second);
+    held_kv_.erase(it);
+  }
+}
+
+int64_t Generator::num_pending_prompt_tokens() const {
+  int64_t n = 0;
+  auto pending = [](const Sequence& s) {
+    return std::max<int64_t>(0, static_cast<int64_t>(s.request.prompt.size()) - s.num_computed);
+  };
+  for (const auto& s : waiting_) n += pending(*s);
+  for (const auto& s : running_) n += pending(*s);
+  return n;
 }
 
 void Generator::Cancel(RequestId id) {
@@ -78,7 +162,7 @@ void Generator::Cancel(RequestId id) {
     cancelled_.push_back(id);
   } else if (auto rit = std::find_if(running_.begin(), running_.end(), match);
              rit != running_.end()) {
-    pool_.Release((*rit)->blocks);
+    FreeBlocks(**rit);
     running_.erase(rit);
     cancelled_.push_back(id);
   }
@@ -87,6 +171,11 @@ void Generator::Cancel(RequestId id) {
 void Generator::Admit() {
   while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence& s = *waiting_.front();
+    if (!s.blocks.empty()) {  // Prefilled elsewhere; its blocks are reserved.
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      continue;
+    }
     // Shared prefix blocks first. The prompt's last token is always
     // computed (its logits are needed), so its block is never shared.
     const int32_t bs = runner_->kv_layout().block_size;
@@ -134,8 +223,19 @@ bool Generator::SampleNext(Sequence& s, std::span<const float> logits,
   } else if (generated >= s.request.sampling.max_tokens) {
     e.finish = FinishReason::kLength;
   }
-  return e.finish != FinishReason::kNone;
+  return e.finish != FinishReason::kNone || s.request.hold_kv;
 }
+
+void Generator::FreeBlocks(Sequence& s) {
+  if (s.request.hold_kv) {
+    held_kv_[s.request.id] = std::move(s.blocks);
+  } else {
+    pool_.Release(s.blocks);
+  }
+  s.blocks.clear();
+}
+
+void Generator::ReportLayer(int32_t layer) { kv_observer_(layer, computed_); }
 
 absl::Status Generator::Step(std::vector<GenerationEvent>& events) {
   for (RequestId id : cancelled_) {
@@ -169,6 +269,20 @@ absl::Status Generator::Step(std::vector<GenerationEvent>& events) {
     budget -= n;
   }
 
+  computed_.clear();
+  batch_.on_layer_kv_written = nullptr;
+  if (kv_observer_) {
+    for (size_t i = 0; i < batch_seqs_.size(); ++i) {
+      const Sequence& s = *batch_seqs_[i];
+      computed_.push_back({.id = s.request.id,
+                           .block_table = s.blocks,
+                           .begin = s.num_reported,
+                           .end = s.num_computed +
+                                  static_cast<int32_t>(batch_.sequences[i].tokens.size())});
+    }
+    batch_.on_layer_kv_written = [this](int32_t layer) { ReportLayer(layer); };
+  }
+
   const int32_t vocab = runner_->model().config().vocab_size;
   logits_.resize(ModelRunner::NumLogitsRows(batch_) * vocab);
   PD_RETURN_IF_ERROR(runner_->Forward(batch_, logits_));
@@ -177,6 +291,7 @@ absl::Status Generator::Step(std::vector<GenerationEvent>& events) {
   for (size_t i = 0; i < batch_seqs_.size(); ++i) {
     Sequence& s = *batch_seqs_[i];
     s.num_computed += static_cast<int32_t>(batch_.sequences[i].tokens.size());
+    s.num_reported = s.num_computed;
     // Prompt blocks now complete become shareable.
     const size_t full = static_cast<size_t>(s.num_computed) / runner_->kv_layout().block_size;
     for (; s.num_hashed < std::min(full, s.block_hashes.size()); ++s.num_hashed) {
@@ -184,8 +299,7 @@ absl::Status Generator::Step(std::vector<GenerationEvent>& events) {
     }
     if (s.num_computed < static_cast<int32_t>(s.request.prompt.size())) continue;  // Mid-prompt.
     if (SampleNext(s, std::span(logits_).subspan(i * vocab, vocab), events)) {
-      pool_.Release(s.blocks);
-      s.blocks.clear();
+      FreeBlocks(s);
       any_finished = true;
     }
   }

@@ -15,12 +15,20 @@
 // the pool hands them out anew. The block holding a prompt's last token is
 // never shared, so shared blocks are only ever read.
 //
+// Disaggregation. A decode worker Reserve()s blocks for a request whose
+// prompt a prefill worker computes, lets the KV land in them, then
+// AddPrefilled() continues the request from its first token. A prefill
+// worker adds requests with `hold_kv`: they end after their first token and
+// keep their blocks until ReleaseKv(), while a KvLayerObserver reports each
+// layer's freshly written KV so it can be shipped during the forward pass.
+//
 // Thread-safety: none; the engine loop thread owns a Generator.
 #ifndef PDSERVE_ENGINE_GENERATOR_H_
 #define PDSERVE_ENGINE_GENERATOR_H_
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -46,13 +54,34 @@ struct GenerationRequest {
   RequestId id;
   std::vector<int32_t> prompt;  // Token ids, BOS included if wanted.
   SamplingParams sampling;
+  // Prefill only: the request ends after its first token, and its KV blocks
+  // stay held until ReleaseKv(id). Default: false.
+  bool hold_kv = false;
 };
+
+// Positions [begin, end) of a sequence whose K/V in the reported layer are
+// now in the cache, in the blocks of `block_table` (position p in block
+// p / block_size, slot p % block_size). The first report of a sequence
+// starts at 0, so prefix-cache hits are included.
+struct ComputedKv {
+  RequestId id;
+  std::span<const BlockId> block_table;
+  int32_t begin = 0;
+  int32_t end = 0;
+};
+
+// Called on the engine thread inside Step(), once per layer, as soon as the
+// step's K/V of that layer is written. Must not block.
+using KvLayerObserver =
+    std::function<void(int32_t layer, std::span<const ComputedKv> computed)>;
 
 struct GenerationEvent {
   RequestId id;
   bool has_token = false;  // False only for a cancellation event.
   SampledToken token;
-  FinishReason finish = FinishReason::kNone;  // Not kNone: the last event.
+  // Not kNone: the last event. A hold_kv request has one event, its first
+  // token; kNone there means the request goes on elsewhere.
+  FinishReason finish = FinishReason::kNone;
 };
 
 struct GeneratorOptions {
@@ -81,12 +110,36 @@ class Generator {
   // from the next Step(). Unknown ids are ignored.
   void Cancel(RequestId id);
 
+  // Holds ceil(num_tokens / block_size) blocks for request `id`, whose
+  // prompt KV is to be written into them from outside. The span stays valid
+  // until AddPrefilled or ReleaseReservation. INVALID_ARGUMENT for a
+  // duplicate id or num_tokens outside [1, context]; RESOURCE_EXHAUSTED when
+  // the blocks are not free now.
+  absl::StatusOr<std::span<const BlockId>> Reserve(RequestId id, int32_t num_tokens);
+  // Frees a reservation not yet added. Unknown ids are ignored.
+  void ReleaseReservation(RequestId id);
+  // Continues `request` from `first_token` (sampled elsewhere at step 0),
+  // its prompt KV being in the blocks reserved under its id. Validated as
+  // Add(); also INVALID_ARGUMENT when max_tokens < 2 (nothing left to
+  // decode) or the reservation is smaller than prompt + max_tokens, and
+  // NOT_FOUND without a reservation. Its events start at the second token.
+  absl::Status AddPrefilled(GenerationRequest request, int32_t first_token);
+
+  // Frees the blocks a finished `hold_kv` request kept. Unknown ids are
+  // ignored.
+  void ReleaseKv(RequestId id);
+
+  void set_kv_layer_observer(KvLayerObserver observer) { kv_observer_ = std::move(observer); }
+
   // Runs one step and appends its events. Errors only on a backend failure.
   absl::Status Step(std::vector<GenerationEvent>& events);
 
   bool HasWork() const { return !waiting_.empty() || !running_.empty() || !cancelled_.empty(); }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int32_t num_reserved() const { return static_cast<int32_t>(reservations_.size()); }
+  // Prompt tokens of queued and running requests not computed yet.
+  int64_t num_pending_prompt_tokens() const;
   const KvBlockPool& block_pool() const { return pool_; }
   // Prompt tokens whose KV came from the prefix cache, since creation.
   int64_t prefix_cached_tokens() const { return prefix_cached_tokens_; }
@@ -101,16 +154,26 @@ class Generator {
     // `blocks` are registered in the pool under them.
     std::vector<uint64_t> block_hashes;
     size_t num_hashed = 0;
+    // Tokens already reported to the KvLayerObserver.
+    int32_t num_reported = 0;
     std::unique_ptr<Sampler> sampler;
   };
 
   Generator(ModelRunner* runner, const GeneratorOptions& options);
   int32_t BlocksFor(const GenerationRequest& r) const;
+  // The checks Add and AddPrefilled share.
+  absl::Status Validate(const GenerationRequest& r) const;
+  std::unique_ptr<Sequence> NewSequence(GenerationRequest request, int64_t first_step);
+  bool Known(RequestId id) const;
+  void ReportLayer(int32_t layer);
   void Admit();
   // Samples for sequence `s` from `logits`; true when it finished.
   bool SampleNext(Sequence& s, std::span<const float> logits,
                   std::vector<GenerationEvent>& events);
   bool IsStopToken(const Sequence& s, int32_t token) const;
+  // Returns a finished or cancelled sequence's blocks to the pool, or holds
+  // them for ReleaseKv when the request asked for hold_kv.
+  void FreeBlocks(Sequence& s);
 
   ModelRunner* const runner_;
   const GeneratorOptions options_;
@@ -118,6 +181,10 @@ class Generator {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<RequestId> cancelled_;
+  absl::flat_hash_map<RequestId, std::vector<BlockId>> reservations_;
+  absl::flat_hash_map<RequestId, std::vector<BlockId>> held_kv_;
+  KvLayerObserver kv_observer_;
+  std::vector<ComputedKv> computed_;  // Scratch for the observer.
   // Scratch reused across steps.
   ForwardBatch batch_;
   std::vector<Sequence*> batch_seqs_;

@@ -20,6 +20,7 @@
 #ifndef PDSERVE_ENGINE_KV_LAYOUT_H_
 #define PDSERVE_ENGINE_KV_LAYOUT_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -62,6 +63,30 @@ struct KvBlockLayout {
 
   bool operator==(const KvBlockLayout&) const = default;
 };
+
+// Maps the K/V bytes that positions [begin, end) of one sequence occupy in
+// `layer` of one pool (block table `src`, `src_num_blocks` blocks) onto the
+// same positions in another pool with the same layout (block table `dst`,
+// `dst_num_blocks` blocks): calls fn(src_offset, dst_offset, length) once
+// for K and once for V of every block the range touches. Both tables must
+// cover position end - 1.
+template <typename Fn>
+void ForEachKvRange(const KvBlockLayout& layout, int32_t layer, const BlockId* src,
+                    int32_t src_num_blocks, const BlockId* dst, int32_t dst_num_blocks,
+                    int32_t begin, int32_t end, Fn&& fn) {
+  const int32_t bs = layout.block_size;
+  for (int32_t pos = begin; pos < end;) {
+    const int32_t index = pos / bs;
+    const int32_t first = pos % bs;
+    const int32_t last = std::min(bs, first + (end - pos));  // Slots [first, last).
+    const size_t length = static_cast<size_t>(last - first) * layout.slot_bytes();
+    const size_t src_block = layout.PoolOffset(layer, src[index], src_num_blocks);
+    const size_t dst_block = layout.PoolOffset(layer, dst[index], dst_num_blocks);
+    fn(src_block + layout.KeyOffset(first, 0), dst_block + layout.KeyOffset(first, 0), length);
+    fn(src_block + layout.ValueOffset(first, 0), dst_block + layout.ValueOffset(first, 0), length);
+    pos += last - first;
+  }
+}
 
 }  // namespace pdserve
 

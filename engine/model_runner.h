@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,6 +39,10 @@ struct SequenceInput {
 
 struct ForwardBatch {
   std::vector<SequenceInput> sequences;
+  // When set, called on the forward's thread as soon as layer `layer`'s K/V
+  // for every new token is in the cache (a prefill worker ships the layer
+  // while the next one computes). Must not block. Default: unset.
+  std::function<void(int32_t layer)> on_layer_kv_written;
 };
 
 struct ModelRunnerOptions {
@@ -60,6 +65,9 @@ class ModelRunner {
   virtual const Model& model() const = 0;
   virtual const KvBlockLayout& kv_layout() const = 0;
   virtual int32_t num_kv_blocks() const = 0;
+  // The KV pool: num_kv_blocks() blocks laid out as kv_layout() says. Host
+  // memory for cpu. Transports register it to move blocks between workers.
+  virtual std::span<std::byte> kv_memory() = 0;
 
   // Number of logits rows Forward produces for `batch`.
   static size_t NumLogitsRows(const ForwardBatch& batch);

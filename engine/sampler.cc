@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
@@ -70,6 +71,19 @@ uint64_t SeedFor(const SamplingParams& params) {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
+// A uniform double in [0, 1) that depends only on (seed, step): two rounds
+// of the SplitMix64 finalizer over the pair, top 53 bits as the mantissa.
+double UniformDraw(uint64_t seed, int64_t step) {
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const uint64_t bits = mix(mix(seed) ^ static_cast<uint64_t>(step));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
 }  // namespace
 
 absl::Status ValidateSamplingParams(const SamplingParams& p, int32_t vocab_size) {
@@ -101,12 +115,14 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int32_t vocab_size)
   return absl::OkStatus();
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(SeedFor(params)) {}
+Sampler::Sampler(const SamplingParams& params, int64_t first_step)
+    : params_(params), seed_(SeedFor(params)), step_(first_step) {}
 
 SampledToken Sampler::Sample(std::span<const float> logits) {
   const int32_t n = static_cast<int32_t>(logits.size());
   PD_CHECK_GT(n, 0) << "Sample() needs a row of at least one logit";
   SampledToken out;
+  const int64_t step = step_++;
 
   float max_logit = std::numeric_limits<float>::lowest();
   int32_t argmax = 0;
@@ -157,7 +173,7 @@ SampledToken Sampler::Sample(std::span<const float> logits) {
     for (int32_t i = 0; i < keep; ++i) {
       if (scratch_[i].first >= min_w) kept_total += scratch_[i].first;
     }
-    const double u = std::uniform_real_distribution<double>(0.0, kept_total)(rng_);
+    const double u = UniformDraw(seed_, step) * kept_total;
     // Summing in the same order as kept_total reaches u before the end, except
     // when the draw lands on the upper bound by rounding: then the last
     // candidate with weight wins.

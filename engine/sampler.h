@@ -2,14 +2,15 @@
 // top-k, top-p, min-p, a per-request seed, and top-n logprobs.
 //
 // A Sampler belongs to one request and is used by one thread at a time. With
-// a seed, the sequence of sampled tokens depends only on the seed and the
-// logits, so a request is reproducible wherever it runs.
+// a seed, the token sampled at step n depends only on the seed, n and the
+// logits (the draw is a hash of seed and step, not a stream), so a request
+// is reproducible wherever it runs and a decode worker can continue a
+// request whose first token a prefill worker sampled.
 #ifndef PDSERVE_ENGINE_SAMPLER_H_
 #define PDSERVE_ENGINE_SAMPLER_H_
 
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -58,8 +59,10 @@ struct SampledToken {
 
 class Sampler {
  public:
-  // `params` must have passed ValidateSamplingParams.
-  explicit Sampler(const SamplingParams& params);
+  // `params` must have passed ValidateSamplingParams. The first Sample()
+  // call is step `first_step` of the request (1 on a decode worker that
+  // continues after a remote prefill).
+  explicit Sampler(const SamplingParams& params, int64_t first_step = 0);
 
   // Samples from one row of logits (vocab_size floats). Uses an internal
   // scratch buffer sized once; no allocation after the first call for a given
@@ -68,7 +71,8 @@ class Sampler {
 
  private:
   const SamplingParams params_;
-  std::mt19937_64 rng_;
+  const uint64_t seed_;
+  int64_t step_;
   std::vector<std::pair<float, int32_t>> scratch_;
 };
 

@@ -33,6 +33,9 @@ class CpuModelRunner final : public ModelRunner {
   const Model& model() const override { return *model_; }
   const KvBlockLayout& kv_layout() const override { return layout_; }
   int32_t num_kv_blocks() const override { return num_blocks_; }
+  std::span<std::byte> kv_memory() override {
+    return {pool_.get(), static_cast<size_t>(num_blocks_) * layout_.block_bytes()};
+  }
 
   absl::Status Forward(const ForwardBatch& batch, std::span<float> logits) override;
 
@@ -169,6 +172,7 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::span<float>
         std::copy_n(v + h * c.head_dim, c.head_dim, kv.Value(tokens_[t].pos, h));
       }
     }
+    if (batch.on_layer_kv_written) batch.on_layer_kv_written(l);
     Attention(batch, l);
     cpu::MatMul(attn_.data(), T, L.wo, xn_.data(), num_threads_);
     for (int64_t i = 0; i < T * hidden; ++i) x_[i] += xn_[i];

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <new>
 #include <numeric>
+#include <random>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -134,6 +135,17 @@ TEST(SamplerTest, SameSeedSameTokensDifferentSeedDifferentTokens) {
     // Unseeded requests draw their own seeds.
     EXPECT_NE(run(std::nullopt, p), run(std::nullopt, p));
   }
+}
+
+// A decode worker continues a request whose first token a prefill worker
+// sampled: a sampler started at step n draws what a fresh one draws at n.
+TEST(SamplerTest, StartingAtAStepContinuesTheSameStream) {
+  const SamplingParams p{.temperature = 1.2f, .top_p = 0.9f, .seed = 11};
+  Sampler fresh(p);
+  fresh.Sample(kLogits);
+  fresh.Sample(kLogits);
+  Sampler resumed(p, /*first_step=*/2);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(fresh.Sample(kLogits).token, resumed.Sample(kLogits).token);
 }
 
 TEST(SamplerTest, TemperatureSamplingFollowsTheSoftmax) {

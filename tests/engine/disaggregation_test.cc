@@ -1,0 +1,178 @@
+// Invariant (b) of DESIGN.md inside one process: a request prefilled by one
+// Generator (hold_kv, KV shipped layer by layer through the observer) and
+// decoded by another (Reserve + AddPrefilled) produces exactly the tokens a
+// single colocated Generator produces, greedy and seeded, for prompts longer
+// than a prefill chunk and with prefix-cache hits on the prefill side.
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "engine/builtin_tiny.h"
+#include "engine/generator.h"
+#include "gtest/gtest.h"
+
+namespace pdserve {
+namespace {
+
+std::unique_ptr<ModelRunner> MakeRunner(const std::shared_ptr<const Model>& m, int blocks) {
+  auto r = CreateModelRunner(m, {.num_kv_blocks = blocks, .block_size = 16, .num_threads = 2});
+  EXPECT_TRUE(r.ok()) << r.status();
+  return *std::move(r);
+}
+
+std::vector<int32_t> Prompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p = {256};
+  while (static_cast<int>(p.size()) < n) p.push_back(static_cast<int32_t>(rng() % 256));
+  return p;
+}
+
+std::vector<int32_t> Colocated(ModelRunner& runner, const GenerationRequest& r) {
+  auto g = Generator::Create(&runner, {.max_batch_tokens = 64});
+  EXPECT_TRUE(g.ok());
+  EXPECT_TRUE((*g)->Add(r).ok());
+  std::vector<int32_t> out;
+  std::vector<GenerationEvent> events;
+  while ((*g)->HasWork()) {
+    events.clear();
+    EXPECT_TRUE((*g)->Step(events).ok());
+    for (const auto& e : events) out.push_back(e.token.token);
+  }
+  return out;
+}
+
+class DisaggregationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = MakeTinyModel();
+    ASSERT_TRUE(m.ok());
+    model_ = *m;
+    prefill_runner_ = MakeRunner(model_, 64);
+    decode_runner_ = MakeRunner(model_, 48);
+    auto p = Generator::Create(prefill_runner_.get(), {.max_batch_tokens = 64});
+    auto d = Generator::Create(decode_runner_.get(), {.max_batch_tokens = 64});
+    ASSERT_TRUE(p.ok() && d.ok());
+    prefill_ = *std::move(p);
+    decode_ = *std::move(d);
+    prefill_->set_kv_layer_observer([this](int32_t layer, std::span<const ComputedKv> computed) {
+      const KvBlockLayout& layout = prefill_runner_->kv_layout();
+      for (const ComputedKv& c : computed) {
+        layers_seen_[c.id.value].push_back(layer);
+        const std::vector<BlockId>& dst = landing_.at(c.id.value);
+        ForEachKvRange(layout, layer, c.block_table.data(), prefill_runner_->num_kv_blocks(),
+                       dst.data(), decode_runner_->num_kv_blocks(), c.begin, c.end,
+                       [&](size_t src, size_t to, size_t n) {
+                         std::memcpy(decode_runner_->kv_memory().data() + to,
+                                     prefill_runner_->kv_memory().data() + src, n);
+                       });
+      }
+    });
+  }
+
+  // Prefill on one generator, decode on the other.
+  std::vector<int32_t> Disaggregated(GenerationRequest r) {
+    const int32_t total = static_cast<int32_t>(r.prompt.size()) + r.sampling.max_tokens;
+    auto landing = decode_->Reserve(r.id, total);
+    EXPECT_TRUE(landing.ok()) << landing.status();
+    landing_[r.id.value].assign(landing->begin(), landing->end());
+    GenerationRequest prefill = r;
+    prefill.hold_kv = true;
+    EXPECT_TRUE(prefill_->Add(prefill).ok());
+    std::vector<int32_t> out;
+    std::vector<GenerationEvent> events;
+    while (prefill_->HasWork()) {
+      events.clear();
+      EXPECT_TRUE(prefill_->Step(events).ok());
+      for (const auto& e : events) {
+        out.push_back(e.token.token);
+        EXPECT_EQ(e.finish, FinishReason::kNone);
+      }
+    }
+    prefill_->ReleaseKv(r.id);
+    EXPECT_EQ(prefill_->block_pool().num_free(), prefill_->block_pool().num_blocks());
+    EXPECT_EQ(out.size(), 1u);
+    EXPECT_TRUE(decode_->AddPrefilled(r, out[0]).ok());
+    while (decode_->HasWork()) {
+      events.clear();
+      EXPECT_TRUE(decode_->Step(events).ok());
+      for (const auto& e : events) out.push_back(e.token.token);
+    }
+    return out;
+  }
+
+  std::shared_ptr<const Model> model_;
+  std::unique_ptr<ModelRunner> prefill_runner_, decode_runner_;
+  std::unique_ptr<Generator> prefill_, decode_;
+  std::map<uint64_t, std::vector<BlockId>> landing_;
+  std::map<uint64_t, std::vector<int32_t>> layers_seen_;
+};
+
+TEST_F(DisaggregationTest, OutputEqualsColocatedGreedyAndSeeded) {
+  auto reference_runner = MakeRunner(model_, 64);
+  uint64_t id = 1;
+  for (int len : {1, 15, 16, 17, 100, 200}) {
+    for (const SamplingParams& sp :
+         {SamplingParams{.temperature = 0.0f, .max_tokens = 20, .ignore_eos = true},
+          SamplingParams{.temperature = 0.9f, .top_p = 0.9f, .seed = 5, .max_tokens = 20,
+                         .ignore_eos = true}}) {
+      GenerationRequest r{RequestId(id++), Prompt(len, len), sp};
+      const std::vector<int32_t> want = Colocated(*reference_runner, r);
+      EXPECT_EQ(Disaggregated(r), want) << "prompt length " << len;
+    }
+  }
+  // The first 200-token prompt, in 64-token chunks, reports every layer 4
+  // times; the second one (same prompt) finds 192 tokens in the prefix cache
+  // and computes its last 8 in one chunk.
+  const size_t layers = model_->config().num_layers;
+  EXPECT_EQ(layers_seen_[id - 2].size(), 4 * layers);
+  EXPECT_EQ(layers_seen_[id - 1].size(), layers);
+  EXPECT_EQ(decode_->block_pool().num_free(), decode_->block_pool().num_blocks());
+}
+
+TEST_F(DisaggregationTest, PrefixCacheHitsOnThePrefillSideAreShippedToo) {
+  auto reference_runner = MakeRunner(model_, 64);
+  const SamplingParams sp{.temperature = 0.0f, .max_tokens = 10, .ignore_eos = true};
+  std::vector<int32_t> prompt = Prompt(70, 3);
+  ASSERT_EQ(Disaggregated({RequestId(1), prompt, sp}),
+            Colocated(*reference_runner, {RequestId(1), prompt, sp}));
+  prompt.push_back(42);  // Same 64-token prefix: four blocks come from the cache.
+  const int64_t cached_before = prefill_->prefix_cached_tokens();
+  EXPECT_EQ(Disaggregated({RequestId(2), prompt, sp}),
+            Colocated(*reference_runner, {RequestId(2), prompt, sp}));
+  EXPECT_EQ(prefill_->prefix_cached_tokens() - cached_before, 64);
+}
+
+TEST_F(DisaggregationTest, ReservationsAreCheckedAndFreed) {
+  const SamplingParams sp{.temperature = 0.0f, .max_tokens = 8};
+  const std::vector<int32_t> prompt = Prompt(20, 1);
+  EXPECT_EQ(decode_->AddPrefilled({RequestId(1), prompt, sp}, 5).code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(decode_->Reserve(RequestId(1), 10).ok());
+  EXPECT_EQ(decode_->Reserve(RequestId(1), 10).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // 20 + 8 tokens need two blocks; one was reserved.
+  EXPECT_EQ(decode_->AddPrefilled({RequestId(1), prompt, sp}, 5).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decode_->Reserve(RequestId(2), 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decode_->Reserve(RequestId(3), 49 * 16).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  decode_->ReleaseReservation(RequestId(1));
+  decode_->ReleaseReservation(RequestId(99));
+  EXPECT_EQ(decode_->block_pool().num_free(), decode_->block_pool().num_blocks());
+}
+
+TEST_F(DisaggregationTest, CancelledHoldKvRequestKeepsItsBlocksUntilReleased) {
+  landing_[7] = {};
+  const SamplingParams sp{.temperature = 0.0f, .max_tokens = 8};
+  ASSERT_TRUE(prefill_->Add({RequestId(7), Prompt(100, 2), sp, /*hold_kv=*/true}).ok());
+  std::vector<GenerationEvent> events;
+  prefill_->set_kv_layer_observer(nullptr);
+  ASSERT_TRUE(prefill_->Step(events).ok());  // First 64-token chunk.
+  prefill_->Cancel(RequestId(7));
+  EXPECT_LT(prefill_->block_pool().num_free(), prefill_->block_pool().num_blocks());
+  prefill_->ReleaseKv(RequestId(7));
+  EXPECT_EQ(prefill_->block_pool().num_free(), prefill_->block_pool().num_blocks());
+}
+
+}  // namespace
+}  // namespace pdserve
