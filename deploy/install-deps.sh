@@ -11,6 +11,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libabsl-dev            # Status/StatusOr, flags, strings, synchronization
   nlohmann-json3-dev     # config.json, tokenizer.json, safetensors headers
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler  # RPC
   libgtest-dev libgmock-dev googletest  # unit tests
   python3
 )

@@ -1,0 +1,25 @@
+// What every pdserve binary's main() needs around its server: waiting for
+// SIGINT/SIGTERM and telling a launcher which port was bound.
+#ifndef PDSERVE_COMMON_PROCESS_H_
+#define PDSERVE_COMMON_PROCESS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace pdserve {
+
+// Blocks SIGINT and SIGTERM in the calling thread and every thread it
+// starts afterwards. Call first in main(), before any thread exists.
+void BlockTerminationSignals();
+
+// Waits until SIGINT or SIGTERM arrives; returns its number.
+int WaitForTerminationSignal();
+
+// Writes `port` and a newline to `path` atomically (a temporary file renamed
+// into place), so a launcher polling for the file never reads half of it.
+absl::Status WritePortFile(const std::string& path, int port);
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_COMMON_PROCESS_H_

@@ -1,0 +1,107 @@
+#include "engine/engine_loop.h"
+
+#include <utility>
+
+#include "common/log.h"
+
+namespace pdserve {
+
+absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Create(
+    std::unique_ptr<ModelRunner> runner, const Options& options,
+    absl::AnyInvocable<void(Generator&)> tick) {
+  auto generator = Generator::Create(runner.get(), options.generator);
+  if (!generator.ok()) return generator.status();
+  return std::unique_ptr<EngineLoop>(
+      new EngineLoop(std::move(runner), *std::move(generator), options, std::move(tick)));
+}
+
+EngineLoop::EngineLoop(std::unique_ptr<ModelRunner> runner, std::unique_ptr<Generator> generator,
+                       const Options& options, absl::AnyInvocable<void(Generator&)> tick)
+    : runner_(std::move(runner)),
+      generator_(std::move(generator)),
+      options_(options),
+      tick_(std::move(tick)) {
+  PublishLoad();
+  thread_ = std::thread([this] { Run(); });
+}
+
+EngineLoop::~EngineLoop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+  for (auto& [id, sink] : sinks_) {
+    sink(GenerationEvent{.id = id, .has_token = false, .finish = FinishReason::kCancelled});
+  }
+}
+
+void EngineLoop::Post(Command command) {
+  absl::MutexLock lock(&mu_);
+  commands_.push_back(std::move(command));
+}
+
+void EngineLoop::Subscribe(RequestId id, EventSink sink) { sinks_[id] = std::move(sink); }
+
+void EngineLoop::Unsubscribe(RequestId id) { sinks_.erase(id); }
+
+EngineLoad EngineLoop::load() const {
+  absl::MutexLock lock(&mu_);
+  return load_;
+}
+
+void EngineLoop::PublishLoad() {
+  const KvBlockPool& pool = generator_->block_pool();
+  EngineLoad load{.total_blocks = pool.num_blocks(),
+                  .free_blocks = pool.num_free(),
+                  .running = generator_->num_running(),
+                  .waiting = generator_->num_waiting(),
+                  .reserved = generator_->num_reserved(),
+                  .pending_prompt_tokens = generator_->num_pending_prompt_tokens()};
+  absl::MutexLock lock(&mu_);
+  load_ = load;
+}
+
+void EngineLoop::Dispatch(const GenerationEvent& event) {
+  auto it = sinks_.find(event.id);
+  if (it == sinks_.end()) return;
+  if (it->second(event)) sinks_.erase(it);
+}
+
+void EngineLoop::Run() {
+  std::vector<Command> commands;
+  std::vector<GenerationEvent> events;
+  absl::Time next_tick = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      // Sleep only when there is nothing to step.
+      if (!generator_->HasWork()) {
+        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return stopping_ || !commands_.empty();
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&ready), next_tick);
+      }
+      if (stopping_) return;
+      commands.swap(commands_);
+    }
+    for (Command& command : commands) command(*generator_);
+    commands.clear();
+    if (tick_ && absl::Now() >= next_tick) {
+      tick_(*generator_);
+      next_tick = absl::Now() + options_.tick_period;
+    }
+    if (generator_->HasWork()) {
+      events.clear();
+      if (absl::Status s = generator_->Step(events); !s.ok()) {
+        // A backend failure: nothing in flight can be trusted; end it all.
+        PD_LOG(ERROR) << "engine step failed, cancelling every request: " << s;
+        for (auto& [id, sink] : sinks_) generator_->Cancel(id);
+      }
+      for (const GenerationEvent& e : events) Dispatch(e);
+    }
+    PublishLoad();
+  }
+}
+
+}  // namespace pdserve

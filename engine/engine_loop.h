@@ -1,0 +1,105 @@
+// EngineLoop: the one thread that owns a Generator, and through it the
+// model runner and its KV cache (STYLE.md habit 4). RPC handlers never touch
+// the Generator: they Post() commands, which the loop runs between steps,
+// and receive their request's events through a sink the loop calls.
+//
+// Thread-safety: Post() and load() from any thread. Commands, sinks and the
+// tick run on the loop thread and must not block.
+#ifndef PDSERVE_ENGINE_ENGINE_LOOP_H_
+#define PDSERVE_ENGINE_ENGINE_LOOP_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/generator.h"
+#include "engine/model_runner.h"
+
+namespace pdserve {
+
+// A consistent snapshot of the loop's load, refreshed after every command
+// batch and step.
+struct EngineLoad {
+  int32_t total_blocks = 0;
+  int32_t free_blocks = 0;
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int32_t reserved = 0;
+  int64_t pending_prompt_tokens = 0;
+};
+
+class EngineLoop {
+ public:
+  // Runs on the loop thread with the Generator.
+  using Command = absl::AnyInvocable<void(Generator&)>;
+  // Receives one request's events in order; returns true once it has seen
+  // the last one it wants (the loop then drops it).
+  using EventSink = absl::AnyInvocable<bool(const GenerationEvent&)>;
+
+  struct Options {
+    GeneratorOptions generator;
+    // Period of the tick when idle, and the longest gap between ticks.
+    // Default: 50 ms.
+    absl::Duration tick_period = absl::Milliseconds(50);
+  };
+
+  // Starts the loop thread. `tick`, when set, runs on it at least every
+  // tick_period (for expiring reservations and the like).
+  static absl::StatusOr<std::unique_ptr<EngineLoop>> Create(
+      std::unique_ptr<ModelRunner> runner, const Options& options,
+      absl::AnyInvocable<void(Generator&)> tick = nullptr);
+
+  // Stops the thread. Commands not run yet are dropped; sinks still
+  // subscribed receive a kCancelled event first.
+  ~EngineLoop();
+
+  // Queues `command` to run on the loop thread before its next step.
+  void Post(Command command);
+
+  // Loop thread only (inside a command): routes `id`'s events to `sink`.
+  void Subscribe(RequestId id, EventSink sink);
+  // Loop thread only: drops `id`'s sink without calling it again.
+  void Unsubscribe(RequestId id);
+
+  EngineLoad load() const;
+
+  // Fixed at creation; safe from any thread.
+  const Model& model() const { return runner_->model(); }
+  const KvBlockLayout& kv_layout() const { return runner_->kv_layout(); }
+  int32_t num_kv_blocks() const { return runner_->num_kv_blocks(); }
+  // The KV pool's memory, for registering with a transport. Only the loop
+  // thread's forward pass writes it; readers must synchronize through the
+  // loop (e.g. read blocks only between the layer report and their release).
+  std::span<std::byte> kv_memory() const { return runner_->kv_memory(); }
+
+ private:
+  EngineLoop(std::unique_ptr<ModelRunner> runner, std::unique_ptr<Generator> generator,
+             const Options& options, absl::AnyInvocable<void(Generator&)> tick);
+  void Run();
+  void Dispatch(const GenerationEvent& event);
+  void PublishLoad();
+
+  const std::unique_ptr<ModelRunner> runner_;
+  const std::unique_ptr<Generator> generator_;  // Loop thread only.
+  const Options options_;
+  absl::AnyInvocable<void(Generator&)> tick_;  // Loop thread only.
+  absl::flat_hash_map<RequestId, EventSink> sinks_;  // Loop thread only.
+
+  mutable absl::Mutex mu_;
+  std::vector<Command> commands_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  EngineLoad load_ ABSL_GUARDED_BY(mu_);
+
+  std::thread thread_;
+};
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_ENGINE_ENGINE_LOOP_H_
