@@ -106,21 +106,6 @@ double PrefillFlops(const ModelConfig& c, int64_t n) {
   return c.num_layers * (per_token_layer * n + attention) + 2.0 * c.hidden_size * c.vocab_size;
 }
 
-ModelConfig Shape110M() {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 32000;
-  c.hidden_size = 768;
-  c.intermediate_size = 2048;
-  c.num_layers = 12;
-  c.num_heads = 12;
-  c.num_kv_heads = 4;
-  c.head_dim = 64;
-  c.max_position_embeddings = 2048;
-  c.rms_norm_eps = 1e-5f;
-  return c;
-}
-
 size_t WeightBytesReadPerStep(const Model& m) {
   size_t bytes = m.weights().lm_head.size_bytes();
   for (const LayerWeights& L : m.weights().layers) {
@@ -152,7 +137,7 @@ int Run() {
   for (const auto& [name, dtype] : {std::pair{"f32", DType::kF32}, std::pair{"bf16", DType::kBF16},
                                     std::pair{"f16", DType::kF16}}) {
     if (std::find(dtypes.begin(), dtypes.end(), name) == dtypes.end()) continue;
-    auto model = MakeRandomModel("bench-110m", Shape110M(), dtype, 1);
+    auto model = MakeRandomModel("bench-110m", Llama110MConfig(), dtype, 1);
     if (!model.ok()) {
       std::cerr << model.status() << "\n";
       return 1;

@@ -75,6 +75,19 @@ ModelConfig TinyModelConfig() {
   return c;
 }
 
+ModelConfig Llama110MConfig() {
+  ModelConfig c = TinyModelConfig();
+  c.vocab_size = 32000;
+  c.hidden_size = 768;
+  c.intermediate_size = 2048;
+  c.num_layers = 12;
+  c.num_heads = 12;
+  c.num_kv_heads = 4;
+  c.head_dim = 64;
+  c.torch_dtype = DType::kBF16;
+  return c;
+}
+
 absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(std::string name,
                                                              const ModelConfig& config,
                                                              DType dtype, uint64_t seed) {
@@ -106,7 +119,7 @@ absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(std::string name,
   w.final_norm = make.Vector(hidden, 1.0f, 0.2f);
   w.lm_head = config.tie_word_embeddings ? w.embed : make.Matrix(config.vocab_size, hidden, 4.0f);
   std::unique_ptr<Tokenizer> tokenizer;
-  if (config.vocab_size >= 258) tokenizer = Tokenizer::MakeByteLevel();
+  if (config.vocab_size >= 258) tokenizer = Tokenizer::MakeByteLevel(config.vocab_size);
   return Model::FromParts(std::move(name), config, std::move(w), make.TakeStorage(),
                           std::move(tokenizer));
 }

@@ -20,9 +20,15 @@ ModelConfig TinyModelConfig();
 
 // A model of any Llama shape with weights drawn from `seed` (each weight
 // uniform in ±sqrt(3)·scale/sqrt(fan_in)-ish) in `dtype`. The tokenizer is
-// the byte-level one when the vocabulary can hold it, else none.
+// the byte-level one (its ids past 257 special "<extra_ID>" padding) when the
+// vocabulary can hold it, else none.
 absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(
     std::string name, const ModelConfig& config, DType dtype, uint64_t seed);
+
+// The shape of builtin:llama-110m: Llama 2 110M-like (vocab 32000, hidden
+// 768, 12 layers, 12 heads, 4 KV heads, FFN 2048, context 4096); its
+// tokenizer is the byte-level one (ids 0..257 of the vocabulary).
+ModelConfig Llama110MConfig();
 
 // builtin:tiny itself (seed 0, fp32).
 absl::StatusOr<std::shared_ptr<const Model>> MakeTinyModel();

@@ -170,9 +170,12 @@ absl::StatusOr<std::shared_ptr<const Model>> Model::Assemble(
 
 absl::StatusOr<std::shared_ptr<const Model>> Model::Load(std::string_view spec) {
   if (spec == "builtin:tiny") return MakeTinyModel();
+  if (spec == "builtin:llama-110m") {
+    return MakeRandomModel(std::string(spec), Llama110MConfig(), DType::kBF16, /*seed=*/1);
+  }
   if (spec.starts_with("builtin:")) {
     return absl::InvalidArgumentError(absl::StrCat("unknown builtin model '", std::string(spec),
-                                                   "' (known: builtin:tiny)"));
+                                                   "' (known: builtin:tiny, builtin:llama-110m)"));
   }
   const fs::path dir(spec);
   if (!fs::is_directory(dir)) {

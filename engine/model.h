@@ -53,7 +53,8 @@ struct ModelWeights {
 
 class Model {
  public:
-  // `spec` is "builtin:tiny" or a Hugging Face model directory.
+  // `spec` is "builtin:tiny", "builtin:llama-110m" (random bf16 weights of
+  // a 110M Llama shape, for benchmarks) or a Hugging Face model directory.
   static absl::StatusOr<std::shared_ptr<const Model>> Load(std::string_view spec);
   // For builtin models and tests: takes ownership of the weight bytes.
   static absl::StatusOr<std::shared_ptr<const Model>> FromParts(

@@ -1053,11 +1053,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const std::filesy
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
-std::unique_ptr<Tokenizer> Tokenizer::MakeByteLevel() {
+std::unique_ptr<Tokenizer> Tokenizer::MakeByteLevel(int32_t vocab_size) {
   auto impl = std::make_unique<TokenizerImpl>();
   for (int b = 0; b < 256; ++b) impl->AddToken(absl::StrFormat("<0x%02X>", b), b);
   impl->AddToken("<s>", 256);
   impl->AddToken("</s>", 257);
+  for (int32_t id = 258; id < vocab_size; ++id) {
+    impl->AddToken(absl::StrCat("<extra_", id, ">"), id);
+    impl->special[id] = 1;
+  }
   impl->special[256] = impl->special[257] = 1;
   impl->added = {{256, "<s>", true, false, false}, {257, "</s>", true, false, false}};
   impl->byte_fallback = true;

@@ -41,9 +41,11 @@ class Tokenizer {
   // Reads the vocabulary stored in a GGUF file's metadata.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(
       const std::filesystem::path& gguf_path);
-  // The `builtin:tiny` tokenizer: ids 0..255 are the bytes 0..255,
-  // 256 is BOS "<s>", 257 is EOS "</s>"; vocab_size() == 258.
-  static std::unique_ptr<Tokenizer> MakeByteLevel();
+  // The builtin models' tokenizer: ids 0..255 are the bytes 0..255, 256 is
+  // BOS "<s>", 257 is EOS "</s>", and ids 258..vocab_size-1 (if any) are
+  // special padding tokens "<extra_ID>" that text never encodes to (as the
+  // reserved tokens of real vocabularies). vocab_size must be >= 258.
+  static std::unique_ptr<Tokenizer> MakeByteLevel(int32_t vocab_size = 258);
 
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
