@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_format.h"
+#include "client/pdserve_client.h"
 #include "common/status_macros.h"
 #include "engine/generator.h"
 #include "engine/model.h"
@@ -75,6 +76,57 @@ absl::Status Tokenize(const std::string& model_spec, const std::string& text,
                       model->tokenizer()->Encode(text, add_special_tokens));
   for (int32_t id : ids) {
     out << id << "\t" << model->tokenizer()->TokenText(id) << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GenerateRemote(const std::string& server,
+                            const v1::GenerateRequest& request,
+                            std::ostream& out, std::ostream& err) {
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
+                      GenerationClient::Create(server));
+  if (request.has_text()) out << request.text() << std::flush;
+  v1::GenerateResponse last;
+  const absl::Status status =
+      client->Generate(request, [&](const v1::GenerateResponse& r) {
+        out << r.text() << std::flush;
+        if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last = r;
+        return true;
+      });
+  out << "\n" << std::flush;
+  if (!status.ok()) return status;
+  err << absl::StrFormat(
+      "[finish: %s, prompt_tokens: %d, completion_tokens: %d]\n",
+      last.finish_reason() == v1::FINISH_REASON_STOP ? "stop" : "length",
+      last.usage().prompt_tokens(), last.usage().completion_tokens());
+  return absl::OkStatus();
+}
+
+absl::Status TokenizeRemote(const std::string& server, const std::string& text,
+                            bool add_special_tokens, std::ostream& out) {
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
+                      GenerationClient::Create(server));
+  v1::TokenizeRequest request;
+  request.set_text(text);
+  request.set_add_special_tokens(add_special_tokens);
+  PD_ASSIGN_OR_RETURN(v1::TokenizeResponse response,
+                      client->Tokenize(request));
+  for (int32_t id : response.token_ids()) out << id << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status ServerStatus(const std::string& server, std::ostream& out) {
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
+                      GenerationClient::Create(server));
+  PD_ASSIGN_OR_RETURN(v1::HealthResponse health, client->Health());
+  PD_ASSIGN_OR_RETURN(v1::ListModelsResponse models, client->ListModels());
+  // Every field always printed (scripts grep for them, zeros included).
+  out << "serving: " << (health.serving() ? "true" : "false")
+      << " prefill_workers: " << health.prefill_workers()
+      << " decode_workers: " << health.decode_workers() << "\n";
+  for (const v1::ModelInfo& m : models.models()) {
+    out << "model: " << m.name() << " context_length: " << m.context_length()
+        << " vocab_size: " << m.vocab_size() << "\n";
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "engine/sampler.h"
+#include "pdserve/v1/generation.pb.h"
 
 namespace pdserve {
 
@@ -28,6 +29,27 @@ absl::Status GenerateLocal(const LocalGenerateOptions& options, const std::strin
 // Prints the token ids of `text` (and their pieces) under `model`'s tokenizer.
 absl::Status Tokenize(const std::string& model, const std::string& text, bool add_special_tokens,
                       std::ostream& out);
+
+// Remote commands, through GenerationClient to a pd-router at `server`
+// ("host:port").
+
+// Streams the completion of `request` to `out`: the prompt text first (as
+// GenerateLocal does), then the text as it arrives, then a newline; a line
+// "[finish: stop|length, prompt_tokens: N, completion_tokens: M]" goes to
+// `err`. Returns the call's status (the text streamed before an error
+// stays on `out`).
+absl::Status GenerateRemote(const std::string& server,
+                            const v1::GenerateRequest& request,
+                            std::ostream& out, std::ostream& err);
+
+// Prints the token ids of `text` under the server's tokenizer, one a line.
+absl::Status TokenizeRemote(const std::string& server, const std::string& text,
+                            bool add_special_tokens, std::ostream& out);
+
+// Prints the server's health and models:
+//   serving: true prefill_workers: 1 decode_workers: 2
+//   model: NAME context_length: 4096 vocab_size: 258
+absl::Status ServerStatus(const std::string& server, std::ostream& out);
 
 }  // namespace pdserve
 

@@ -1,8 +1,12 @@
 // pdctl: the pdserve command line.
 //
+//   pdctl generate --server=HOST:PORT [sampling flags] [--stop=S,...] PROMPT
 //   pdctl generate --local [--model=DIR|builtin:tiny] [sampling flags] PROMPT
+//   pdctl tokenize --server=HOST:PORT TEXT
 //   pdctl tokenize [--model=...] TEXT
+//   pdctl status --server=HOST:PORT
 //   pdctl convert-llama2c CHECKPOINT.bin TOKENIZER.bin OUT_DIR
+#include <algorithm>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -11,10 +15,14 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_join.h"
+#include "pdserve/v1/generation.pb.h"
 #include "client/pdctl_commands.h"
 #include "engine/llama2c.h"
 
-ABSL_FLAG(std::string, model, "builtin:tiny", "Model directory (Hugging Face layout) or builtin:tiny");
+ABSL_FLAG(std::string, server, "", "pd-router address HOST:PORT");
+ABSL_FLAG(std::string, model, "",
+          "Local: model directory (Hugging Face layout) or builtin:tiny (the "
+          "default). Remote: model name (default: the served model)");
 ABSL_FLAG(bool, local, false, "Run the model in this process instead of asking a router");
 ABSL_FLAG(std::string, backend, "cpu", "Engine backend for --local");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads for --local (0: every core)");
@@ -26,15 +34,42 @@ ABSL_FLAG(double, min_p, 0.0, "Min-p filter");
 ABSL_FLAG(int64_t, seed, -1, "Sampling seed (-1: random)");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past EOS");
 ABSL_FLAG(bool, add_special_tokens, true, "Add BOS (as the tokenizer says) to the prompt");
-ABSL_FLAG(bool, stats, false, "Print prompt size, TTFT and decode speed on stderr");
+ABSL_FLAG(bool, stats, false, "Print prompt size, TTFT and decode speed on stderr (--local)");
+ABSL_FLAG(std::vector<std::string>, stop, {},
+          "Stop strings, comma-separated (remote generate)");
 
 namespace {
 
 constexpr char kUsage[] =
     "pdctl COMMAND [flags] ARGS\n"
-    "  generate --local [--model=DIR|builtin:tiny] PROMPT   stream a completion\n"
-    "  tokenize [--model=...] TEXT                            print token ids\n"
+    "  generate --server=HOST:PORT PROMPT                     stream a completion from pd-router\n"
+    "  generate --local [--model=DIR|builtin:tiny] PROMPT   ... computed in this process\n"
+    "  tokenize --server=HOST:PORT TEXT                       print token ids (server's tokenizer)\n"
+    "  tokenize [--model=DIR|builtin:tiny] TEXT               ... and their pieces, locally\n"
+    "  status --server=HOST:PORT                              health, workers and models\n"
     "  convert-llama2c CHECKPOINT TOKENIZER OUT_DIR           llama2.c -> HF directory";
+
+std::string LocalModel() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  return model.empty() ? "builtin:tiny" : model;
+}
+
+pdserve::v1::GenerateRequest RemoteRequest(const std::string& prompt) {
+  pdserve::v1::GenerateRequest r;
+  r.set_model(absl::GetFlag(FLAGS_model));
+  r.set_text(prompt);
+  r.set_add_special_tokens(absl::GetFlag(FLAGS_add_special_tokens));
+  r.set_max_tokens(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_max_tokens))));
+  pdserve::v1::SamplingParams* s = r.mutable_sampling();
+  s->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  s->set_top_k(absl::GetFlag(FLAGS_top_k));
+  s->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  s->set_min_p(static_cast<float>(absl::GetFlag(FLAGS_min_p)));
+  if (absl::GetFlag(FLAGS_seed) >= 0) s->set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
+  r.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  for (const std::string& stop : absl::GetFlag(FLAGS_stop)) r.add_stop(stop);
+  return r;
+}
 
 int Fail(const absl::Status& status) {
   std::cerr << "pdctl: " << status << "\n";
@@ -53,14 +88,19 @@ int main(int argc, char** argv) {
   const std::string command = args[1];
   const std::vector<std::string> rest(args.begin() + 2, args.end());
 
+  const std::string server = absl::GetFlag(FLAGS_server);
   if (command == "generate") {
-    if (!absl::GetFlag(FLAGS_local)) {
-      return Fail(absl::UnimplementedError(
-          "generate without --local needs pd-router, which this build does not have yet"));
-    }
     if (rest.empty()) return Fail(absl::InvalidArgumentError("generate needs a PROMPT"));
+    if (!absl::GetFlag(FLAGS_local)) {
+      if (server.empty()) {
+        return Fail(absl::InvalidArgumentError("generate needs --server=HOST:PORT or --local"));
+      }
+      const absl::Status s = pdserve::GenerateRemote(
+          server, RemoteRequest(absl::StrJoin(rest, " ")), std::cout, std::cerr);
+      return s.ok() ? 0 : Fail(s);
+    }
     pdserve::LocalGenerateOptions o;
-    o.model = absl::GetFlag(FLAGS_model);
+    o.model = LocalModel();
     o.backend = absl::GetFlag(FLAGS_backend);
     o.num_threads = absl::GetFlag(FLAGS_threads);
     o.add_bos = absl::GetFlag(FLAGS_add_special_tokens);
@@ -78,8 +118,17 @@ int main(int argc, char** argv) {
   }
   if (command == "tokenize") {
     if (rest.empty()) return Fail(absl::InvalidArgumentError("tokenize needs TEXT"));
-    const absl::Status s = pdserve::Tokenize(absl::GetFlag(FLAGS_model), absl::StrJoin(rest, " "),
-                                             absl::GetFlag(FLAGS_add_special_tokens), std::cout);
+    const absl::Status s =
+        server.empty()
+            ? pdserve::Tokenize(LocalModel(), absl::StrJoin(rest, " "),
+                                absl::GetFlag(FLAGS_add_special_tokens), std::cout)
+            : pdserve::TokenizeRemote(server, absl::StrJoin(rest, " "),
+                                      absl::GetFlag(FLAGS_add_special_tokens), std::cout);
+    return s.ok() ? 0 : Fail(s);
+  }
+  if (command == "status") {
+    if (server.empty()) return Fail(absl::InvalidArgumentError("status needs --server=HOST:PORT"));
+    const absl::Status s = pdserve::ServerStatus(server, std::cout);
     return s.ok() ? 0 : Fail(s);
   }
   if (command == "convert-llama2c") {

@@ -1,0 +1,128 @@
+// DecodeWorker: the pdserve.internal.v1.DecodeWorker service
+// (proto/pdserve/internal/v1/worker.proto) over an EngineLoop. It owns the
+// big paged KV pool, registered once with a receiving kv_transfer
+// transport: Reserve() holds blocks for a request and answers a Landing,
+// prefill workers write the prompt's KV straight into those blocks and send
+// a KvComplete notification, and Decode() then continues the request from
+// its first token in the continuous-batching loop, streaming tokens. A
+// Decode without a first token prefills locally (colocated mode).
+//
+// One request, across the threads that touch it:
+//   gRPC thread          Reserve / Decode / Release: post to the loop.
+//   notification thread  KvComplete -> post "complete" to the loop.
+//   loop thread          reservations (expiry on the tick), AddPrefilled or
+//                        Add, token events -> the call's stream.
+// A call that ends early (client cancel, deadline, server shutdown) cancels
+// its request in the engine, which frees its blocks; a reservation that no
+// Decode takes within the reservation timeout is freed.
+//
+// Thread-safety: the service methods are called by gRPC on any thread and
+// never block. Destroy only after the server serving it has shut down.
+#ifndef PDSERVE_DECODE_WORKER_DECODE_WORKER_H_
+#define PDSERVE_DECODE_WORKER_DECODE_WORKER_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/engine_loop.h"
+#include "kv_transfer/transport.h"
+#include "pdserve/internal/v1/worker.grpc.pb.h"
+
+namespace pdserve {
+
+struct DecodeWorkerOptions {
+  // Model directory (Hugging Face layout) or a builtin model name.
+  // Default: "builtin:tiny".
+  std::string model = "builtin:tiny";
+  // Engine backend. Default: "cpu".
+  std::string backend = "cpu";
+  // Name in load reports and landings; set_worker_id can set it later.
+  // Default: empty.
+  std::string worker_id;
+  // Memory of the KV pool. Default: 256 MiB.
+  size_t kv_cache_bytes = size_t{256} << 20;
+  // Tokens per KV block; must equal the prefill workers'. Default: 16.
+  int32_t block_size = 16;
+  // Engine threads for the cpu backend; 0 uses every core. Default: 0.
+  int32_t num_threads = 0;
+  // Token budget of one engine step. Default: 512.
+  int32_t max_batch_tokens = 512;
+  // Most sequences in the running batch. Default: 64.
+  int32_t max_running = 64;
+  // kv_transfer transport KV arrives on. Default: "tcp".
+  std::string kv_transport = "tcp";
+  // Address that transport listens on. Default: "127.0.0.1:0".
+  std::string kv_listen_address = "127.0.0.1:0";
+  // A reservation no Decode has taken by then is freed; a Decode waiting
+  // for KvComplete past it fails with DEADLINE_EXCEEDED. Default: 10 s.
+  absl::Duration reservation_timeout = absl::Seconds(10);
+};
+
+class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
+ public:
+  // Loads the model, allocates and registers the KV pool, starts the
+  // engine loop and the notification thread. INVALID_ARGUMENT for bad
+  // options; NOT_FOUND for an unknown backend or transport.
+  static absl::StatusOr<std::unique_ptr<DecodeWorker>> Create(const DecodeWorkerOptions& options);
+  ~DecodeWorker() override;
+
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
+                                    const internal::v1::ReserveRequest* request,
+                                    internal::v1::Landing* response) override;
+  grpc::ServerWriteReactor<internal::v1::DecodeResponse>* Decode(
+      grpc::CallbackServerContext* context, const internal::v1::DecodeRequest* request) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const internal::v1::ReleaseRequest* request,
+                                    internal::v1::ReleaseResponse* response) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
+                                    const internal::v1::LoadRequest* request,
+                                    internal::v1::LoadReport* response) override;
+
+  void set_worker_id(std::string id) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  class DecodeCall;
+  // A reservation, loop thread only.
+  struct Reservation {
+    absl::Time expires;
+    bool kv_complete = false;
+    // A Decode waiting for KvComplete.
+    std::shared_ptr<DecodeCall> parked;
+  };
+
+  DecodeWorker(const DecodeWorkerOptions& options, std::unique_ptr<kv::KvTransport> transport);
+  std::string worker_id() const ABSL_LOCKS_EXCLUDED(mu_);
+  void ReceiveNotifications();
+  // Loop thread.
+  void StartDecode(const std::shared_ptr<DecodeCall>& call, Generator& generator);
+  void ExpireReservations(Generator& generator);
+  void OnKvComplete(uint64_t request_id, Generator& generator);
+
+  const DecodeWorkerOptions options_;
+  const std::unique_ptr<kv::KvTransport> transport_;
+  kv::RegionId region_;  // Set once in Create.
+  // Loop thread only.
+  absl::flat_hash_map<RequestId, Reservation> reservations_;
+  // Set once in Create; destroyed first (its thread uses the fields above).
+  std::unique_ptr<EngineLoop> loop_;
+
+  std::atomic<bool> stopping_ = false;
+  std::thread notification_thread_;
+
+  mutable absl::Mutex mu_;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_DECODE_WORKER_DECODE_WORKER_H_

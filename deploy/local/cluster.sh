@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Starts and stops a pdserve cluster on this machine: one pd-router, x
+# pd-prefill and y pd-decode workers on loopback, with one model.
+#
+#   deploy/local/cluster.sh up   [options]   start, wait until healthy, return
+#   deploy/local/cluster.sh down [--dir D]   stop (SIGTERM, then SIGKILL after 10 s)
+#   deploy/local/cluster.sh run  [options]   up, then wait for Ctrl-C, then down
+#
+# Options:
+#   --prefill N        prefill workers (default 1; 0 = colocated: decode
+#                      workers prefill locally)
+#   --decode N         decode workers (default 1)
+#   --model M          model directory or builtin:tiny (default builtin:tiny)
+#   --dir D            run directory: ports, pids, logs, cluster.json
+#                      (default build/local-cluster)
+#   --bin B            build directory with the binaries (default build)
+#   --router-port P    router's gRPC port (default 0: any free port; the
+#                      chosen one is in D/router.port)
+#   --prefill-args A, --decode-args A, --router-args A
+#                      extra flags for every worker of that kind
+#
+# Every process writes its bound port to D/<name>.port and its log to
+# D/<name>.log; D/<name>.pid holds its pid.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+
+cmd="${1:-}"
+shift || true
+prefill=1 decode=1 model=builtin:tiny dir="$root/build/local-cluster" bin="$root/build"
+router_port=0 prefill_args="" decode_args="" router_args=""
+while (($#)); do
+  case "$1" in
+    --prefill) prefill="$2"; shift 2 ;;
+    --decode) decode="$2"; shift 2 ;;
+    --model) model="$2"; shift 2 ;;
+    --dir) dir="$2"; shift 2 ;;
+    --bin) bin="$2"; shift 2 ;;
+    --router-port) router_port="$2"; shift 2 ;;
+    --prefill-args) prefill_args="$2"; shift 2 ;;
+    --decode-args) decode_args="$2"; shift 2 ;;
+    --router-args) router_args="$2"; shift 2 ;;
+    *) echo "cluster.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+# Waits for D/<name>.port; fails if the process died first.
+wait_port() {
+  local name="$1" pid
+  pid="$(cat "$dir/$name.pid")"
+  for _ in $(seq 1 600); do
+    [[ -s "$dir/$name.port" ]] && return 0
+    kill -0 "$pid" 2>/dev/null || die "$name exited; see $dir/$name.log: $(tail -n 3 "$dir/$name.log")"
+    sleep 0.1
+  done
+  die "$name did not start within 60 s; see $dir/$name.log"
+}
+
+start() {  # start NAME BINARY ARGS...
+  local name="$1" binary="$2"
+  shift 2
+  rm -f "$dir/$name.port"
+  "$binary" --port_file="$dir/$name.port" "$@" >"$dir/$name.log" 2>&1 &
+  echo $! >"$dir/$name.pid"
+}
+
+down() {
+  [[ -d "$dir" ]] || return 0
+  local pids=()
+  for f in "$dir"/*.pid; do
+    [[ -e "$f" ]] || continue
+    local pid
+    pid="$(cat "$f")"
+    kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+    rm -f "$f"
+  done
+  for _ in $(seq 1 100); do
+    local alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    ((alive)) || return 0
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
+up() {
+  for b in pd-router pd-prefill pd-decode; do
+    [[ -x "$bin/$(dirname_of "$b")/$b" ]] || die "$bin/$(dirname_of "$b")/$b is missing; build first"
+  done
+  [[ "$decode" -ge 1 ]] || die "--decode must be at least 1"
+  mkdir -p "$dir"
+  down  # A cluster left over in this directory.
+  local workers=()
+  for ((i = 0; i < decode; i++)); do
+    # shellcheck disable=SC2086
+    start "decode-$i" "$bin/decode_worker/pd-decode" --listen=127.0.0.1:0 --worker_id="decode-$i" \
+      --model="$model" $decode_args
+    workers+=("decode-$i")
+  done
+  for ((i = 0; i < prefill; i++)); do
+    # shellcheck disable=SC2086
+    start "prefill-$i" "$bin/prefill_worker/pd-prefill" --listen=127.0.0.1:0 \
+      --worker_id="prefill-$i" --model="$model" $prefill_args
+    workers+=("prefill-$i")
+  done
+  for w in "${workers[@]}"; do wait_port "$w"; done
+
+  local json_list
+  json_list() {  # json_list ROLE COUNT
+    local sep="" out=""
+    for ((i = 0; i < $2; i++)); do
+      out+="$sep{\"id\": \"$1-$i\", \"address\": \"127.0.0.1:$(cat "$dir/$1-$i.port")\"}"
+      sep=", "
+    done
+    echo "[$out]"
+  }
+  cat >"$dir/cluster.json" <<JSON
+{
+  "model": "$model",
+  "prefill_workers": $(json_list prefill "$prefill"),
+  "decode_workers": $(json_list decode "$decode")
+}
+JSON
+  # shellcheck disable=SC2086
+  start router "$bin/router/pd-router" --listen="127.0.0.1:$router_port" \
+    --config="$dir/cluster.json" $router_args
+  wait_port router
+
+  # Healthy: the router sees every worker.
+  local want="prefill_workers: $prefill decode_workers: $decode" status=""
+  for _ in $(seq 1 300); do
+    status="$("$bin/client/pdctl" status --server="127.0.0.1:$(cat "$dir/router.port")" 2>&1 || true)"
+    if grep -q "serving: true" <<<"$status" && grep -q "$want" <<<"$status"; then
+      echo "cluster up: router 127.0.0.1:$(cat "$dir/router.port"), $prefill prefill, $decode decode, model $model (logs in $dir)"
+      return 0
+    fi
+    sleep 0.1
+  done
+  down
+  die "cluster not healthy within 30 s; last status: $status"
+}
+
+dirname_of() {
+  case "$1" in
+    pd-router) echo router ;;
+    pd-prefill) echo prefill_worker ;;
+    pd-decode) echo decode_worker ;;
+  esac
+}
+
+case "$cmd" in
+  up) up ;;
+  down) down ;;
+  run)
+    up
+    trap 'down; exit 0' INT TERM
+    echo "Ctrl-C stops the cluster."
+    while true; do sleep 1; done
+    ;;
+  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

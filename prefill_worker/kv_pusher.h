@@ -1,0 +1,203 @@
+// KvPusher: the prefill worker's one thread of KV transport I/O. The engine
+// loop reports each layer's freshly written KV (Generator's
+// KvLayerObserver); the pusher turns every report into one batched Write of
+// that layer's byte ranges into the decode worker's landing blocks, so layer
+// l is on the wire while layer l + 1 computes. After a request's last layer
+// it sends the KvComplete notification, then hands the outcome back.
+//
+//   loop thread:   PushLayer(l=0) PushLayer(l=1) ... Finish(push, done)
+//   pusher thread:   Write(l=0)     Write(l=1)   ... Notify, done(status)
+//
+// Jobs run in the order they were queued, so a request's Finish runs after
+// all its layer writes and its `done` marks the point after which the
+// pusher never touches the request's KV blocks again: only then may the
+// engine release them.
+//
+// A push that fails (the peer refuses a range, is gone, or times out) or is
+// aborted drops its remaining layer jobs without reading their blocks; its
+// `done` still runs, with the error.
+//
+// Thread-safety: PushLayer, Finish and KvPush::Abort from any thread;
+// everything else (connections, the transport's Write) happens on the
+// pusher thread. One KvConnection per peer endpoint is cached and dropped
+// after an error.
+#ifndef PDSERVE_PREFILL_WORKER_KV_PUSHER_H_
+#define PDSERVE_PREFILL_WORKER_KV_PUSHER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/generator.h"
+#include "engine/kv_layout.h"
+#include "kv_transfer/transport.h"
+
+namespace pdserve {
+
+// Where one request's KV goes: the decode worker's landing, checked by the
+// caller (layout equal to the local one, block ids inside the remote pool).
+struct KvLandingTarget {
+  std::string endpoint;
+  kv::RegionId remote_region;
+  // Blocks in the remote pool (for PoolOffset).
+  int32_t remote_pool_blocks = 0;
+  // Position p lands in block_ids[p / block_size].
+  std::vector<BlockId> block_ids;
+};
+
+// One request's push: shared by the threads that queue its jobs, abort it,
+// and run it.
+class KvPush {
+ public:
+  KvPush(RequestId id, KvLandingTarget target)
+      : id_(id), target_(std::move(target)) {}
+
+  RequestId id() const { return id_; }
+  const KvLandingTarget& target() const { return target_; }
+
+  // Stops the push: layer jobs not started yet are dropped, no
+  // notification is sent, and `done` receives `why`. The first error wins;
+  // an OK `why` is ignored.
+  void Abort(absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
+  // OK unless aborted or failed.
+  absl::Status status() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool aborted() const ABSL_LOCKS_EXCLUDED(mu_) { return !status().ok(); }
+
+ private:
+  friend class KvPusher;
+
+  const RequestId id_;
+  const KvLandingTarget target_;
+  mutable absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  // When the first and the last layer were queued (the starts of the
+  // transfer and of its tail).
+  absl::Time first_layer_queued_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_layer_queued_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Pusher thread only.
+  uint64_t kv_bytes_ = 0;
+};
+
+// What a finished push reports.
+struct KvPushStats {
+  // Bytes written into the landing.
+  uint64_t kv_bytes = 0;
+  // From the first layer queued to the notification acknowledged: the
+  // whole transfer, most of it overlapping the forward pass. Zero when no
+  // notification was sent.
+  absl::Duration transfer = absl::ZeroDuration();
+  // From the last layer queued to the notification acknowledged: the part
+  // that did not overlap. Zero when no notification was sent.
+  absl::Duration transfer_tail = absl::ZeroDuration();
+};
+
+// One sequence of one layer report: positions [begin, end) of `push`'s
+// request sit in `block_table` (the local pool's blocks, sequence order).
+// The table is copied; it need only live through the PushLayer call.
+struct LayerKv {
+  std::shared_ptr<KvPush> push;
+  std::span<const BlockId> block_table;
+  int32_t begin = 0;
+  int32_t end = 0;
+};
+
+class KvPusher {
+ public:
+  // Called on the pusher thread with a push's outcome; must not block.
+  using DoneCallback =
+      absl::AnyInvocable<void(absl::Status status, const KvPushStats& stats)>;
+  // Called on the pusher thread when a push fails on the transport (before
+  // its `done`), so the caller can stop computing it; must not block.
+  using FailureCallback =
+      absl::AnyInvocable<void(const std::shared_ptr<KvPush>& push)>;
+
+  // Registers `local_memory` (a KV pool of `local_blocks` blocks laid out
+  // as `layout`) with `transport` and starts the pusher thread. The memory
+  // must outlive the pusher.
+  static absl::StatusOr<std::unique_ptr<KvPusher>> Create(
+      std::unique_ptr<kv::KvTransport> transport,
+      std::span<std::byte> local_memory, int32_t local_blocks,
+      const KvBlockLayout& layout, FailureCallback on_failure);
+
+  // Stop()s, then closes the transport.
+  ~KvPusher();
+
+  // The transport's name ("tcp", ...): what a landing must ask for.
+  const std::string& transport_name() const {
+    return transport_->capabilities().name;
+  }
+
+  // Queues one Write per entry of `kvs`, of layer `layer`. Never blocks on
+  // I/O (the loop thread calls it from the layer observer).
+  void PushLayer(int32_t layer, std::span<const LayerKv> kvs)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Queues the end of `push`, after its layer jobs: unless the push failed
+  // or was aborted, sends `notification` to the landing's endpoint; then
+  // calls `done` with the push's status. `done` runs exactly once (with
+  // UNAVAILABLE after Stop).
+  void Finish(std::shared_ptr<KvPush> push, std::string notification,
+              DoneCallback done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Runs the Finish jobs queued so far with UNAVAILABLE (without touching
+  // the transport), drops the layer jobs, and joins the thread. Later
+  // PushLayer calls are dropped and later Finish calls run `done` at once.
+  // Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Job {
+    std::shared_ptr<KvPush> push;
+    // Layer job: layer >= 0, blocks of positions [first_block * block_size,
+    // end) in the local pool. Finish job: layer < 0.
+    int32_t layer = -1;
+    std::vector<BlockId> blocks;
+    int32_t first_block = 0;
+    int32_t begin = 0;
+    int32_t end = 0;
+    std::string notification;
+    DoneCallback done;
+  };
+
+  KvPusher(std::unique_ptr<kv::KvTransport> transport,
+           kv::RegionId local_region, int32_t local_blocks,
+           const KvBlockLayout& layout, FailureCallback on_failure);
+  void Run();
+  void RunLayer(Job& job);
+  void RunFinish(Job& job);
+  // The cached connection to `endpoint`, connecting when there is none.
+  absl::StatusOr<kv::KvConnection*> ConnectionTo(const std::string& endpoint);
+  void Fail(const std::shared_ptr<KvPush>& push, const std::string& endpoint,
+            absl::Status why);
+
+  const std::unique_ptr<kv::KvTransport> transport_;
+  const kv::RegionId local_region_;
+  const int32_t local_blocks_;
+  const KvBlockLayout layout_;
+  FailureCallback on_failure_;  // Pusher thread only.
+
+  // Pusher thread only.
+  absl::flat_hash_map<std::string, std::unique_ptr<kv::KvConnection>>
+      connections_;
+  std::vector<kv::WriteOp> ops_;  // Scratch.
+
+  absl::Mutex mu_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_PREFILL_WORKER_KV_PUSHER_H_

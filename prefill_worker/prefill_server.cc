@@ -1,0 +1,59 @@
+#include "prefill_worker/prefill_server.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace pdserve {
+
+absl::StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(
+    const PrefillServerOptions& options) {
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<PrefillWorker> worker,
+                      PrefillWorker::Create(options.worker));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(worker.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve on ", options.listen_address));
+  }
+  if (options.worker.worker_id.empty())
+    worker->set_worker_id(absl::StrCat("prefill-", port));
+  PD_LOG(INFO) << "pd-prefill serving on port " << port;
+  return std::unique_ptr<PrefillServer>(
+      new PrefillServer(options, std::move(worker), std::move(server), port));
+}
+
+PrefillServer::PrefillServer(const PrefillServerOptions& options,
+                             std::unique_ptr<PrefillWorker> worker,
+                             std::unique_ptr<grpc::Server> server, int port)
+    : options_(options),
+      worker_(std::move(worker)),
+      server_(std::move(server)),
+      port_(port) {}
+
+PrefillServer::~PrefillServer() { Shutdown(); }
+
+void PrefillServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
+  // Cancelled calls end once the engine and the pusher have let go of them
+  // (a transfer blocked on a peer takes up to the transfer timeout).
+  if (!worker_->WaitUntilIdle(absl::Now() + options_.worker.transfer_timeout +
+                              absl::Seconds(5))) {
+    PD_LOG(ERROR) << worker_->in_flight()
+                  << " Prefill calls still in flight at shutdown";
+  }
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace pdserve

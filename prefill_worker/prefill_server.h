@@ -1,0 +1,61 @@
+// PrefillServer: a PrefillWorker behind a gRPC server, as pd-prefill runs
+// it (and as tests run it in-process).
+//
+// Thread-safety: port() and worker() from any thread; Shutdown() from one.
+#ifndef PDSERVE_PREFILL_WORKER_PREFILL_SERVER_H_
+#define PDSERVE_PREFILL_WORKER_PREFILL_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "prefill_worker/prefill_worker.h"
+
+namespace pdserve {
+
+struct PrefillServerOptions {
+  // gRPC address ("host:port"; port 0 picks a free one).
+  // Default: "127.0.0.1:0".
+  std::string listen_address = "127.0.0.1:0";
+  // An empty worker.worker_id becomes "prefill-<bound port>".
+  PrefillWorkerOptions worker;
+  // How long Shutdown lets calls in flight finish before cancelling them.
+  // Default: 5 s.
+  absl::Duration shutdown_grace = absl::Seconds(5);
+};
+
+class PrefillServer {
+ public:
+  // Creates the worker and starts serving. UNAVAILABLE when the address
+  // cannot be bound; the worker's errors as they come.
+  static absl::StatusOr<std::unique_ptr<PrefillServer>> Start(
+      const PrefillServerOptions& options);
+
+  // Shutdown()s.
+  ~PrefillServer();
+
+  // The bound port.
+  int port() const { return port_; }
+  PrefillWorker& worker() { return *worker_; }
+
+  // Stops accepting calls, lets those in flight finish for shutdown_grace,
+  // cancels the rest and waits until every call is done. Idempotent.
+  void Shutdown();
+
+ private:
+  PrefillServer(const PrefillServerOptions& options,
+                std::unique_ptr<PrefillWorker> worker,
+                std::unique_ptr<grpc::Server> server, int port);
+
+  const PrefillServerOptions options_;
+  const std::unique_ptr<PrefillWorker> worker_;  // Outlives server_.
+  std::unique_ptr<grpc::Server> server_;
+  const int port_;
+  bool shut_down_ = false;
+};
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_PREFILL_WORKER_PREFILL_SERVER_H_

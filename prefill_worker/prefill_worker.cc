@@ -1,0 +1,355 @@
+#include "prefill_worker/prefill_worker.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "engine/model.h"
+#include "engine/model_runner.h"
+#include "proto/convert.h"
+
+namespace pdserve {
+
+namespace wire = ::pdserve::internal::v1;
+
+// The reactor of one Prefill call. Finished exactly once: by Prefill() on a
+// bad request, by Start() when the engine refuses it, or by OnPushDone.
+class PrefillWorker::PrefillCall final : public grpc::ServerUnaryReactor {
+ public:
+  PrefillCall(PrefillWorker* worker, const wire::PrefillRequest* request,
+              wire::PrefillResponse* response)
+      : worker_(worker),
+        request_(request),
+        response_(response),
+        arrival_(absl::Now()) {}
+
+  void OnCancel() override {
+    // Client cancel or deadline. The RPC's outcome is settled already; what
+    // matters is that the engine stops and the blocks come back.
+    if (push_ == nullptr) return;  // Refused before it started.
+    push_->Abort(absl::CancelledError("the Prefill call was cancelled"));
+    worker_->CancelInEngine(push_);
+  }
+
+  void OnDone() override {
+    PrefillWorker* worker = worker_;
+    delete this;
+    worker->CallDone();
+  }
+
+  const wire::PrefillRequest& request() const { return *request_; }
+  wire::PrefillResponse* response() { return response_; }
+  absl::Time arrival() const { return arrival_; }
+  const std::shared_ptr<KvPush>& push() const { return push_; }
+  // Before the reactor is handed to gRPC; constant afterwards.
+  void set_push(std::shared_ptr<KvPush> push) { push_ = std::move(push); }
+
+ private:
+  PrefillWorker* const worker_;
+  const wire::PrefillRequest* const request_;  // Owned by gRPC until OnDone.
+  wire::PrefillResponse* const response_;      // Likewise.
+  const absl::Time arrival_;
+  std::shared_ptr<KvPush> push_;
+};
+
+absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
+    const PrefillWorkerOptions& options) {
+  if (options.kv_cache_bytes == 0 || options.block_size < 1) {
+    return absl::InvalidArgumentError(
+        "kv_cache_bytes and block_size must be positive");
+  }
+  if (options.transfer_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("transfer_timeout must be positive");
+  }
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
+                      Model::Load(options.model));
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelRunner> runner,
+      CreateModelRunner(model, {.backend = options.backend,
+                                .kv_cache_bytes = options.kv_cache_bytes,
+                                .block_size = options.block_size,
+                                .num_threads = options.num_threads}));
+  EngineLoop::Options loop_options;
+  loop_options.generator = {.max_batch_tokens = options.max_batch_tokens,
+                            .max_running = options.max_running,
+                            .enable_prefix_caching = true};
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<EngineLoop> loop,
+                      EngineLoop::Create(std::move(runner), loop_options));
+  kv::TransportOptions transport_options;
+  transport_options.io_timeout = options.transfer_timeout;
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<kv::KvTransport> transport,
+      kv::CreateKvTransport(options.kv_transport, transport_options));
+
+  std::unique_ptr<PrefillWorker> worker(
+      new PrefillWorker(options, std::move(loop)));
+  PrefillWorker* w = worker.get();
+  PD_ASSIGN_OR_RETURN(
+      worker->pusher_,
+      KvPusher::Create(std::move(transport), w->loop_->kv_memory(),
+                       w->loop_->num_kv_blocks(), w->loop_->kv_layout(),
+                       [w](const std::shared_ptr<KvPush>& push) {
+                         w->CancelInEngine(push);
+                       }));
+  w->loop_->Post([w](Generator& generator) {
+    generator.set_kv_layer_observer(
+        [w](int32_t layer, std::span<const ComputedKv> computed) {
+          w->OnLayer(layer, computed);
+        });
+  });
+  PD_LOG(INFO) << "prefill worker: model " << options.model << ", "
+               << w->loop_->num_kv_blocks() << " KV blocks of "
+               << options.block_size << " tokens, KV pushed over "
+               << w->pusher_->transport_name();
+  return worker;
+}
+
+PrefillWorker::PrefillWorker(const PrefillWorkerOptions& options,
+                             std::unique_ptr<EngineLoop> loop)
+    : options_(options),
+      loop_(std::move(loop)),
+      worker_id_(options.worker_id) {}
+
+PrefillWorker::~PrefillWorker() {
+  {
+    absl::MutexLock lock(&mu_);
+    loop_gone_ = true;
+  }
+  // Sinks still subscribed get a cancellation, which queues their push's
+  // end on the pusher; Stop() then finishes those calls with UNAVAILABLE.
+  loop_.reset();
+  if (pusher_ != nullptr) pusher_->Stop();
+}
+
+void PrefillWorker::set_worker_id(std::string id) {
+  absl::MutexLock lock(&mu_);
+  worker_id_ = std::move(id);
+}
+
+int PrefillWorker::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return in_flight_;
+}
+
+bool PrefillWorker::WaitUntilIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]()
+                  ABSL_SHARED_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+void PrefillWorker::CallDone() {
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+void PrefillWorker::PostToLoop(EngineLoop::Command command) {
+  absl::MutexLock lock(&mu_);
+  if (!loop_gone_) loop_->Post(std::move(command));
+}
+
+absl::Status PrefillWorker::CheckRequest(
+    const wire::PrefillRequest& request) const {
+  if (!request.has_request() || !request.has_landing()) {
+    return absl::InvalidArgumentError(
+        "a PrefillRequest needs a request and a landing");
+  }
+  const wire::EngineRequest& r = request.request();
+  const wire::Landing& landing = request.landing();
+  if (r.prompt().empty()) return absl::InvalidArgumentError("prompt is empty");
+  if (r.max_tokens() < 1)
+    return absl::InvalidArgumentError("max_tokens must be at least 1");
+  const int64_t context = loop_->model().config().max_position_embeddings;
+  if (static_cast<int64_t>(r.prompt_size()) + r.max_tokens() > context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt (", r.prompt_size(), " tokens) + max_tokens (", r.max_tokens(),
+        ") exceeds the model's context of ", context));
+  }
+  // The landing: a pool this worker can write into.
+  const KvBlockLayout& ours = loop_->kv_layout();
+  absl::StatusOr<KvBlockLayout> theirs = FromWire(landing.layout());
+  if (!theirs.ok() || *theirs != ours) {
+    wire::KvLayout want;
+    ToWire(ours, &want);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the landing's KV layout {", landing.layout().ShortDebugString(),
+        "} differs from this worker's {", want.ShortDebugString(), "}"));
+  }
+  if (landing.transport() != pusher_->transport_name()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the landing asks for KV transport '", landing.transport(),
+                     "'; this worker has '", pusher_->transport_name(), "'"));
+  }
+  if (landing.endpoint().empty())
+    return absl::InvalidArgumentError("the landing has no endpoint");
+  if (landing.pool_blocks() == 0 || landing.pool_blocks() > (1u << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("landing pool of ", landing.pool_blocks(), " blocks"));
+  }
+  const int64_t needed =
+      (r.prompt_size() + ours.block_size - 1) / ours.block_size;
+  if (landing.block_ids_size() < needed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the landing has ", landing.block_ids_size(), " blocks; the prompt of ",
+        r.prompt_size(), " tokens needs ", needed));
+  }
+  for (int32_t id : landing.block_ids()) {
+    if (id < 0 || static_cast<uint32_t>(id) >= landing.pool_blocks()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("landing block id ", id, " outside [0, ",
+                       landing.pool_blocks(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* PrefillWorker::Prefill(
+    grpc::CallbackServerContext* context, const wire::PrefillRequest* request,
+    wire::PrefillResponse* response) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+  }
+  auto* call = new PrefillCall(this, request, response);
+  if (absl::Status s = CheckRequest(*request); !s.ok()) {
+    call->Finish(ToGrpcStatus(s));
+    return call;
+  }
+  const wire::Landing& landing = request->landing();
+  const int32_t bs = loop_->kv_layout().block_size;
+  KvLandingTarget target{
+      .endpoint = landing.endpoint(),
+      .remote_region = kv::RegionId(landing.region_id()),
+      .remote_pool_blocks = static_cast<int32_t>(landing.pool_blocks())};
+  const int32_t needed = (request->request().prompt_size() + bs - 1) / bs;
+  target.block_ids.reserve(needed);
+  for (int i = 0; i < needed; ++i)
+    target.block_ids.push_back(BlockId(landing.block_ids(i)));
+  call->set_push(std::make_shared<KvPush>(
+      RequestId(request->request().request_id()), std::move(target)));
+  loop_->Post([this, call](Generator& generator) { Start(call, generator); });
+  return call;
+}
+
+void PrefillWorker::Start(PrefillCall* call, Generator& generator) {
+  const std::shared_ptr<KvPush>& push = call->push();
+  const RequestId id = push->id();
+  if (active_.contains(id)) {
+    call->Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "request ", id.value, " is already being prefilled here"))));
+    return;
+  }
+  if (absl::Status s = push->status(); !s.ok()) {  // Cancelled while queued.
+    call->Finish(ToGrpcStatus(s));
+    return;
+  }
+  // The engine's copy ends after its first token and keeps its KV for the
+  // pusher: KV for the prompt + 1 token only, whatever max_tokens says.
+  GenerationRequest engine_request = FromWire(call->request().request());
+  engine_request.hold_kv = true;
+  engine_request.sampling.max_tokens = 1;
+  if (absl::Status s = generator.Add(std::move(engine_request)); !s.ok()) {
+    call->Finish(ToGrpcStatus(s));
+    return;
+  }
+  active_[id] = push;
+  loop_->Subscribe(
+      id, [this, call](const GenerationEvent& e) { return OnEvent(call, e); });
+}
+
+void PrefillWorker::OnLayer(int32_t layer,
+                            std::span<const ComputedKv> computed) {
+  layer_scratch_.clear();
+  for (const ComputedKv& c : computed) {
+    auto it = active_.find(c.id);
+    if (it == active_.end() || it->second->aborted()) continue;
+    layer_scratch_.push_back({.push = it->second,
+                              .block_table = c.block_table,
+                              .begin = c.begin,
+                              .end = c.end});
+  }
+  if (!layer_scratch_.empty()) pusher_->PushLayer(layer, layer_scratch_);
+  layer_scratch_.clear();  // Drops the shared_ptr copies.
+}
+
+bool PrefillWorker::OnEvent(PrefillCall* call, const GenerationEvent& event) {
+  const std::shared_ptr<KvPush>& push = call->push();
+  std::string notification;
+  if (event.has_token) {
+    const wire::EngineRequest& r = call->request().request();
+    wire::PrefillResponse* response = call->response();
+    ToWire(event.token, response->mutable_first_token());
+    // The engine ran with max_tokens 1: its kLength means "one token", which
+    // ends the request only when the caller asked for one.
+    response->set_finish_reason(
+        event.finish == FinishReason::kStop ? wire::FINISH_REASON_STOP
+        : r.max_tokens() == 1               ? wire::FINISH_REASON_LENGTH
+                                            : wire::FINISH_REASON_UNSPECIFIED);
+    response->set_prefill_micros(
+        absl::ToInt64Microseconds(absl::Now() - call->arrival()));
+    wire::KvComplete complete;
+    complete.set_request_id(r.request_id());
+    complete.set_num_tokens(r.prompt_size());
+    notification = complete.SerializeAsString();
+  } else {
+    // Cancelled: by us (the push is aborted already) or by the engine after
+    // a backend failure.
+    push->Abort(
+        absl::UnavailableError("the prefill engine cancelled the request"));
+  }
+  pusher_->Finish(push, std::move(notification),
+                  [this, call](absl::Status status, const KvPushStats& stats) {
+                    OnPushDone(call, std::move(status), stats);
+                  });
+  return true;
+}
+
+void PrefillWorker::OnPushDone(PrefillCall* call, absl::Status status,
+                               const KvPushStats& stats) {
+  // The pusher is done with the blocks: the engine may have them back.
+  PostToLoop([this, push = call->push()](Generator& generator) {
+    auto it = active_.find(push->id());
+    if (it == active_.end() || it->second != push) return;
+    generator.ReleaseKv(push->id());
+    active_.erase(it);
+  });
+  if (status.ok()) {
+    wire::PrefillResponse* response = call->response();
+    response->set_kv_bytes(stats.kv_bytes);
+    response->set_transfer_tail_micros(
+        absl::ToInt64Microseconds(stats.transfer_tail));
+    response->set_transfer_micros(absl::ToInt64Microseconds(stats.transfer));
+  }
+  call->Finish(ToGrpcStatus(status));
+}
+
+void PrefillWorker::CancelInEngine(const std::shared_ptr<KvPush>& push) {
+  PostToLoop([this, push](Generator& generator) {
+    auto it = active_.find(push->id());
+    if (it != active_.end() && it->second == push) generator.Cancel(push->id());
+  });
+}
+
+grpc::ServerUnaryReactor* PrefillWorker::GetLoad(
+    grpc::CallbackServerContext* context, const wire::LoadRequest* request,
+    wire::LoadReport* response) {
+  const EngineLoad load = loop_->load();
+  {
+    absl::MutexLock lock(&mu_);
+    response->set_worker_id(worker_id_);
+  }
+  response->set_role("prefill");
+  response->set_model(options_.model);
+  ToWire(loop_->kv_layout(), response->mutable_layout());
+  response->set_total_blocks(load.total_blocks);
+  response->set_free_blocks(load.free_blocks);
+  response->set_running(load.running);
+  response->set_waiting(load.waiting);
+  response->set_pending_prompt_tokens(load.pending_prompt_tokens);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace pdserve

@@ -1,0 +1,137 @@
+// PrefillWorker: the pdserve.internal.v1.PrefillWorker service
+// (proto/pdserve/internal/v1/worker.proto). It runs prompts on an EngineLoop
+// — batched under a token budget, long prompts in chunks, prefix caching —
+// and pushes each layer's KV into the decode worker's landing blocks as soon
+// as that layer is computed (KvPusher), then notifies the decode worker
+// (KvComplete) and answers the first token.
+//
+// One request, across the threads that touch it:
+//   gRPC thread    Prefill(): checks the landing and the request, posts Add.
+//   loop thread    Add (hold_kv, max_tokens 1); layer observer -> PushLayer;
+//                  first-token event -> KvPusher::Finish.
+//   pusher thread  the layer writes, the KvComplete notification, then
+//                  posts ReleaseKv to the loop and finishes the RPC.
+// A failed transfer or a cancelled call (client cancel, deadline) aborts
+// the push and cancels the engine request; the KV blocks are released only
+// from the push's `done`, after the pusher has stopped reading them.
+//
+// Thread-safety: the service methods are called by gRPC on any thread and
+// never block. set_worker_id and in_flight from any thread.
+// Destroy only after the server serving it has shut down and
+// WaitUntilIdle() returned (no call in flight).
+#ifndef PDSERVE_PREFILL_WORKER_PREFILL_WORKER_H_
+#define PDSERVE_PREFILL_WORKER_PREFILL_WORKER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/engine_loop.h"
+#include "pdserve/internal/v1/worker.grpc.pb.h"
+#include "prefill_worker/kv_pusher.h"
+
+namespace pdserve {
+
+struct PrefillWorkerOptions {
+  // Model directory (Hugging Face layout) or a builtin model name.
+  // Default: "builtin:tiny".
+  std::string model = "builtin:tiny";
+  // Engine backend. Default: "cpu".
+  std::string backend = "cpu";
+  // Name in load reports; set_worker_id can set it later. Default: empty.
+  std::string worker_id;
+  // Memory of the KV pool. Default: 256 MiB.
+  size_t kv_cache_bytes = size_t{256} << 20;
+  // Tokens per KV block; must equal the decode workers'. Default: 16.
+  int32_t block_size = 16;
+  // Engine threads for the cpu backend; 0 uses every core. Default: 0.
+  int32_t num_threads = 0;
+  // Token budget of one engine step (prompts longer than this are prefilled
+  // in chunks). Default: 512.
+  int32_t max_batch_tokens = 512;
+  // Most prompts in the running batch. Default: 64.
+  int32_t max_running = 64;
+  // kv_transfer transport the KV is pushed with; landings must name it.
+  // Default: "tcp".
+  std::string kv_transport = "tcp";
+  // Limit on every wait of a KV transfer (connect, a write's
+  // acknowledgement, the notification's); past it the Prefill call fails
+  // with DEADLINE_EXCEEDED. Default: 10 s.
+  absl::Duration transfer_timeout = absl::Seconds(10);
+};
+
+class PrefillWorker final
+    : public internal::v1::PrefillWorker::CallbackService {
+ public:
+  // Loads the model, allocates the KV pool and starts the engine loop and
+  // the pusher. INVALID_ARGUMENT for bad options; NOT_FOUND for an unknown
+  // backend or transport; model loading errors as they come.
+  static absl::StatusOr<std::unique_ptr<PrefillWorker>> Create(
+      const PrefillWorkerOptions& options);
+  ~PrefillWorker() override;
+
+  grpc::ServerUnaryReactor* Prefill(
+      grpc::CallbackServerContext* context,
+      const internal::v1::PrefillRequest* request,
+      internal::v1::PrefillResponse* response) override;
+  grpc::ServerUnaryReactor* GetLoad(
+      grpc::CallbackServerContext* context,
+      const internal::v1::LoadRequest* request,
+      internal::v1::LoadReport* response) override;
+
+  void set_worker_id(std::string id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Prefill calls not done yet.
+  int in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks until no Prefill call is in flight or `deadline` passes; true
+  // when idle.
+  bool WaitUntilIdle(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const KvBlockLayout& kv_layout() const { return loop_->kv_layout(); }
+
+ private:
+  class PrefillCall;
+
+  PrefillWorker(const PrefillWorkerOptions& options,
+                std::unique_ptr<EngineLoop> loop);
+  // The checks that need no engine state; the status to fail the call with.
+  absl::Status CheckRequest(const internal::v1::PrefillRequest& request) const;
+  // Loop thread.
+  void Start(PrefillCall* call, Generator& generator);
+  void OnLayer(int32_t layer, std::span<const ComputedKv> computed);
+  bool OnEvent(PrefillCall* call, const GenerationEvent& event);
+  // Pusher thread: the push of `call` is over.
+  void OnPushDone(PrefillCall* call, absl::Status status,
+                  const KvPushStats& stats);
+  // Any thread: stop computing `push`'s request (no-op once it is gone).
+  void CancelInEngine(const std::shared_ptr<KvPush>& push);
+  void PostToLoop(EngineLoop::Command command) ABSL_LOCKS_EXCLUDED(mu_);
+  void CallDone() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const PrefillWorkerOptions options_;
+  std::unique_ptr<KvPusher> pusher_;  // Set once in Create.
+  // Destroyed before pusher_ (the loop's observer and sinks use it). The
+  // pusher thread reaches it only through PostToLoop.
+  std::unique_ptr<EngineLoop> loop_;
+
+  // Loop thread only. The requests the engine holds (from Add until
+  // ReleaseKv) by id: a Prefill call for an id held here is refused.
+  absl::flat_hash_map<RequestId, std::shared_ptr<KvPush>> active_;
+  std::vector<LayerKv> layer_scratch_;  // Scratch of OnLayer.
+
+  mutable absl::Mutex mu_;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set while the loop is being destroyed: the pusher stops posting to it.
+  bool loop_gone_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_PREFILL_WORKER_PREFILL_WORKER_H_

@@ -1,0 +1,39 @@
+// Reading and checking the cluster configuration file of pd-router: a JSON
+// rendering of pdserve.internal.v1.ClusterConfig
+// (proto/pdserve/internal/v1/cluster_config.proto), e.g.
+//
+//   {"model": "builtin:tiny",
+//    "prefill_workers": [{"id": "prefill-0", "address": "127.0.0.1:5001"}],
+//    "decode_workers":  [{"id": "decode-0",  "address": "127.0.0.1:5002"}]}
+//
+// Thread-safety: plain functions without shared state.
+#ifndef PDSERVE_ROUTER_CLUSTER_CONFIG_H_
+#define PDSERVE_ROUTER_CLUSTER_CONFIG_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "pdserve/internal/v1/cluster_config.pb.h"
+
+namespace pdserve {
+
+// Parses `json` (field names in lowerCamelCase or as in the proto; unknown
+// fields are an error) and validates the result with ValidateClusterConfig.
+// An empty "model" becomes "builtin:tiny". INVALID_ARGUMENT with the parser's
+// or validator's message on failure.
+absl::StatusOr<internal::v1::ClusterConfig> ParseClusterConfig(
+    std::string_view json);
+
+// Reads the file at `path` and parses it as above. NOT_FOUND when the file
+// cannot be read; errors name the path.
+absl::StatusOr<internal::v1::ClusterConfig> LoadClusterConfig(
+    const std::string& path);
+
+// INVALID_ARGUMENT naming the first problem: no decode worker, a worker
+// with an empty id or address, or an id used twice (across both roles).
+absl::Status ValidateClusterConfig(const internal::v1::ClusterConfig& config);
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_ROUTER_CLUSTER_CONFIG_H_

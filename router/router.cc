@@ -1,0 +1,92 @@
+#include "router/router.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "router/bounded_executor.h"
+#include "router/cluster_config.h"
+#include "router/orchestrator.h"
+#include "router/router_service.h"
+#include "router/served_model.h"
+#include "router/worker_registry.h"
+
+namespace pdserve {
+
+absl::StatusOr<std::unique_ptr<Router>> Router::Start(
+    const RouterOptions& options) {
+  if (options.max_inflight < 1 || options.max_queued < 0 ||
+      options.prefill_retries < 0 || options.short_prompt_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad router options: max_inflight ", options.max_inflight,
+        " (>= 1), max_queued ", options.max_queued, " (>= 0), prefill_retries ",
+        options.prefill_retries, " (>= 0), short_prompt_tokens ",
+        options.short_prompt_tokens, " (>= 0)"));
+  }
+  if (options.default_deadline <= absl::ZeroDuration() ||
+      options.control_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "default_deadline and control_timeout must be positive");
+  }
+  PD_RETURN_IF_ERROR(ValidateClusterConfig(options.cluster));
+
+  std::unique_ptr<Router> router(new Router());
+  PD_ASSIGN_OR_RETURN(router->model_, ServedModel::Load(options.cluster));
+  const ModelConfig& config = router->model_->config();
+  PD_ASSIGN_OR_RETURN(
+      router->registry_,
+      WorkerRegistry::Create(
+          options.cluster,
+          ExpectedWorkerModel{.model = router->model_->spec(),
+                              .num_layers = config.num_layers,
+                              .num_kv_heads = config.num_kv_heads,
+                              .head_dim = config.head_dim},
+          WorkerRegistry::Options{.poll_interval = options.poll_interval,
+                                  .load_timeout = options.load_timeout}));
+  router->orchestrator_ = std::make_unique<RequestOrchestrator>(
+      router->model_, router->registry_.get(),
+      RequestOrchestrator::Options{
+          .prefill_retries = options.prefill_retries,
+          .short_prompt_tokens = options.short_prompt_tokens,
+          .control_timeout = options.control_timeout});
+  router->executor_ = std::make_unique<BoundedExecutor>(options.max_inflight,
+                                                        options.max_queued);
+  router->service_ = std::make_unique<RouterService>(
+      router->model_, router->registry_.get(), router->orchestrator_.get(),
+      router->executor_.get(), options.default_deadline);
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+                           &router->port_);
+  builder.RegisterService(router->service_.get());
+  router->server_ = builder.BuildAndStart();
+  if (router->server_ == nullptr || router->port_ == 0) {
+    router->Shutdown(absl::ZeroDuration());
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen));
+  }
+  PD_LOG(INFO) << "pd-router serving model '" << router->model_->name()
+               << "' on port " << router->port_ << " with "
+               << options.cluster.prefill_workers_size() << " prefill and "
+               << options.cluster.decode_workers_size() << " decode workers";
+  return router;
+}
+
+Router::~Router() { Shutdown(); }
+
+void Router::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  // Calls still running after the grace period are cancelled, which cancels
+  // their downstream calls; the request threads then finish them.
+  if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  if (executor_) executor_->Stop();
+  if (server_) server_->Wait();
+  registry_.reset();  // Stops polling.
+}
+
+int Router::running_requests() const { return executor_->running(); }
+int Router::queued_requests() const { return executor_->queued(); }
+
+}  // namespace pdserve

@@ -1,0 +1,97 @@
+// Router: pd-router's server — the public Generation API in front of a
+// cluster of prefill and decode workers (DESIGN.md, "router/").
+//
+//   RouterOptions options;
+//   options.cluster = *LoadClusterConfig("cluster.json");
+//   auto router = Router::Start(options);   // Serving on (*router)->port().
+//   ...
+//   (*router)->Shutdown();
+//
+// Thread-safety: port() and stats from any thread; Shutdown() from one.
+// Ownership: the Router owns the gRPC server, the worker registry (and its
+// poller) and the request threads.
+#ifndef PDSERVE_ROUTER_ROUTER_H_
+#define PDSERVE_ROUTER_ROUTER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "pdserve/internal/v1/cluster_config.pb.h"
+
+namespace pdserve {
+
+class BoundedExecutor;
+class RequestOrchestrator;
+class RouterService;
+class ServedModel;
+class WorkerRegistry;
+
+struct RouterOptions {
+  // gRPC address to listen on; port 0 picks a free port. Default:
+  // "127.0.0.1:0".
+  std::string listen = "127.0.0.1:0";
+  // The model and the workers; must pass ValidateClusterConfig. Default:
+  // empty (Start fails).
+  internal::v1::ClusterConfig cluster;
+  // Generate requests served at once (one router thread each). Default: 64.
+  int max_inflight = 64;
+  // Generate requests waiting for a thread beyond those; more are refused
+  // with RESOURCE_EXHAUSTED. Default: 256.
+  int max_queued = 256;
+  // Period of the workers' load reports. Default: 100 ms.
+  absl::Duration poll_interval = absl::Milliseconds(100);
+  // Deadline of one load report. Default: 1 s.
+  absl::Duration load_timeout = absl::Seconds(1);
+  // Other prefill workers tried after one fails. Default: 2.
+  int prefill_retries = 2;
+  // Prompts of at most this many tokens are prefilled by the decode worker;
+  // 0: all go to prefill workers while any is healthy. Default: 0.
+  int short_prompt_tokens = 0;
+  // Deadline of a Generate call whose client set none. Default: 10 min.
+  absl::Duration default_deadline = absl::Minutes(10);
+  // Deadline of Reserve and Release calls. Default: 5 s.
+  absl::Duration control_timeout = absl::Seconds(5);
+};
+
+class Router {
+ public:
+  // Loads the model's tokenizer, starts polling the workers and serving.
+  // INVALID_ARGUMENT for bad options or config; the model's load error;
+  // UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Router>> Start(
+      const RouterOptions& options);
+
+  // Shutdown(), then frees everything.
+  ~Router();
+
+  // The bound port.
+  int port() const { return port_; }
+
+  // Stops taking calls, lets those in flight run for up to `grace`, then
+  // cancels the rest; stops the workers' polling. Idempotent.
+  void Shutdown(absl::Duration grace = absl::Seconds(5));
+
+  // Generate calls running / waiting for a thread now.
+  int running_requests() const;
+  int queued_requests() const;
+
+ private:
+  Router() = default;
+
+  // Destroyed in reverse: the server before what its calls use.
+  std::shared_ptr<const ServedModel> model_;
+  std::unique_ptr<WorkerRegistry> registry_;
+  std::unique_ptr<RequestOrchestrator> orchestrator_;
+  std::unique_ptr<BoundedExecutor> executor_;
+  std::unique_ptr<RouterService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_ROUTER_ROUTER_H_

@@ -1,0 +1,75 @@
+// pd-router: the front door of a pdserve cluster. Serves pdserve.v1.Generation
+// over gRPC and routes each request to a prefill and a decode worker of the
+// cluster config.
+//
+//   pd-router --config=cluster.json [--listen=127.0.0.1:0] [--port_file=F]
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/time.h"
+#include "common/log.h"
+#include "common/process.h"
+#include "router/cluster_config.h"
+#include "router/router.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "gRPC address to serve on (port 0: any free port)");
+ABSL_FLAG(std::string, port_file, "",
+          "Write the bound port to this file once serving");
+ABSL_FLAG(std::string, config, "",
+          "Cluster config (JSON of pdserve.internal.v1.ClusterConfig)");
+ABSL_FLAG(int32_t, max_inflight, 64, "Generate requests served at once");
+ABSL_FLAG(int32_t, max_queued, 256,
+          "Generate requests waiting beyond max_inflight; more are refused "
+          "with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, poll_interval_ms, 100,
+          "Period of the workers' load reports, in milliseconds");
+ABSL_FLAG(int32_t, prefill_retries, 2,
+          "Other prefill workers to try when a prefill fails");
+ABSL_FLAG(int32_t, short_prompt_tokens, 0,
+          "Prompts of at most this many tokens are prefilled on the decode "
+          "worker (0: always use prefill workers when any is healthy)");
+
+int main(int argc, char** argv) {
+  pdserve::BlockTerminationSignals();
+  absl::SetProgramUsageMessage(
+      "pd-router --config=cluster.json [--listen=HOST:PORT] [--port_file=F]");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_config).empty()) {
+    std::cerr << "pd-router: --config is required\n";
+    return 2;
+  }
+  auto cluster = pdserve::LoadClusterConfig(absl::GetFlag(FLAGS_config));
+  if (!cluster.ok()) {
+    std::cerr << "pd-router: " << cluster.status() << "\n";
+    return 1;
+  }
+  pdserve::RouterOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.cluster = *std::move(cluster);
+  options.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  options.max_queued = absl::GetFlag(FLAGS_max_queued);
+  options.poll_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_poll_interval_ms));
+  options.prefill_retries = absl::GetFlag(FLAGS_prefill_retries);
+  options.short_prompt_tokens = absl::GetFlag(FLAGS_short_prompt_tokens);
+  auto router = pdserve::Router::Start(options);
+  if (!router.ok()) {
+    std::cerr << "pd-router: " << router.status() << "\n";
+    return 1;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    if (absl::Status s = pdserve::WritePortFile(path, (*router)->port());
+        !s.ok()) {
+      std::cerr << "pd-router: " << s << "\n";
+      return 1;
+    }
+  }
+  const int signal = pdserve::WaitForTerminationSignal();
+  PD_LOG(INFO) << "signal " << signal << ": shutting down";
+  (*router)->Shutdown();
+  return 0;
+}

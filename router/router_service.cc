@@ -1,0 +1,305 @@
+#include "router/router_service.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
+#include "proto/convert.h"
+#include "router/response_assembler.h"
+
+namespace pdserve {
+namespace {
+
+// Parses a raw request; INVALID_ARGUMENT when it is not a `Message`.
+template <typename Message>
+absl::Status ParseRequest(const grpc::ByteBuffer& raw, Message* message) {
+  grpc::ByteBuffer copy(raw);  // Deserialize consumes its input.
+  if (grpc::SerializationTraits<Message>::Deserialize(&copy, message).ok()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the request is not a valid ", Message::descriptor()->full_name(),
+      "; its string fields (text, stop, model, request_id) must be valid "
+      "UTF-8"));
+}
+
+void Serialize(const google::protobuf::MessageLite& message,
+               grpc::ByteBuffer* out) {
+  bool own_buffer = false;
+  // Only fails for messages over 2 GiB, which a response never is.
+  grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(
+      message, out, &own_buffer)
+      .IgnoreError();
+}
+
+// Ends a call at once with a status.
+class FinishedWriteReactor final
+    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit FinishedWriteReactor(const absl::Status& status) {
+    Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override { delete this; }
+};
+
+// One Generate call: the reactor gRPC drives, and the GenerateStream the
+// orchestrator (on an executor thread) sends to. Owned by a shared_ptr:
+// the reactor's own reference goes in OnDone, the executor task's when the
+// task ends.
+class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+                           public GenerateStream {
+ public:
+  static GenerateCall* Start(grpc::CallbackServerContext* context,
+                             const v1::GenerateRequest& request,
+                             RequestOrchestrator* orchestrator,
+                             BoundedExecutor* executor,
+                             absl::Duration default_deadline) {
+    auto call = std::shared_ptr<GenerateCall>(new GenerateCall(
+        context, request, orchestrator, executor, default_deadline));
+    {
+      absl::MutexLock lock(&call->mu_);
+      call->self_ = call;
+    }
+    std::optional<BoundedExecutor::Ticket> ticket = executor->Submit(
+        [call] {
+          call->FinishWith(call->orchestrator_->Run(call->request_, *call));
+        },
+        [call] {
+          call->FinishWith(absl::UnavailableError("the router is stopping"));
+        });
+    if (!ticket) {
+      call->FinishWith(absl::ResourceExhaustedError(
+          "the router is at its limit of requests in flight and queued; "
+          "retry later"));
+    } else {
+      absl::MutexLock lock(&call->mu_);
+      call->ticket_ = ticket;
+    }
+    return call.get();
+  }
+
+  // GenerateStream.
+  absl::Time deadline() const override { return deadline_; }
+  bool AddDownstream(grpc::ClientContext* context) override {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return false;
+    downstream_.push_back(context);
+    return true;
+  }
+  void RemoveDownstream(grpc::ClientContext* context) override {
+    absl::MutexLock lock(&mu_);
+    downstream_.erase(
+        std::remove(downstream_.begin(), downstream_.end(), context),
+        downstream_.end());
+  }
+  bool cancelled() const override {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+  void Send(v1::GenerateResponse message) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (final_status_ || write_failed_) return;
+      if (write_in_flight_) {
+        if (pending_) {
+          MergeResponse(std::move(message), &*pending_);
+        } else {
+          pending_ = std::move(message);
+        }
+        return;
+      }
+      write_in_flight_ = true;
+    }
+    // Only the thread that set write_in_flight_ touches writing_ until
+    // OnWriteDone.
+    writing_.Clear();
+    Serialize(message, &writing_);
+    StartWrite(&writing_);
+  }
+
+  // Ends the call with `status` once the writes queued before it are done.
+  // Only the first call counts.
+  void FinishWith(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (final_status_) return;
+      final_status_ = status;
+      if (write_in_flight_) return;  // OnWriteDone finishes.
+    }
+    Finish(ToGrpcStatus(status));
+  }
+
+  // Reactions.
+  void OnWriteDone(bool ok) override {
+    bool write_next = false;
+    std::optional<absl::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok) {
+        // The stream is broken (the client is gone); OnCancel follows.
+        write_failed_ = true;
+        pending_.reset();
+      }
+      if (pending_) {
+        writing_.Clear();
+        Serialize(*pending_, &writing_);
+        pending_.reset();
+        write_next = true;
+      } else {
+        write_in_flight_ = false;
+        finish = final_status_;
+      }
+    }
+    if (write_next) {
+      StartWrite(&writing_);
+    } else if (finish) {
+      Finish(ToGrpcStatus(*finish));
+    }
+  }
+
+  void OnCancel() override {
+    std::optional<BoundedExecutor::Ticket> ticket;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      // Under mu_: RemoveDownstream waits, so no context is destroyed while
+      // it is being cancelled. (Downstream calls are synchronous: TryCancel
+      // runs no reaction of ours.)
+      for (grpc::ClientContext* context : downstream_) context->TryCancel();
+      ticket = ticket_;
+    }
+    // Still queued: it will never run, so end it here.
+    if (ticket && executor_->Remove(*ticket)) {
+      FinishWith(absl::CancelledError("the client cancelled the request"));
+    }
+  }
+
+  void OnDone() override {
+    std::shared_ptr<GenerateCall> self;
+    {
+      absl::MutexLock lock(&mu_);
+      self = std::move(self_);
+    }
+    // `self` may be the last reference: this ends here. Others that still
+    // hold the call no longer touch gRPC (the call is finished).
+  }
+
+ private:
+  GenerateCall(grpc::CallbackServerContext* context,
+               const v1::GenerateRequest& request,
+               RequestOrchestrator* orchestrator, BoundedExecutor* executor,
+               absl::Duration default_deadline)
+      : request_(request),
+        orchestrator_(orchestrator),
+        executor_(executor),
+        deadline_(ClientDeadline(context, default_deadline)) {}
+
+  static absl::Time ClientDeadline(grpc::CallbackServerContext* context,
+                                   absl::Duration default_deadline) {
+    const absl::Time now = absl::Now();
+    const absl::Time client = absl::FromChrono(context->deadline());
+    // gRPC's "no deadline" is the far future.
+    return client - now > absl::Hours(24 * 365) ? now + default_deadline
+                                                : client;
+  }
+
+  const v1::GenerateRequest request_;
+  RequestOrchestrator* const orchestrator_;
+  BoundedExecutor* const executor_;
+  const absl::Time deadline_;
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<GenerateCall> self_ ABSL_GUARDED_BY(mu_);
+  std::optional<BoundedExecutor::Ticket> ticket_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ClientContext*> downstream_ ABSL_GUARDED_BY(mu_);
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<v1::GenerateResponse> pending_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> final_status_ ABSL_GUARDED_BY(mu_);
+  // The message being written; owned by whoever set write_in_flight_.
+  grpc::ByteBuffer writing_;
+};
+
+}  // namespace
+
+RouterService::RouterService(std::shared_ptr<const ServedModel> model,
+                             WorkerRegistry* registry,
+                             RequestOrchestrator* orchestrator,
+                             BoundedExecutor* executor,
+                             absl::Duration default_deadline)
+    : model_(std::move(model)),
+      registry_(registry),
+      orchestrator_(orchestrator),
+      executor_(executor),
+      default_deadline_(default_deadline) {}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  v1::GenerateRequest request;
+  if (absl::Status s = ParseRequest(*raw, &request); !s.ok()) {
+    return new FinishedWriteReactor(s);
+  }
+  return GenerateCall::Start(context, request, orchestrator_, executor_,
+                             default_deadline_);
+}
+
+grpc::ServerUnaryReactor* RouterService::Tokenize(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* raw_response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  v1::TokenizeRequest parsed;
+  v1::TokenizeResponse tokenized;
+  const v1::TokenizeRequest* request = &parsed;
+  v1::TokenizeResponse* response = &tokenized;
+  absl::Status status = ParseRequest(*raw, &parsed);
+  if (status.ok()) status = model_->CheckName(request->model());
+  if (status.ok() && model_->tokenizer() == nullptr) {
+    status = absl::FailedPreconditionError(
+        absl::StrCat("model '", model_->name(), "' has no tokenizer"));
+  }
+  if (status.ok()) {
+    const bool add_special =
+        !request->has_add_special_tokens() || request->add_special_tokens();
+    absl::StatusOr<std::vector<int32_t>> ids =
+        model_->tokenizer()->Encode(request->text(), add_special);
+    if (ids.ok()) {
+      response->mutable_token_ids()->Assign(ids->begin(), ids->end());
+    } else {
+      status = ids.status();
+    }
+  }
+  if (status.ok()) Serialize(tokenized, raw_response);
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RouterService::ListModels(
+    grpc::CallbackServerContext* context, const v1::ListModelsRequest*,
+    v1::ListModelsResponse* response) {
+  v1::ModelInfo* info = response->add_models();
+  info->set_name(model_->name());
+  info->set_context_length(model_->context_length());
+  info->set_vocab_size(model_->vocab_size());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RouterService::Health(
+    grpc::CallbackServerContext* context, const v1::HealthRequest*,
+    v1::HealthResponse* response) {
+  response->set_prefill_workers(registry_->healthy_prefill());
+  response->set_decode_workers(registry_->healthy_decode());
+  response->set_serving(response->decode_workers() > 0);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace pdserve

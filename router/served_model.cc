@@ -1,0 +1,153 @@
+#include "router/served_model.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/sampler.h"
+#include "engine/unicode.h"
+
+namespace pdserve {
+
+ServedModel::ServedModel(std::string name, std::shared_ptr<const Model> model)
+    : name_(std::move(name)),
+      model_(std::move(model)),
+      context_length_(model_->config().max_position_embeddings),
+      vocab_size_(model_->config().vocab_size) {}
+
+absl::StatusOr<std::shared_ptr<const ServedModel>> ServedModel::Load(
+    const internal::v1::ClusterConfig& config) {
+  const std::string spec =
+      config.model().empty() ? "builtin:tiny" : config.model();
+  absl::StatusOr<std::shared_ptr<const Model>> model = Model::Load(spec);
+  if (!model.ok()) {
+    return absl::Status(
+        model.status().code(),
+        absl::StrCat("loading model '", spec, "': ", model.status().message()));
+  }
+  std::string name =
+      config.served_model_name().empty() ? spec : config.served_model_name();
+  return FromModel(std::move(name), *std::move(model));
+}
+
+std::shared_ptr<const ServedModel> ServedModel::FromModel(
+    std::string name, std::shared_ptr<const Model> model) {
+  return std::shared_ptr<const ServedModel>(
+      new ServedModel(std::move(name), std::move(model)));
+}
+
+absl::Status ServedModel::CheckName(const std::string& requested) const {
+  if (requested.empty() || requested == name_) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown model '", requested, "'; this server serves '", name_, "'"));
+}
+
+absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(
+    const v1::GenerateRequest& request, const ServedModel& model) {
+  PD_RETURN_IF_ERROR(model.CheckName(request.model()));
+  ValidatedRequest out;
+  std::vector<int32_t>& prompt = out.engine.prompt;
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      if (model.tokenizer() == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model '", model.name(),
+                         "' has no tokenizer; send the prompt as token_ids"));
+      }
+      if (!unicode::IsValidUtf8(request.text())) {
+        return absl::InvalidArgumentError("prompt text is not valid UTF-8");
+      }
+      const bool add_special =
+          !request.has_add_special_tokens() || request.add_special_tokens();
+      absl::StatusOr<std::vector<int32_t>> ids =
+          model.tokenizer()->Encode(request.text(), add_special);
+      if (!ids.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt text: ", ids.status().message()));
+      }
+      prompt = *std::move(ids);
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds:
+      prompt.assign(request.token_ids().ids().begin(),
+                    request.token_ids().ids().end());
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        if (prompt[i] < 0 || prompt[i] >= model.vocab_size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "token_ids[", i, "] = ", prompt[i],
+              " is outside the vocabulary [0, ", model.vocab_size(), ")"));
+        }
+      }
+      break;
+    case v1::GenerateRequest::PROMPT_NOT_SET:
+      return absl::InvalidArgumentError(
+          "the request has no prompt; set text or token_ids");
+  }
+  if (prompt.empty()) {
+    return absl::InvalidArgumentError("the prompt is empty (no tokens)");
+  }
+
+  const uint64_t max_tokens =
+      request.has_max_tokens() ? request.max_tokens() : kDefaultMaxTokens;
+  if (max_tokens == 0) {
+    return absl::InvalidArgumentError("max_tokens must be at least 1, got 0");
+  }
+  if (prompt.size() + max_tokens >
+      static_cast<uint64_t>(model.context_length())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (", prompt.size(), " tokens) + max_tokens (",
+                     max_tokens, ") exceeds the model's context of ",
+                     model.context_length(), " tokens"));
+  }
+  if (request.logprobs() > kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("logprobs must be in [0, ",
+                                                   kMaxLogprobs, "], got ",
+                                                   request.logprobs()));
+  }
+
+  SamplingParams& s = out.engine.sampling;
+  const v1::SamplingParams& in = request.sampling();
+  s.temperature = in.has_temperature() ? in.temperature() : 1.0f;
+  s.top_k = in.top_k();
+  s.top_p = in.has_top_p() ? in.top_p() : 1.0f;
+  s.min_p = in.min_p();
+  if (in.has_seed()) s.seed = in.seed();
+  s.max_tokens = static_cast<int32_t>(max_tokens);
+  s.stop_token_ids.assign(request.stop_token_ids().begin(),
+                          request.stop_token_ids().end());
+  s.ignore_eos = request.ignore_eos();
+  s.logprobs = static_cast<int32_t>(request.logprobs());
+  PD_RETURN_IF_ERROR(ValidateSamplingParams(s, model.vocab_size()));
+
+  if (request.stop_size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxStopStrings,
+                                                   " stop strings, got ",
+                                                   request.stop_size()));
+  }
+  for (int i = 0; i < request.stop_size(); ++i) {
+    const std::string& stop = request.stop(i);
+    if (stop.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "] is empty"));
+    }
+    if (stop.size() > kMaxStopStringBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop[", i, "] is ", stop.size(),
+                       " bytes long; at most ", kMaxStopStringBytes));
+    }
+    if (!unicode::IsValidUtf8(stop)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop[", i, "] is not valid UTF-8"));
+    }
+  }
+  if (request.stop_size() > 0 && model.tokenizer() == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", model.name(),
+                     "' has no tokenizer; stop strings cannot be matched"));
+  }
+  out.stop_strings.assign(request.stop().begin(), request.stop().end());
+  out.skip_special_tokens =
+      !request.has_skip_special_tokens() || request.skip_special_tokens();
+  return out;
+}
+
+}  // namespace pdserve

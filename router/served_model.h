@@ -1,0 +1,82 @@
+// ServedModel: what the router knows of the model its workers serve — the
+// name clients use, the context length, the vocabulary and the tokenizer —
+// and the checks of a public GenerateRequest against it.
+//
+// Thread-safety: immutable after Load(); share freely. ValidateGenerateRequest
+// has no shared state.
+#ifndef PDSERVE_ROUTER_SERVED_MODEL_H_
+#define PDSERVE_ROUTER_SERVED_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/generator.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "pdserve/internal/v1/cluster_config.pb.h"
+#include "pdserve/v1/generation.pb.h"
+
+namespace pdserve {
+
+// Limits of GenerateRequest (proto/pdserve/v1/generation.proto).
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr int kMaxStopStringBytes = 256;
+inline constexpr int kMaxLogprobs = 20;
+inline constexpr uint32_t kDefaultMaxTokens = 16;
+
+class ServedModel {
+ public:
+  // Loads config.model (a Hugging Face directory or "builtin:...") for its
+  // tokenizer and shape; the name is served_model_name, else the model.
+  static absl::StatusOr<std::shared_ptr<const ServedModel>> Load(
+      const internal::v1::ClusterConfig& config);
+  // From an already loaded model (tests).
+  static std::shared_ptr<const ServedModel> FromModel(
+      std::string name, std::shared_ptr<const Model> model);
+
+  const std::string& name() const { return name_; }
+  // The model's spec as loaded ("builtin:tiny" or a directory).
+  const std::string& spec() const { return model_->name(); }
+  int32_t context_length() const { return context_length_; }
+  int32_t vocab_size() const { return vocab_size_; }
+  // Null when the model directory has no tokenizer.json: then only token id
+  // prompts are accepted and responses carry no text.
+  const Tokenizer* tokenizer() const { return model_->tokenizer(); }
+  const ModelConfig& config() const { return model_->config(); }
+
+  // INVALID_ARGUMENT unless `requested` is empty or this model's name.
+  absl::Status CheckName(const std::string& requested) const;
+
+ private:
+  ServedModel(std::string name, std::shared_ptr<const Model> model);
+
+  const std::string name_;
+  const std::shared_ptr<const Model> model_;
+  const int32_t context_length_;
+  const int32_t vocab_size_;
+};
+
+// A GenerateRequest that passed every check, tokenized, with its defaults
+// filled in. The router still assigns `engine.id` and, when unset, the seed.
+struct ValidatedRequest {
+  GenerationRequest engine;
+  std::vector<std::string> stop_strings;
+  bool skip_special_tokens = true;
+};
+
+// Checks `request` against `model` and tokenizes a text prompt.
+// INVALID_ARGUMENT with a message naming the field for: no prompt, an empty
+// prompt, text that is not UTF-8, token ids outside the vocabulary, an
+// unknown model name, max_tokens 0, prompt + max_tokens beyond the context,
+// sampling values out of range, more than kMaxStopStrings stop strings or one
+// empty, longer than kMaxStopStringBytes or not UTF-8, logprobs above
+// kMaxLogprobs, a text prompt or stop strings for a model without tokenizer.
+absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(
+    const v1::GenerateRequest& request, const ServedModel& model);
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_ROUTER_SERVED_MODEL_H_

@@ -1,0 +1,174 @@
+// WorkerRegistry: the prefill and decode workers of the cluster config, their
+// health and load, and the choice of a worker for a request.
+//
+// A poller thread asks every worker for its LoadReport (GetLoad, with a short
+// deadline) every poll interval, each worker independently, so one hung
+// worker delays no other. A worker is healthy from its first good report
+// until a poll fails or a call to it fails with UNAVAILABLE, and healthy
+// again once it answers. Only healthy, compatible workers are chosen:
+//   decode:  most free KV blocks, less the blocks the router reserved on it
+//            since its last report; ties go to fewer running + waiting;
+//   prefill: fewest pending prompt tokens, plus the prompt tokens the router
+//            sent it since its last report (so a burst spreads).
+// Remaining ties rotate. On becoming healthy a worker's report is checked
+// against the served model: a worker whose role differs from the config or
+// whose KV shape (layers, KV heads, head dim) differs from the model's is
+// logged as an error and never chosen; a different model name, block size
+// or dtype than the other workers is logged as an error.
+//
+// Thread-safety: all methods may be called from any thread.
+// Ownership: the registry owns the channels, stubs and the poller; the
+// WorkerEndpoint pointers it hands out live as long as the registry.
+#ifndef PDSERVE_ROUTER_WORKER_REGISTRY_H_
+#define PDSERVE_ROUTER_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "pdserve/internal/v1/cluster_config.pb.h"
+#include "pdserve/internal/v1/worker.grpc.pb.h"
+
+namespace pdserve {
+
+enum class WorkerRole { kPrefill, kDecode };
+
+// One configured worker: its identity and stubs, fixed for the registry's
+// life. The stubs are thread-safe.
+struct WorkerEndpoint {
+  WorkerRole role;
+  std::string id;
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  // Exactly one is set, by role.
+  std::unique_ptr<internal::v1::DecodeWorker::Stub> decode;
+  std::unique_ptr<internal::v1::PrefillWorker::Stub> prefill;
+};
+
+// What a worker must agree with (from the served model).
+struct ExpectedWorkerModel {
+  // Model spec as the workers report it ("builtin:tiny" or a directory).
+  std::string model;
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+// One worker's state, for Health and status displays.
+struct WorkerSnapshot {
+  std::string id;
+  WorkerRole role;
+  bool healthy = false;
+  internal::v1::LoadReport last_report;  // Empty before the first one.
+};
+
+class WorkerRegistry {
+ public:
+  struct Options {
+    // Period of the GetLoad polls. Default: 100 ms.
+    absl::Duration poll_interval = absl::Milliseconds(100);
+    // Deadline of one GetLoad. Default: 1 s.
+    absl::Duration load_timeout = absl::Seconds(1);
+  };
+
+  // Creates channels to every worker of `config` (which must have passed
+  // ValidateClusterConfig) and starts polling. No worker is healthy before
+  // its first report.
+  static absl::StatusOr<std::unique_ptr<WorkerRegistry>> Create(
+      const internal::v1::ClusterConfig& config, ExpectedWorkerModel expected,
+      const Options& options);
+
+  // Stops the poller and waits for the polls in flight.
+  ~WorkerRegistry();
+
+  // The least-loaded healthy worker of the role that is not in `exclude`;
+  // null when there is none.
+  const WorkerEndpoint* PickDecode(
+      std::span<const WorkerEndpoint* const> exclude = {});
+  const WorkerEndpoint* PickPrefill(
+      std::span<const WorkerEndpoint* const> exclude = {});
+
+  // Counts work the router sent `worker` that its next report will show:
+  // for a decode worker `tokens` reserved (and one more request), for a
+  // prefill worker `tokens` prompt tokens.
+  void NoteDispatched(const WorkerEndpoint* worker, int64_t tokens);
+
+  // A call to `worker` failed with `status`. UNAVAILABLE from a decode
+  // worker marks it unhealthy at once; from a prefill worker only when its
+  // channel is down (a live prefill worker answers UNAVAILABLE itself when
+  // it cannot reach the decode worker). Either way the worker is polled now
+  // rather than at the next tick.
+  void ReportCallFailure(const WorkerEndpoint* worker,
+                         const absl::Status& status);
+
+  int healthy_prefill() const;
+  int healthy_decode() const;
+  std::vector<WorkerSnapshot> Snapshot() const;
+
+ private:
+  struct WorkerState {
+    std::unique_ptr<WorkerEndpoint> endpoint;
+    bool healthy = false;
+    bool compatible = true;
+    bool has_report = false;
+    bool warned = false;  // Said once that it does not answer yet.
+    internal::v1::LoadReport report;
+    // Work sent since the last report, and the part of it sent before the
+    // poll now in flight (which that poll's report will include).
+    int64_t dispatched_tokens = 0;
+    int64_t dispatched_blocks = 0;
+    int64_t dispatched_requests = 0;
+    int64_t polled_tokens = 0;
+    int64_t polled_blocks = 0;
+    int64_t polled_requests = 0;
+    // The poll in flight; its context stays until the next poll starts.
+    bool poll_in_flight = false;
+    std::unique_ptr<grpc::ClientContext> poll_context;
+    internal::v1::LoadRequest poll_request;
+    internal::v1::LoadReport poll_response;
+  };
+
+  WorkerRegistry(ExpectedWorkerModel expected, const Options& options);
+  void PollLoop();
+  void StartPoll(WorkerState* worker) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnPollDone(WorkerState* worker, const grpc::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Logs the problems of `report`; false when the worker cannot be used.
+  bool CheckCompatible(const WorkerState& worker,
+                       const internal::v1::LoadReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkUnhealthy(WorkerState* worker, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WorkerState* StateOf(const WorkerEndpoint* endpoint);
+  const WorkerEndpoint* Pick(WorkerRole role,
+                             std::span<const WorkerEndpoint* const> exclude);
+
+  const ExpectedWorkerModel expected_;
+  const Options options_;
+  // Fixed after Create(); the states' fields are guarded by mu_ (apart from
+  // `endpoint`, which is const after Create()).
+  std::vector<std::unique_ptr<WorkerState>> workers_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int polls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rotation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The first report's layout, which every other worker should share.
+  bool have_reference_layout_ ABSL_GUARDED_BY(mu_) = false;
+  internal::v1::KvLayout reference_layout_ ABSL_GUARDED_BY(mu_);
+  std::string reference_worker_ ABSL_GUARDED_BY(mu_);
+  std::thread poller_;
+};
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_ROUTER_WORKER_REGISTRY_H_

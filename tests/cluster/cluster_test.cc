@@ -1,0 +1,378 @@
+// The disaggregated cluster end to end, as separate processes on loopback
+// (deploy/local/cluster.sh): outputs equal the colocated engine's token for
+// token, cancellation and deadlines free the decode worker's blocks, a
+// killed prefill worker is retried around, a killed decode worker ends only
+// its own streams, bad requests are refused, and overload is refused.
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "engine/builtin_tiny.h"
+#include "engine/generator.h"
+#include "engine/llama2c.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cluster/local_cluster.h"
+
+namespace pdserve {
+namespace {
+
+namespace v1 = ::pdserve::v1;
+using testing_util::ClusterSpec;
+using testing_util::LocalCluster;
+
+struct StreamResult {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::string text;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage;
+  int messages = 0;
+};
+
+// Runs one Generate stream to its end. `on_message` returning false cancels
+// the call.
+StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                      absl::Duration deadline = absl::Seconds(120),
+                      const std::function<bool(const v1::GenerateResponse&)>& on_message = nullptr) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  StreamResult out;
+  auto reader = stub.Generate(&ctx, request);
+  v1::GenerateResponse r;
+  while (reader->Read(&r)) {
+    ++out.messages;
+    out.tokens.insert(out.tokens.end(), r.token_ids().begin(), r.token_ids().end());
+    out.text += r.text();
+    if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      out.finish = r.finish_reason();
+      out.usage = r.usage();
+    }
+    if (on_message && !on_message(r)) ctx.TryCancel();
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+std::vector<int32_t> Prompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p = {256};  // builtin:tiny's BOS.
+  while (static_cast<int>(p.size()) < n) p.push_back(static_cast<int32_t>(rng() % 256));
+  return p;
+}
+
+struct Case {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+};
+
+v1::GenerateRequest ToRequest(const Case& c) {
+  v1::GenerateRequest r;
+  r.mutable_token_ids()->mutable_ids()->Assign(c.prompt.begin(), c.prompt.end());
+  r.mutable_sampling()->set_temperature(c.sampling.temperature);
+  r.mutable_sampling()->set_top_p(c.sampling.top_p);
+  r.mutable_sampling()->set_top_k(c.sampling.top_k);
+  if (c.sampling.seed) r.mutable_sampling()->set_seed(*c.sampling.seed);
+  r.set_max_tokens(c.sampling.max_tokens);
+  r.set_ignore_eos(c.sampling.ignore_eos);
+  return r;
+}
+
+// The colocated engine's tokens for each case, computed in this process.
+std::vector<std::vector<int32_t>> Colocated(const std::vector<Case>& cases) {
+  auto model = MakeTinyModel();
+  EXPECT_TRUE(model.ok());
+  auto runner = CreateModelRunner(*model, {.num_kv_blocks = 512, .num_threads = 1});
+  EXPECT_TRUE(runner.ok());
+  auto g = Generator::Create(runner->get(), {});
+  EXPECT_TRUE(g.ok());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_TRUE((*g)->Add({RequestId(i), cases[i].prompt, cases[i].sampling}).ok());
+  }
+  std::vector<std::vector<int32_t>> out(cases.size());
+  std::vector<GenerationEvent> events;
+  while ((*g)->HasWork()) {
+    events.clear();
+    EXPECT_TRUE((*g)->Step(events).ok());
+    for (const auto& e : events) {
+      if (e.has_token) out[e.id.value].push_back(e.token.token);
+    }
+  }
+  return out;
+}
+
+// 32 requests: prompt lengths from 1 to 300 (the workers' prefill chunk is
+// 64), greedy and seeded, with and without EOS.
+std::vector<Case> MixedCases(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Case> cases;
+  for (int i = 0; i < 32; ++i) {
+    const int len = i % 4 == 0 ? 150 + static_cast<int>(rng() % 150) : 1 + static_cast<int>(rng() % 60);
+    SamplingParams sp{.temperature = 0.0f, .max_tokens = 8 + static_cast<int32_t>(rng() % 24)};
+    if (i % 2 == 1) {
+      sp.temperature = 0.8f;
+      sp.top_p = 0.95f;
+      sp.seed = rng();
+    }
+    sp.ignore_eos = i % 3 != 0;
+    cases.push_back({Prompt(len, rng()), sp});
+  }
+  return cases;
+}
+
+std::vector<StreamResult> RunConcurrently(v1::Generation::Stub& stub,
+                                          const std::vector<Case>& cases) {
+  std::vector<StreamResult> results(cases.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = Generate(stub, ToRequest(cases[i])); });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+void ExpectEqualsColocated(const ClusterSpec& spec) {
+  auto started = LocalCluster::Start(spec);
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  const std::vector<Case> cases = MixedCases(spec.prefill * 10 + spec.decode);
+  const std::vector<std::vector<int32_t>> want = Colocated(cases);
+  const std::vector<StreamResult> got = RunConcurrently(cluster.router(), cases);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, want[i]) << "request " << i << ", prompt " << cases[i].prompt.size();
+    EXPECT_NE(got[i].finish, v1::FINISH_REASON_UNSPECIFIED);
+    EXPECT_EQ(got[i].usage.prompt_tokens(), cases[i].prompt.size());
+    EXPECT_EQ(got[i].usage.completion_tokens(), want[i].size());
+  }
+}
+
+TEST(ClusterTest, OnePrefillOneDecodeEqualsColocated) { ExpectEqualsColocated({.prefill = 1, .decode = 1}); }
+
+TEST(ClusterTest, TwoPrefillTwoDecodeEqualsColocated) { ExpectEqualsColocated({.prefill = 2, .decode = 2}); }
+
+TEST(ClusterTest, WithoutPrefillWorkersDecodeWorkersPrefillLocally) {
+  ExpectEqualsColocated({.prefill = 0, .decode = 1});
+}
+
+TEST(ClusterTest, Stories260kThroughTheClusterGivesThePublishedText) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(PDSERVE_SHARED_DIR) / "models/stories260K";
+  if (!fs::exists(src / "stories260K.bin")) GTEST_SKIP() << "no " << src;
+  const fs::path dir = fs::path(PDSERVE_BINARY_DIR) / "test-models/stories260K-cluster";
+  ASSERT_TRUE(ConvertLlama2cToHf(src / "stories260K.bin", src / "tok512.bin", dir).ok());
+  std::ifstream in(std::string(PDSERVE_FIXTURES_DIR) + "/stories260k_greedy.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto want = ref["tokens"].get<std::vector<int32_t>>();
+
+  auto started = LocalCluster::Start({.prefill = 1, .decode = 1, .model = dir.string()});
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  v1::GenerateRequest r;
+  for (int32_t id : ref["prompt_ids"].get<std::vector<int32_t>>()) r.mutable_token_ids()->add_ids(id);
+  r.mutable_sampling()->set_temperature(0.0f);
+  r.set_max_tokens(want.size());
+  r.set_ignore_eos(true);
+  const StreamResult got = Generate(cluster.router(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, want);
+  EXPECT_TRUE(got.text.starts_with(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."))
+      << got.text;
+}
+
+int32_t FreeBlocks(LocalCluster& cluster, const std::string& decode) {
+  auto stub = cluster.DecodeStub(decode);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  pdserve::internal::v1::LoadReport load;
+  EXPECT_TRUE(stub->GetLoad(&ctx, {}, &load).ok());
+  return static_cast<int32_t>(load.free_blocks());
+}
+
+// Polls until the decode worker is idle again (frees happen asynchronously
+// after a call ends).
+void ExpectBlocksReturnTo(LocalCluster& cluster, int32_t idle) {
+  int32_t free = -1;
+  for (int i = 0; i < 100 && free != idle; ++i) {
+    free = FreeBlocks(cluster, "decode-0");
+    if (free != idle) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(free, idle);
+}
+
+TEST(ClusterTest, CancelAndDeadlineFreeTheDecodeWorkersBlocks) {
+  auto started = LocalCluster::Start({.prefill = 1, .decode = 1});
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  const int32_t idle = FreeBlocks(cluster, "decode-0");
+  Case long_case{Prompt(100, 1), {.temperature = 0.0f, .max_tokens = 2000, .ignore_eos = true}};
+
+  // Cancel after a few messages.
+  StreamResult cancelled = Generate(cluster.router(), ToRequest(long_case), absl::Seconds(60),
+                                    [](const v1::GenerateResponse&) { return false; });
+  EXPECT_EQ(cancelled.status.error_code(), grpc::StatusCode::CANCELLED);
+  ExpectBlocksReturnTo(cluster, idle);
+
+  // A deadline that passes mid-stream.
+  StreamResult late = Generate(cluster.router(), ToRequest(long_case), absl::Milliseconds(300));
+  EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ExpectBlocksReturnTo(cluster, idle);
+
+  // Still serving.
+  Case short_case{Prompt(20, 2), {.temperature = 0.0f, .max_tokens = 5, .ignore_eos = true}};
+  EXPECT_EQ(Generate(cluster.router(), ToRequest(short_case)).tokens, Colocated({short_case})[0]);
+  ExpectBlocksReturnTo(cluster, idle);
+}
+
+TEST(ClusterTest, KilledPrefillWorkerUnderLoadEveryRequestStillCompletes) {
+  auto started = LocalCluster::Start({.prefill = 2, .decode = 1});
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  std::vector<Case> cases;
+  for (int i = 0; i < 16; ++i) {
+    cases.push_back({Prompt(200 + 10 * i, 100 + i), {.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true}});
+  }
+  const auto want = Colocated(cases);
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(150));
+    EXPECT_TRUE(cluster.Kill("prefill-0"));
+  });
+  const std::vector<StreamResult> got = RunConcurrently(cluster.router(), cases);
+  killer.join();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, want[i]) << i;
+  }
+  // And afterwards, on the surviving worker.
+  EXPECT_EQ(Generate(cluster.router(), ToRequest(cases[0])).tokens, want[0]);
+}
+
+TEST(ClusterTest, KilledDecodeWorkerEndsOnlyItsStreamsAndIsNoLongerChosen) {
+  auto started = LocalCluster::Start({.prefill = 1, .decode = 2});
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  std::vector<Case> cases;
+  for (int i = 0; i < 8; ++i) {
+    cases.push_back({Prompt(30, 200 + i), {.temperature = 0.0f, .max_tokens = 400, .ignore_eos = true}});
+  }
+  const auto want = Colocated(cases);
+  std::atomic<int> streaming = 0;
+  std::vector<StreamResult> got(cases.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    threads.emplace_back([&, i] {
+      bool counted = false;
+      got[i] = Generate(cluster.router(), ToRequest(cases[i]), absl::Seconds(120),
+                        [&](const v1::GenerateResponse&) {
+                          if (!counted) streaming += counted = true;
+                          return true;
+                        });
+    });
+  }
+  while (streaming < static_cast<int>(cases.size())) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(cluster.Kill("decode-0"));
+  for (auto& t : threads) t.join();
+  int unavailable = 0, completed = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (got[i].status.ok()) {
+      ++completed;
+      EXPECT_EQ(got[i].tokens, want[i]) << i;
+    } else {
+      ++unavailable;
+      EXPECT_EQ(got[i].status.error_code(), grpc::StatusCode::UNAVAILABLE) << got[i].status.error_message();
+      // The tokens streamed before the loss stand, and are right.
+      ASSERT_LE(got[i].tokens.size(), want[i].size());
+      EXPECT_TRUE(std::equal(got[i].tokens.begin(), got[i].tokens.end(), want[i].begin())) << i;
+    }
+  }
+  EXPECT_GT(unavailable, 0);
+  EXPECT_GT(completed, 0);
+  // New requests all go to the surviving decode worker.
+  std::vector<Case> after(cases.begin(), cases.begin() + 4);
+  for (Case& c : after) c.sampling.max_tokens = 6;
+  const auto want_after = Colocated(after);
+  const auto got_after = RunConcurrently(cluster.router(), after);
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_TRUE(got_after[i].status.ok()) << got_after[i].status.error_message();
+    EXPECT_EQ(got_after[i].tokens, want_after[i]);
+  }
+}
+
+TEST(ClusterTest, BadRequestsAreInvalidArgumentAndTheClusterKeepsServing) {
+  auto started = LocalCluster::Start({.prefill = 1, .decode = 1});
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  auto base = [] {
+    v1::GenerateRequest r;
+    r.set_text("hello");
+    r.set_max_tokens(4);
+    return r;
+  };
+  std::vector<std::pair<std::string, v1::GenerateRequest>> bad;
+  bad.emplace_back("no prompt", [] { v1::GenerateRequest r; r.set_max_tokens(4); return r; }());
+  bad.emplace_back("empty text", [&] { auto r = base(); r.set_text(""); r.set_add_special_tokens(false); return r; }());
+  bad.emplace_back("empty ids", [&] { auto r = base(); r.mutable_token_ids(); return r; }());
+  bad.emplace_back("id outside vocab", [&] { auto r = base(); r.mutable_token_ids()->add_ids(100000); return r; }());
+  bad.emplace_back("negative id", [&] { auto r = base(); r.mutable_token_ids()->add_ids(-1); return r; }());
+  bad.emplace_back("longer than context", [&] { auto r = base(); r.set_text(std::string(5000, 'a')); return r; }());
+  bad.emplace_back("max_tokens 0", [&] { auto r = base(); r.set_max_tokens(0); return r; }());
+  bad.emplace_back("max_tokens huge", [&] { auto r = base(); r.set_max_tokens(4000000000u); return r; }());
+  bad.emplace_back("temperature < 0", [&] { auto r = base(); r.mutable_sampling()->set_temperature(-1); return r; }());
+  bad.emplace_back("top_p 0", [&] { auto r = base(); r.mutable_sampling()->set_top_p(0); return r; }());
+  bad.emplace_back("top_p > 1", [&] { auto r = base(); r.mutable_sampling()->set_top_p(1.5f); return r; }());
+  bad.emplace_back("top_k < 0", [&] { auto r = base(); r.mutable_sampling()->set_top_k(-3); return r; }());
+  bad.emplace_back("min_p > 1", [&] { auto r = base(); r.mutable_sampling()->set_min_p(2); return r; }());
+  bad.emplace_back("logprobs 21", [&] { auto r = base(); r.set_logprobs(21); return r; }());
+  bad.emplace_back("invalid UTF-8", [&] { auto r = base(); r.set_text(std::string("ab\xff\xfe", 4)); return r; }());
+  bad.emplace_back("unknown model", [&] { auto r = base(); r.set_model("no-such-model"); return r; }());
+  bad.emplace_back("stop id outside vocab", [&] { auto r = base(); r.add_stop_token_ids(99999); return r; }());
+  for (const auto& [what, request] : bad) {
+    const StreamResult got = Generate(cluster.router(), request, absl::Seconds(10));
+    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << what << ": " << got.status.error_code() << " " << got.status.error_message();
+    EXPECT_FALSE(got.status.error_message().empty()) << what;
+    EXPECT_EQ(got.messages, 0) << what;
+  }
+  const StreamResult ok = Generate(cluster.router(), base());
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.tokens.size(), 4u);
+}
+
+TEST(ClusterTest, OverloadIsRefusedWithResourceExhaustedAndNothingLeaks) {
+  auto started = LocalCluster::Start({.prefill = 1, .decode = 1, .router_args = "--max_inflight=2 --max_queued=2"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  const int32_t idle = FreeBlocks(cluster, "decode-0");
+  std::vector<Case> cases;
+  for (int i = 0; i < 24; ++i) {
+    cases.push_back({Prompt(40, 300 + i), {.temperature = 0.0f, .max_tokens = 60, .ignore_eos = true}});
+  }
+  const auto want = Colocated(cases);
+  const auto got = RunConcurrently(cluster.router(), cases);
+  int refused = 0, served = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (got[i].status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused;
+      EXPECT_EQ(got[i].messages, 0);
+    } else {
+      ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+      EXPECT_EQ(got[i].tokens, want[i]);
+      ++served;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GE(served, 4);
+  ExpectBlocksReturnTo(cluster, idle);
+  EXPECT_TRUE(Generate(cluster.router(), ToRequest(cases[0])).status.ok());
+}
+
+}  // namespace
+}  // namespace pdserve

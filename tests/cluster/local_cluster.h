@@ -1,0 +1,107 @@
+// LocalCluster: a real pdserve cluster for tests and benchmarks, started and
+// stopped with deploy/local/cluster.sh (the same launcher users run), each
+// process its own OS process on loopback. Gives the router's stub, the
+// workers' internal stubs, and pids to kill.
+#ifndef PDSERVE_TESTS_CLUSTER_LOCAL_CLUSTER_H_
+#define PDSERVE_TESTS_CLUSTER_LOCAL_CLUSTER_H_
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "pdserve/internal/v1/worker.grpc.pb.h"
+#include "pdserve/v1/generation.grpc.pb.h"
+
+namespace pdserve::testing_util {
+
+struct ClusterSpec {
+  int prefill = 1;
+  int decode = 1;
+  std::string model = "builtin:tiny";
+  // Small pools and chunks so tests exercise chunking and block reuse; one
+  // engine thread per worker (the tests share two cores).
+  std::string prefill_args = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
+  std::string decode_args = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
+  std::string router_args = "";
+};
+
+class LocalCluster {
+ public:
+  // Starts the cluster and waits until the router sees every worker.
+  // The binaries come from `binary_dir`, the launcher from `source_dir`.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(
+      const ClusterSpec& spec, const std::string& source_dir = PDSERVE_SOURCE_DIR,
+      const std::string& binary_dir = PDSERVE_BINARY_DIR) {
+    std::unique_ptr<LocalCluster> c(new LocalCluster(source_dir));
+    const std::string cmd = absl::StrCat(
+        source_dir, "/deploy/local/cluster.sh up --dir '", c->dir_.string(), "' --bin '",
+        binary_dir, "' --prefill ", spec.prefill, " --decode ", spec.decode, " --model '",
+        spec.model, "' --prefill-args '", spec.prefill_args, "' --decode-args '",
+        spec.decode_args, "' --router-args '", spec.router_args, "'");
+    if (std::system(cmd.c_str()) != 0) {
+      return absl::UnavailableError(absl::StrCat("cluster did not start: ", cmd,
+                                                 "\nrouter log:\n", c->Log("router")));
+    }
+    c->router_ = pdserve::v1::Generation::NewStub(
+        grpc::CreateChannel(c->Address("router"), grpc::InsecureChannelCredentials()));
+    return c;
+  }
+
+  ~LocalCluster() {
+    const std::string cmd =
+        absl::StrCat(source_dir_, "/deploy/local/cluster.sh down --dir '", dir_.string(), "'");
+    (void)std::system(cmd.c_str());
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  pdserve::v1::Generation::Stub& router() { return *router_; }
+
+  std::string Address(const std::string& name) const {
+    return absl::StrCat("127.0.0.1:", Read(name + ".port"));
+  }
+  pid_t Pid(const std::string& name) const { return std::stoi(Read(name + ".pid")); }
+  std::string Log(const std::string& name) const { return Read(name + ".log"); }
+
+  // kill -9: the process vanishes without a word to its peers.
+  bool Kill(const std::string& name) { return ::kill(Pid(name), SIGKILL) == 0; }
+
+  std::unique_ptr<pdserve::internal::v1::DecodeWorker::Stub> DecodeStub(const std::string& name) {
+    return pdserve::internal::v1::DecodeWorker::NewStub(
+        grpc::CreateChannel(Address(name), grpc::InsecureChannelCredentials()));
+  }
+  std::unique_ptr<pdserve::internal::v1::PrefillWorker::Stub> PrefillStub(const std::string& name) {
+    return pdserve::internal::v1::PrefillWorker::NewStub(
+        grpc::CreateChannel(Address(name), grpc::InsecureChannelCredentials()));
+  }
+
+ private:
+  std::string Read(const std::string& file) const {
+    std::ifstream in(dir_ / file);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  explicit LocalCluster(std::string source_dir) : source_dir_(std::move(source_dir)) {
+    dir_ = std::filesystem::temp_directory_path() /
+           absl::StrCat("pdserve-cluster-", ::getpid(), "-", counter_++);
+    std::filesystem::create_directories(dir_);
+  }
+
+  static inline int counter_ = 0;
+  const std::string source_dir_;
+  std::filesystem::path dir_;
+  std::unique_ptr<pdserve::v1::Generation::Stub> router_;
+};
+
+}  // namespace pdserve::testing_util
+
+#endif  // PDSERVE_TESTS_CLUSTER_LOCAL_CLUSTER_H_

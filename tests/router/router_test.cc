@@ -1,0 +1,628 @@
+// pd-router end to end against in-process fake workers (fake_workers.h):
+// the request flow (reserve, prefill, decode), local prefill, stop strings,
+// retries around failing prefill and decode workers, cancellation and
+// deadlines reaching the workers, admission limits, and a cluster whose
+// decode worker is down. The multi-process tests with real workers are in
+// tests/cluster.
+#include "router/router.h"
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/pdctl_commands.h"
+#include "client/pdserve_client.h"
+#include "gtest/gtest.h"
+#include "tests/router/fake_workers.h"
+
+namespace pdserve {
+namespace {
+
+using testing_util::FakeDecodeWorker;
+using testing_util::FakePrefillWorker;
+
+struct Result {
+  absl::Status status;
+  std::vector<int32_t> tokens;
+  std::string text;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage;
+  int messages = 0;
+  std::vector<v1::GenerateResponse> all;
+};
+
+// Waits up to 5 s for `done`.
+bool Eventually(const std::function<bool()>& done) {
+  for (int i = 0; i < 500; ++i) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done();
+}
+
+class Cluster {
+ public:
+  Cluster(int prefill, int decode,
+          const std::function<void(RouterOptions&)>& tweak = nullptr) {
+    RouterOptions options;
+    options.cluster.set_model("builtin:tiny");
+    for (int i = 0; i < prefill; ++i) {
+      prefill_.push_back(std::make_unique<FakePrefillWorker>());
+      auto* w = options.cluster.add_prefill_workers();
+      w->set_id(absl::StrCat("prefill-", i));
+      w->set_address(prefill_.back()->address());
+    }
+    for (int i = 0; i < decode; ++i) {
+      decode_.push_back(std::make_unique<FakeDecodeWorker>());
+      auto* w = options.cluster.add_decode_workers();
+      w->set_id(absl::StrCat("decode-", i));
+      w->set_address(decode_.back()->address());
+    }
+    options.poll_interval = absl::Milliseconds(20);
+    if (tweak) tweak(options);
+    auto router = Router::Start(options);
+    EXPECT_TRUE(router.ok()) << router.status();
+    router_ = *std::move(router);
+    address_ = absl::StrCat("127.0.0.1:", router_->port());
+    client_ = *GenerationClient::Create(address_);
+    EXPECT_TRUE(WaitHealthy(prefill, decode));
+  }
+
+  bool WaitHealthy(int prefill, int decode) {
+    return Eventually([&] {
+      auto h = client_->Health();
+      return h.ok() && h->prefill_workers() == static_cast<uint32_t>(prefill) &&
+             h->decode_workers() == static_cast<uint32_t>(decode);
+    });
+  }
+
+  FakePrefillWorker& prefill(int i) { return *prefill_[i]; }
+  FakeDecodeWorker& decode(int i) { return *decode_[i]; }
+  Router& router() { return *router_; }
+  GenerationClient& client() { return *client_; }
+  const std::string& address() const { return address_; }
+
+  Result Generate(
+      const v1::GenerateRequest& request,
+      const std::function<bool(const v1::GenerateResponse&)>& on = nullptr,
+      GenerationClient* client = nullptr) {
+    Result out;
+    out.status =
+        (client ? client : client_.get())
+            ->Generate(request, [&](const v1::GenerateResponse& r) {
+              ++out.messages;
+              out.all.push_back(r);
+              out.tokens.insert(out.tokens.end(), r.token_ids().begin(),
+                                r.token_ids().end());
+              out.text += r.text();
+              if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+                out.finish = r.finish_reason();
+                out.usage = r.usage();
+              }
+              return on ? on(r) : true;
+            });
+    return out;
+  }
+
+ private:
+  std::vector<std::unique_ptr<FakePrefillWorker>> prefill_;
+  std::vector<std::unique_ptr<FakeDecodeWorker>> decode_;
+  std::unique_ptr<Router> router_;
+  std::string address_;
+  std::unique_ptr<GenerationClient> client_;
+};
+
+v1::GenerateRequest Text(const std::string& text, uint32_t max_tokens = 64) {
+  v1::GenerateRequest r;
+  r.set_text(text);
+  r.set_max_tokens(max_tokens);
+  return r;
+}
+
+std::vector<int32_t> Bytes(const std::string& s) {
+  return std::vector<int32_t>(
+      reinterpret_cast<const uint8_t*>(s.data()),
+      reinterpret_cast<const uint8_t*>(s.data()) + s.size());
+}
+
+TEST(RouterTest, DisaggregatedRequestReservesPrefillsAndDecodes) {
+  Cluster c(1, 1);
+  const Result r = c.Generate(Text("Say hi"));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.text, "Hello, world!");
+  std::vector<int32_t> want = Bytes("Hello, world!");
+  want.push_back(257);
+  EXPECT_EQ(r.tokens, want);
+  EXPECT_EQ(r.finish, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(r.usage.prompt_tokens(), 7u);  // BOS + "Say hi".
+  EXPECT_EQ(r.usage.completion_tokens(), 14u);
+  // The first message is the prefill worker's token, sent before decoding.
+  ASSERT_GE(r.messages, 2);
+  EXPECT_EQ(r.all[0].token_ids_size(), 1);
+  EXPECT_FALSE(r.all[0].request_id().empty());
+  for (const auto& m : r.all) EXPECT_EQ(m.request_id(), r.all[0].request_id());
+  EXPECT_EQ(c.decode(0).reserves, 1);
+  EXPECT_EQ(c.prefill(0).prefills_ok, 1);
+  EXPECT_EQ(c.decode(0).decodes_local, 0);
+  EXPECT_EQ(c.decode(0).reservations(), 0);
+}
+
+TEST(RouterTest, CallerRequestIdIsEchoed) {
+  Cluster c(1, 1);
+  v1::GenerateRequest req = Text("x", 3);
+  req.set_request_id("my-id-1");
+  const Result r = c.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  for (const auto& m : r.all) EXPECT_EQ(m.request_id(), "my-id-1");
+  EXPECT_EQ(r.finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(r.text, "Hel");
+}
+
+TEST(RouterTest, WithoutPrefillWorkersTheDecodeWorkerPrefills) {
+  Cluster c(0, 1);
+  const Result r = c.Generate(Text("Say hi"));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.text, "Hello, world!");
+  EXPECT_EQ(c.decode(0).reserves, 0);
+  EXPECT_EQ(c.decode(0).decodes_local, 1);
+}
+
+TEST(RouterTest, ShortPromptsArePrefilledOnTheDecodeWorker) {
+  Cluster c(1, 1, [](RouterOptions& o) { o.short_prompt_tokens = 8; });
+  ASSERT_TRUE(c.Generate(Text("1234567")).status.ok());  // 8 tokens with BOS.
+  EXPECT_EQ(c.prefill(0).prefills, 0);
+  EXPECT_EQ(c.decode(0).decodes_local, 1);
+  const Result r = c.Generate(Text("12345678"));
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.text, "Hello, world!");
+  EXPECT_EQ(c.prefill(0).prefills, 1);
+}
+
+TEST(RouterTest, FirstTokenThatFinishesReleasesTheReservation) {
+  Cluster c(1, 1);
+  const Result r = c.Generate(Text("x", 1));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.text, "H");
+  EXPECT_EQ(r.finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(r.usage.completion_tokens(), 1u);
+  EXPECT_EQ(c.decode(0).decodes, 0);
+  EXPECT_EQ(c.decode(0).releases, 1);
+  EXPECT_EQ(c.decode(0).reservations(), 0);
+}
+
+TEST(RouterTest, StopStringCutsTheTextAndCancelsTheDecodeStream) {
+  Cluster c(1, 1);
+  FakeDecodeWorker::Behavior b;
+  b.script = "abc STOP def";
+  b.token_delay = absl::Milliseconds(5);
+  c.decode(0).set_behavior(b);
+  FakePrefillWorker::Behavior pb;
+  pb.script = b.script;
+  c.prefill(0).set_behavior(pb);
+  v1::GenerateRequest req = Text("x", 1000);
+  req.set_ignore_eos(true);  // The fake would go on forever.
+  req.add_stop("never");
+  req.add_stop("STOP");
+  const Result r = c.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.text, "abc ");
+  EXPECT_EQ(r.finish, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(r.usage.completion_tokens(), 8u);  // Through the 'P'.
+  EXPECT_EQ(r.tokens, Bytes("abc STOP"));
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).decodes_cancelled == 1; }));
+}
+
+TEST(RouterTest, MultiByteStopStringSplitAcrossTokens) {
+  Cluster c(0, 1);
+  FakeDecodeWorker::Behavior b;
+  b.script = "héllo wörld";
+  c.decode(0).set_behavior(b);
+  v1::GenerateRequest req = Text("x");
+  req.add_stop("wö");
+  const Result r = c.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.text, "héllo ");
+  EXPECT_EQ(r.finish, v1::FINISH_REASON_STOP);
+}
+
+TEST(RouterTest, LogprobsArePassedThrough) {
+  Cluster c(1, 1);
+  v1::GenerateRequest req = Text("x", 3);
+  req.set_logprobs(2);
+  const Result r = c.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  std::vector<v1::TokenLogprobs> lps;
+  for (const auto& m : r.all) {
+    ASSERT_EQ(m.logprobs_size(), m.token_ids_size());
+    lps.insert(lps.end(), m.logprobs().begin(), m.logprobs().end());
+  }
+  ASSERT_EQ(lps.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(lps[i].token_id(), r.tokens[i]);
+    EXPECT_FLOAT_EQ(lps[i].logprob(), -0.5f * (i + 1));
+    ASSERT_EQ(lps[i].top_size(), 2);
+    EXPECT_EQ(lps[i].top(1).token_id(), 1);
+  }
+}
+
+TEST(RouterTest, FailedPrefillIsRetriedOnAnotherPrefillWorker) {
+  Cluster c(2, 1);
+  FakePrefillWorker::Behavior broken;
+  broken.fail_code = grpc::StatusCode::INTERNAL;
+  c.prefill(0).set_behavior(broken);
+  for (int i = 0; i < 4; ++i) {
+    const Result r = c.Generate(Text("x"));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.text, "Hello, world!");
+  }
+  EXPECT_EQ(c.prefill(1).prefills_ok, 4);
+  EXPECT_EQ(c.prefill(0).prefills_ok, 0);
+  EXPECT_EQ(c.decode(0).reservations(), 0);
+  // One reservation per request: retries reuse it.
+  EXPECT_EQ(c.decode(0).reserves, 4);
+}
+
+TEST(RouterTest, WhenEveryPrefillFailsTheReservationIsReleased) {
+  Cluster c(2, 1, [](RouterOptions& o) { o.prefill_retries = 5; });
+  FakePrefillWorker::Behavior broken;
+  broken.fail_code = grpc::StatusCode::DEADLINE_EXCEEDED;
+  c.prefill(0).set_behavior(broken);
+  c.prefill(1).set_behavior(broken);
+  const Result r = c.Generate(Text("x"));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
+  EXPECT_NE(r.status.message().find("prefill"), std::string::npos) << r.status;
+  EXPECT_EQ(r.messages, 0);
+  // Each worker tried once, however many retries are allowed.
+  EXPECT_EQ(c.prefill(0).prefills + c.prefill(1).prefills, 2);
+  EXPECT_EQ(c.decode(0).releases, 1);
+  EXPECT_EQ(c.decode(0).reservations(), 0);
+}
+
+TEST(RouterTest, WorkerRefusingACheckedRequestIsInternalNotTheClientsFault) {
+  Cluster c(2, 1);
+  FakePrefillWorker::Behavior refusing;
+  refusing.fail_code = grpc::StatusCode::INVALID_ARGUMENT;
+  c.prefill(0).set_behavior(refusing);
+  c.prefill(1).set_behavior(refusing);
+  const Result r = c.Generate(Text("x"));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInternal) << r.status;
+  EXPECT_EQ(c.prefill(0).prefills + c.prefill(1).prefills, 1);  // No retry.
+  EXPECT_EQ(c.decode(0).reservations(), 0);
+}
+
+TEST(RouterTest, DecodeWorkerLostMidStreamEndsWithUnavailableKeepingTokens) {
+  Cluster c(1, 1);
+  FakeDecodeWorker::Behavior b;
+  b.fail_decode_after = 4;
+  c.decode(0).set_behavior(b);
+  const Result r = c.Generate(Text("x"));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
+  // The prefill worker's token and four from the decode worker.
+  EXPECT_EQ(r.tokens, Bytes("Hello"));
+  EXPECT_EQ(r.text, "Hello");
+  EXPECT_EQ(r.finish, v1::FINISH_REASON_UNSPECIFIED);
+}
+
+TEST(RouterTest, DecodeWorkerFailingBeforeAnyTokenIsRetriedOnAnother) {
+  Cluster c(0, 2);
+  FakeDecodeWorker::Behavior broken;
+  broken.fail_decode_after = 0;
+  broken.free_blocks = 2000;  // Chosen first.
+  c.decode(0).set_behavior(broken);
+  ASSERT_TRUE(Eventually([&] {
+    // Wait for the report with the new free count.
+    return c.Generate(Text("x", 2)).status.ok() && c.decode(0).decodes > 0;
+  }));
+  const int before = c.decode(1).decodes_done;
+  const Result r = c.Generate(Text("x"));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.text, "Hello, world!");
+  EXPECT_EQ(c.decode(1).decodes_done, before + 1);
+}
+
+TEST(RouterTest, LeastLoadedDecodeWorkerIsChosen) {
+  Cluster c(1, 2);
+  FakeDecodeWorker::Behavior roomy;
+  roomy.free_blocks = 5000;
+  c.decode(1).set_behavior(roomy);
+  absl::SleepFor(absl::Milliseconds(100));  // A few polls.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(c.Generate(Text("x", 2)).status.ok());
+  EXPECT_EQ(c.decode(1).reserves, 3);
+  EXPECT_EQ(c.decode(0).reserves, 0);
+}
+
+TEST(RouterTest, LeastLoadedPrefillWorkerIsChosen) {
+  Cluster c(2, 1);
+  FakePrefillWorker::Behavior busy;
+  busy.pending_prompt_tokens = 100000;
+  c.prefill(0).set_behavior(busy);
+  absl::SleepFor(absl::Milliseconds(100));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(c.Generate(Text("x", 2)).status.ok());
+  EXPECT_EQ(c.prefill(1).prefills, 3);
+  EXPECT_EQ(c.prefill(0).prefills, 0);
+}
+
+TEST(RouterTest, FullDecodeWorkersMeanResourceExhaustedOrAnotherWorker) {
+  Cluster c(1, 2);
+  FakeDecodeWorker::Behavior full;
+  full.reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  c.decode(0).set_behavior(full);
+  for (int i = 0; i < 3; ++i) {
+    const Result r = c.Generate(Text("x"));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+  }
+  EXPECT_EQ(c.decode(1).decodes_done, 3);
+  c.decode(1).set_behavior(full);
+  const Result r = c.Generate(Text("x"));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kResourceExhausted) << r.status;
+  EXPECT_EQ(r.messages, 0);
+}
+
+TEST(RouterTest, ClientCancelCancelsTheDecodeStream) {
+  Cluster c(1, 1);
+  FakeDecodeWorker::Behavior slow;
+  slow.token_delay = absl::Milliseconds(20);
+  c.decode(0).set_behavior(slow);
+  v1::GenerateRequest req = Text("x", 1000);
+  req.set_ignore_eos(true);
+  int seen = 0;
+  const Result r =
+      c.Generate(req, [&](const v1::GenerateResponse&) { return ++seen < 3; });
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).decodes_cancelled == 1; }));
+  EXPECT_EQ(c.decode(0).reservations(), 0);
+  EXPECT_TRUE(Eventually([&] { return c.router().running_requests() == 0; }));
+}
+
+TEST(RouterTest, ClientDeadlineDuringPrefillReleasesTheReservation) {
+  Cluster c(1, 1);
+  FakePrefillWorker::Behavior slow;
+  slow.delay = absl::Seconds(3);
+  c.prefill(0).set_behavior(slow);
+  std::unique_ptr<GenerationClient> hasty = *GenerationClient::Create(
+      c.address(), {.generate_timeout = absl::Milliseconds(200)});
+  const absl::Time start = absl::Now();
+  const Result r = c.Generate(Text("x"), nullptr, hasty.get());
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).releases == 1; }));
+  EXPECT_EQ(c.decode(0).reservations(), 0);
+  EXPECT_EQ(c.decode(0).decodes, 0);
+}
+
+TEST(RouterTest, DeadlineReachesTheDecodeWorker) {
+  Cluster c(1, 1);
+  FakeDecodeWorker::Behavior slow;
+  slow.token_delay = absl::Milliseconds(20);
+  c.decode(0).set_behavior(slow);
+  std::unique_ptr<GenerationClient> hasty = *GenerationClient::Create(
+      c.address(), {.generate_timeout = absl::Milliseconds(300)});
+  v1::GenerateRequest req = Text("x", 1000);
+  req.set_ignore_eos(true);
+  const Result r = c.Generate(req, nullptr, hasty.get());
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
+  EXPECT_GT(r.tokens.size(), 2u);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).decodes_cancelled == 1; }));
+}
+
+TEST(RouterTest, AdmissionQueueFullIsResourceExhausted) {
+  Cluster c(0, 1, [](RouterOptions& o) {
+    o.max_inflight = 1;
+    o.max_queued = 1;
+  });
+  FakeDecodeWorker::Behavior slow;
+  slow.token_delay = absl::Milliseconds(10);
+  c.decode(0).set_behavior(slow);
+  v1::GenerateRequest long_req = Text("x", 1000);
+  long_req.set_ignore_eos(true);
+  std::atomic<bool> stop = false;
+  auto keep_going = [&](const v1::GenerateResponse&) { return !stop.load(); };
+  Result first, second;
+  std::thread t1([&] { first = c.Generate(long_req, keep_going); });
+  ASSERT_TRUE(Eventually([&] { return c.router().running_requests() == 1; }));
+  std::thread t2([&] { second = c.Generate(long_req, keep_going); });
+  ASSERT_TRUE(Eventually([&] { return c.router().queued_requests() == 1; }));
+
+  const absl::Time start = absl::Now();
+  const Result third = c.Generate(Text("x"));
+  EXPECT_EQ(third.status.code(), absl::StatusCode::kResourceExhausted)
+      << third.status;
+  EXPECT_EQ(third.messages, 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+
+  // Both end when their client cancels; the router is idle again.
+  stop = true;
+  t1.join();
+  t2.join();
+  EXPECT_EQ(first.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(Eventually([&] {
+    return c.router().running_requests() == 0 &&
+           c.router().queued_requests() == 0;
+  }));
+  c.decode(0).set_behavior({});
+  EXPECT_TRUE(c.Generate(Text("x")).status.ok());
+}
+
+TEST(RouterTest, QueuedRequestCancelledByItsClientLeavesTheQueue) {
+  Cluster c(0, 1, [](RouterOptions& o) {
+    o.max_inflight = 1;
+    o.max_queued = 1;
+  });
+  FakeDecodeWorker::Behavior slow;
+  slow.token_delay = absl::Milliseconds(10);
+  c.decode(0).set_behavior(slow);
+  v1::GenerateRequest long_req = Text("x", 1000);
+  long_req.set_ignore_eos(true);
+  std::atomic<bool> stop = false;
+  Result first;
+  std::thread t1([&] {
+    first = c.Generate(
+        long_req, [&](const v1::GenerateResponse&) { return !stop.load(); });
+  });
+  ASSERT_TRUE(Eventually([&] { return c.router().running_requests() == 1; }));
+  std::unique_ptr<GenerationClient> hasty = *GenerationClient::Create(
+      c.address(), {.generate_timeout = absl::Milliseconds(200)});
+  const Result queued = c.Generate(Text("x"), nullptr, hasty.get());
+  EXPECT_EQ(queued.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Eventually([&] { return c.router().queued_requests() == 0; }));
+  EXPECT_EQ(c.router().running_requests(), 1);
+  stop = true;
+  t1.join();
+}
+
+TEST(RouterTest, BadRequestsAreInvalidArgumentWithoutMessages) {
+  Cluster c(1, 1);
+  v1::GenerateRequest none;
+  v1::GenerateRequest bad_utf8 = Text(std::string("\xff", 1));
+  v1::GenerateRequest model = Text("x");
+  model.set_model("other");
+  for (const v1::GenerateRequest& req : {none, bad_utf8, model}) {
+    const Result r = c.Generate(req);
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+    EXPECT_FALSE(r.status.message().empty());
+    EXPECT_EQ(r.messages, 0);
+  }
+  EXPECT_EQ(c.decode(0).reserves, 0);
+}
+
+TEST(RouterTest, TokenizeListModelsAndHealth) {
+  Cluster c(1, 2);
+  v1::TokenizeRequest t;
+  t.set_text("hi");
+  auto ids = c.client().Tokenize(t);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(
+      std::vector<int32_t>(ids->token_ids().begin(), ids->token_ids().end()),
+      (std::vector<int32_t>{256, 'h', 'i'}));
+  t.set_add_special_tokens(false);
+  EXPECT_EQ(c.client().Tokenize(t)->token_ids_size(), 2);
+  t.set_model("nope");
+  EXPECT_EQ(c.client().Tokenize(t).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto models = c.client().ListModels();
+  ASSERT_TRUE(models.ok());
+  ASSERT_EQ(models->models_size(), 1);
+  EXPECT_EQ(models->models(0).name(), "builtin:tiny");
+  EXPECT_EQ(models->models(0).context_length(), 4096u);
+  EXPECT_EQ(models->models(0).vocab_size(), 258u);
+
+  auto health = c.client().Health();
+  ASSERT_TRUE(health.ok());
+  EXPECT_TRUE(health->serving());
+  EXPECT_EQ(health->prefill_workers(), 1u);
+  EXPECT_EQ(health->decode_workers(), 2u);
+}
+
+TEST(RouterTest, StoppedWorkersLeaveHealth) {
+  Cluster c(1, 2);
+  c.decode(1).Stop();
+  EXPECT_TRUE(c.WaitHealthy(1, 1));
+  c.prefill(0).Stop();
+  EXPECT_TRUE(c.WaitHealthy(0, 1));
+  // Without prefill workers the remaining decode worker prefills itself.
+  const Result r = c.Generate(Text("x"));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(c.decode(0).decodes_local, 1);
+}
+
+TEST(RouterTest, WorkerWithTheWrongRoleIsNotUsed) {
+  FakePrefillWorker prefill;
+  RouterOptions options;
+  options.cluster.set_model("builtin:tiny");
+  auto* w = options.cluster.add_decode_workers();
+  w->set_id("decode-0");
+  w->set_address(prefill.address());  // Configured as decode: it is not one.
+  options.poll_interval = absl::Milliseconds(20);
+  auto router = Router::Start(options);
+  ASSERT_TRUE(router.ok());
+  auto client =
+      *GenerationClient::Create(absl::StrCat("127.0.0.1:", (*router)->port()));
+  absl::SleepFor(absl::Milliseconds(200));
+  auto health = client->Health();
+  ASSERT_TRUE(health.ok());
+  EXPECT_FALSE(health->serving());
+}
+
+TEST(RouterTest, DeadDecodeWorkerMeansNotServingAndQuickUnavailable) {
+  // A port nobody listens on: bind one and close it.
+  std::string dead;
+  {
+    FakeDecodeWorker gone;
+    dead = gone.address();
+  }
+  RouterOptions options;
+  options.cluster.set_model("builtin:tiny");
+  auto* w = options.cluster.add_decode_workers();
+  w->set_id("decode-0");
+  w->set_address(dead);
+  options.poll_interval = absl::Milliseconds(20);
+  auto router = Router::Start(options);
+  ASSERT_TRUE(router.ok()) << router.status();
+  auto client =
+      *GenerationClient::Create(absl::StrCat("127.0.0.1:", (*router)->port()));
+  absl::SleepFor(absl::Milliseconds(100));
+  auto health = client->Health();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_FALSE(health->serving());
+  EXPECT_EQ(health->decode_workers(), 0u);
+
+  const absl::Time start = absl::Now();
+  absl::Status s = client->Generate(
+      Text("x"), [](const v1::GenerateResponse&) { return true; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("decode"), std::string::npos) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST(RouterTest, RouterStartFailsOnBadConfigOrAddress) {
+  RouterOptions options;
+  EXPECT_EQ(Router::Start(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.cluster.set_model("builtin:tiny");
+  auto* w = options.cluster.add_decode_workers();
+  w->set_id("d");
+  w->set_address("127.0.0.1:1");
+  options.max_inflight = 0;
+  EXPECT_EQ(Router::Start(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.max_inflight = 1;
+  options.listen = "256.0.0.1:99999";
+  EXPECT_FALSE(Router::Start(options).ok());
+}
+
+TEST(PdctlTest, RemoteCommandsPrintWhatScriptsExpect) {
+  Cluster c(1, 1);
+  std::ostringstream out, err;
+  ASSERT_TRUE(ServerStatus(c.address(), out).ok());
+  EXPECT_EQ(out.str(),
+            "serving: true prefill_workers: 1 decode_workers: 1\n"
+            "model: builtin:tiny context_length: 4096 vocab_size: 258\n");
+
+  out.str("");
+  v1::GenerateRequest req = Text("Q: ");
+  ASSERT_TRUE(GenerateRemote(c.address(), req, out, err).ok());
+  EXPECT_EQ(out.str(), "Q: Hello, world!\n");
+  EXPECT_EQ(err.str(),
+            "[finish: stop, prompt_tokens: 4, completion_tokens: 14]\n");
+
+  out.str("");
+  ASSERT_TRUE(TokenizeRemote(c.address(), "ab", false, out).ok());
+  EXPECT_EQ(out.str(), "97\n98\n");
+
+  out.str("");
+  req.set_max_tokens(0);
+  EXPECT_EQ(GenerateRemote(c.address(), req, out, err).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ServerStatus("127.0.0.1:1", out).code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace pdserve

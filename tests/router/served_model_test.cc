@@ -1,0 +1,173 @@
+// Request validation: every bad request the public API lists is
+// INVALID_ARGUMENT with a message naming the problem; good requests come out
+// tokenized with their defaults.
+#include "router/served_model.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/builtin_tiny.h"
+#include "gtest/gtest.h"
+
+namespace pdserve {
+namespace {
+
+std::shared_ptr<const ServedModel> Tiny() {
+  static auto* model = new std::shared_ptr<const ServedModel>(
+      ServedModel::FromModel("tiny", *MakeTinyModel()));
+  return *model;
+}
+
+v1::GenerateRequest Base() {
+  v1::GenerateRequest r;
+  r.set_text("hello");
+  r.set_max_tokens(4);
+  return r;
+}
+
+TEST(ServedModelTest, LoadsFromClusterConfig) {
+  internal::v1::ClusterConfig config;
+  config.set_model("builtin:tiny");
+  auto model = ServedModel::Load(config);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->name(), "builtin:tiny");
+  EXPECT_EQ((*model)->context_length(), 4096);
+  EXPECT_EQ((*model)->vocab_size(), 258);
+  config.set_served_model_name("my-model");
+  EXPECT_EQ((*ServedModel::Load(config))->name(), "my-model");
+  config.set_model("/no/such/model/dir");
+  EXPECT_FALSE(ServedModel::Load(config).ok());
+}
+
+TEST(ValidateGenerateRequestTest, TextIsTokenizedWithBosAndDefaults) {
+  v1::GenerateRequest r;
+  r.set_text("hi");
+  auto v = ValidateGenerateRequest(r, *Tiny());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->engine.prompt, (std::vector<int32_t>{256, 'h', 'i'}));
+  EXPECT_EQ(v->engine.sampling.max_tokens, 16);
+  EXPECT_EQ(v->engine.sampling.temperature, 1.0f);
+  EXPECT_EQ(v->engine.sampling.top_p, 1.0f);
+  EXPECT_FALSE(v->engine.sampling.seed.has_value());
+  EXPECT_TRUE(v->skip_special_tokens);
+
+  r.set_add_special_tokens(false);
+  r.set_model("tiny");
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_sampling()->set_seed(7);
+  r.add_stop("\n");
+  r.set_skip_special_tokens(false);
+  v = ValidateGenerateRequest(r, *Tiny());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->engine.prompt, (std::vector<int32_t>{'h', 'i'}));
+  EXPECT_EQ(v->engine.sampling.temperature, 0.0f);
+  EXPECT_EQ(v->engine.sampling.seed, 7u);
+  EXPECT_EQ(v->stop_strings, std::vector<std::string>{"\n"});
+  EXPECT_FALSE(v->skip_special_tokens);
+}
+
+TEST(ValidateGenerateRequestTest, TokenIdsAreUsedAsGiven) {
+  v1::GenerateRequest r;
+  for (int id : {1, 2, 257}) r.mutable_token_ids()->add_ids(id);
+  auto v = ValidateGenerateRequest(r, *Tiny());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->engine.prompt, (std::vector<int32_t>{1, 2, 257}));
+}
+
+TEST(ValidateGenerateRequestTest, ContextLimitIsExact) {
+  v1::GenerateRequest r;
+  for (int i = 0; i < 4000; ++i) r.mutable_token_ids()->add_ids(65);
+  r.set_max_tokens(96);
+  EXPECT_TRUE(ValidateGenerateRequest(r, *Tiny()).ok());
+  r.set_max_tokens(97);
+  EXPECT_FALSE(ValidateGenerateRequest(r, *Tiny()).ok());
+}
+
+struct BadCase {
+  std::string name;
+  std::function<void(v1::GenerateRequest&)> edit;
+  std::string message_part;
+};
+
+TEST(ValidateGenerateRequestTest, EveryBadInputIsInvalidArgumentWithAMessage) {
+  const std::vector<BadCase> cases = {
+      {"no prompt", [](auto& r) { r.clear_text(); }, "no prompt"},
+      {"empty text",
+       [](auto& r) {
+         r.set_text("");
+         r.set_add_special_tokens(false);
+       },
+       "empty"},
+      {"empty ids", [](auto& r) { r.mutable_token_ids(); }, "empty"},
+      {"invalid UTF-8",
+       [](auto& r) { r.set_text(std::string("ab\xff\xfe", 4)); }, "UTF-8"},
+      {"truncated UTF-8", [](auto& r) { r.set_text("caf\xC3"); }, "UTF-8"},
+      {"id too large", [](auto& r) { r.mutable_token_ids()->add_ids(258); },
+       "token_ids[0] = 258"},
+      {"negative id",
+       [](auto& r) {
+         r.mutable_token_ids()->add_ids(5);
+         r.mutable_token_ids()->add_ids(-1);
+       },
+       "token_ids[1] = -1"},
+      {"unknown model", [](auto& r) { r.set_model("gpt-17"); },
+       "unknown model 'gpt-17'"},
+      {"max_tokens 0", [](auto& r) { r.set_max_tokens(0); }, "max_tokens"},
+      {"max_tokens huge", [](auto& r) { r.set_max_tokens(4000000000u); },
+       "context"},
+      {"prompt too long", [](auto& r) { r.set_text(std::string(5000, 'a')); },
+       "context of 4096"},
+      {"temperature < 0",
+       [](auto& r) { r.mutable_sampling()->set_temperature(-1); },
+       "temperature"},
+      {"temperature NaN",
+       [](auto& r) { r.mutable_sampling()->set_temperature(NAN); },
+       "temperature"},
+      {"top_p 0", [](auto& r) { r.mutable_sampling()->set_top_p(0); }, "top_p"},
+      {"top_p > 1", [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); },
+       "top_p"},
+      {"top_k < 0", [](auto& r) { r.mutable_sampling()->set_top_k(-3); },
+       "top_k"},
+      {"min_p > 1", [](auto& r) { r.mutable_sampling()->set_min_p(2); },
+       "min_p"},
+      {"logprobs 21", [](auto& r) { r.set_logprobs(21); }, "logprobs"},
+      {"stop id outside vocab", [](auto& r) { r.add_stop_token_ids(99999); },
+       "stop_token_ids"},
+      {"17 stop strings",
+       [](auto& r) {
+         for (int i = 0; i < 17; ++i) r.add_stop("s");
+       },
+       "at most 16"},
+      {"empty stop string",
+       [](auto& r) {
+         r.add_stop("ok");
+         r.add_stop("");
+       },
+       "stop[1] is empty"},
+      {"long stop string", [](auto& r) { r.add_stop(std::string(257, 'x')); },
+       "257 bytes"},
+      {"stop not UTF-8", [](auto& r) { r.add_stop("\xC3"); },
+       "stop[0] is not valid UTF-8"},
+  };
+  for (const BadCase& c : cases) {
+    v1::GenerateRequest r = Base();
+    c.edit(r);
+    auto v = ValidateGenerateRequest(r, *Tiny());
+    ASSERT_FALSE(v.ok()) << c.name;
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_NE(v.status().message().find(c.message_part), std::string::npos)
+        << c.name << ": '" << v.status().message() << "' lacks '"
+        << c.message_part << "'";
+  }
+}
+
+TEST(ValidateGenerateRequestTest, LimitsThemselvesAreAccepted) {
+  v1::GenerateRequest r = Base();
+  for (int i = 0; i < 16; ++i) r.add_stop(std::string(256, 'a' + i));
+  r.set_logprobs(20);
+  EXPECT_TRUE(ValidateGenerateRequest(r, *Tiny()).ok());
+}
+
+}  // namespace
+}  // namespace pdserve
