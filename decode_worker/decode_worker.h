@@ -64,8 +64,11 @@ struct DecodeWorkerOptions {
   // Address that transport listens on. Default: "127.0.0.1:0".
   std::string kv_listen_address = "127.0.0.1:0";
   // A reservation no Decode has taken by then is freed; a Decode waiting
-  // for KvComplete past it fails with DEADLINE_EXCEEDED. Default: 10 s.
-  absl::Duration reservation_timeout = absl::Seconds(10);
+  // for KvComplete past it fails with DEADLINE_EXCEEDED. The router
+  // releases reservations it gives up on, so this only catches a router
+  // that vanished; it must outlast the longest wait in a prefill queue.
+  // Default: 60 s.
+  absl::Duration reservation_timeout = absl::Seconds(60);
 };
 
 class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {

@@ -26,8 +26,9 @@ ABSL_FLAG(int32_t, max_batch_tokens, 512, "Token budget of one engine step");
 ABSL_FLAG(int32_t, max_running, 64, "Most sequences in the running batch");
 ABSL_FLAG(std::string, kv_transport, "tcp", "kv_transfer transport KV arrives on");
 ABSL_FLAG(std::string, kv_listen, "127.0.0.1:0", "Address the KV transport listens on");
-ABSL_FLAG(int64_t, reservation_timeout_ms, 10000,
-          "A KV reservation no Decode call takes within this is freed");
+ABSL_FLAG(int64_t, reservation_timeout_ms, 60000,
+          "A KV reservation no Decode call takes within this is freed (a safety net for a "
+          "router that vanished; the router releases the ones it gives up on)");
 
 int main(int argc, char** argv) {
   pdserve::BlockTerminationSignals();
