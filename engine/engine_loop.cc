@@ -87,8 +87,8 @@ void EngineLoop::Run() {
     }
     for (Command& command : commands) command(*generator_);
     commands.clear();
-    if (tick_ && absl::Now() >= next_tick) {
-      tick_(*generator_);
+    if (absl::Now() >= next_tick) {
+      if (tick_) tick_(*generator_);
       next_tick = absl::Now() + options_.tick_period;
     }
     if (generator_->HasWork()) {

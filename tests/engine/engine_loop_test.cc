@@ -1,0 +1,94 @@
+// EngineLoop: commands run on its thread in order, events reach their
+// request's sink, an idle loop sleeps (it must not steal a core from the
+// compute threads of a worker beside it), and destruction cancels what is
+// still subscribed.
+#include "engine/engine_loop.h"
+
+#include <sys/resource.h>
+
+#include <atomic>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "engine/builtin_tiny.h"
+#include "gtest/gtest.h"
+
+namespace pdserve {
+namespace {
+
+std::unique_ptr<EngineLoop> MakeLoop(absl::AnyInvocable<void(Generator&)> tick = nullptr) {
+  auto model = MakeTinyModel();
+  EXPECT_TRUE(model.ok());
+  auto runner = CreateModelRunner(*model, {.num_kv_blocks = 64, .num_threads = 1});
+  EXPECT_TRUE(runner.ok());
+  auto loop = EngineLoop::Create(*std::move(runner), {}, std::move(tick));
+  EXPECT_TRUE(loop.ok());
+  return *std::move(loop);
+}
+
+absl::Duration ProcessCpuTime() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return absl::DurationFromTimeval(u.ru_utime) + absl::DurationFromTimeval(u.ru_stime);
+}
+
+TEST(EngineLoopTest, EventsReachTheirSinkAndLoadComesBackToIdle) {
+  std::unique_ptr<EngineLoop> loop = MakeLoop();
+  const int32_t idle = loop->load().free_blocks;
+  absl::Notification done;
+  std::vector<int32_t> tokens;  // Written on the loop thread until `done`.
+  loop->Post([&](Generator& g) {
+    SamplingParams sp{.temperature = 0.0f, .max_tokens = 7, .ignore_eos = true};
+    ASSERT_TRUE(g.Add({RequestId(1), {256, 1, 2, 3}, sp}).ok());
+    loop->Subscribe(RequestId(1), [&](const GenerationEvent& e) {
+      tokens.push_back(e.token.token);
+      if (e.finish == FinishReason::kNone) return false;
+      done.Notify();
+      return true;
+    });
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(tokens.size(), 7u);
+  for (int i = 0; i < 100 && loop->load().free_blocks != idle; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(loop->load().free_blocks, idle);
+  EXPECT_EQ(loop->load().running, 0);
+}
+
+TEST(EngineLoopTest, IdleLoopSleepsWithAndWithoutATick) {
+  for (bool with_tick : {false, true}) {
+    std::atomic<int> ticks = 0;
+    std::unique_ptr<EngineLoop> loop =
+        with_tick ? MakeLoop([&](Generator&) { ++ticks; }) : MakeLoop();
+    absl::SleepFor(absl::Milliseconds(50));
+    const absl::Duration before = ProcessCpuTime();
+    absl::SleepFor(absl::Milliseconds(500));
+    EXPECT_LT(ProcessCpuTime() - before, absl::Milliseconds(100)) << "with_tick " << with_tick;
+    if (with_tick) {
+      EXPECT_GE(ticks, 5);  // Every 50 ms.
+      EXPECT_LE(ticks, 20);
+    }
+  }
+}
+
+TEST(EngineLoopTest, DestructionCancelsSubscribedRequests) {
+  std::unique_ptr<EngineLoop> loop = MakeLoop();
+  std::atomic<bool> cancelled = false;
+  absl::Notification subscribed;
+  loop->Post([&](Generator& g) {
+    SamplingParams sp{.temperature = 0.0f, .max_tokens = 900, .ignore_eos = true};
+    ASSERT_TRUE(g.Add({RequestId(1), {256, 1}, sp}).ok());
+    loop->Subscribe(RequestId(1), [&](const GenerationEvent& e) {
+      if (!e.has_token && e.finish == FinishReason::kCancelled) cancelled = true;
+      return !e.has_token;
+    });
+    subscribed.Notify();
+  });
+  ASSERT_TRUE(subscribed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  loop.reset();
+  EXPECT_TRUE(cancelled);
+}
+
+}  // namespace
+}  // namespace pdserve
