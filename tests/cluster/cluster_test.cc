@@ -241,8 +241,15 @@ TEST(ClusterTest, KilledPrefillWorkerUnderLoadEveryRequestStillCompletes) {
     cases.push_back({Prompt(200 + 10 * i, 100 + i), {.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true}});
   }
   const auto want = Colocated(cases);
+  // Killed as soon as it is computing prompts.
   std::thread killer([&] {
-    absl::SleepFor(absl::Milliseconds(150));
+    auto prefill = cluster.PrefillStub("prefill-0");
+    for (int i = 0; i < 5000; ++i) {
+      grpc::ClientContext ctx;
+      pdserve::internal::v1::LoadReport load;
+      if (prefill->GetLoad(&ctx, {}, &load).ok() && load.running() + load.waiting() > 0) break;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     EXPECT_TRUE(cluster.Kill("prefill-0"));
   });
   const std::vector<StreamResult> got = RunConcurrently(cluster.router(), cases);
@@ -251,6 +258,9 @@ TEST(ClusterTest, KilledPrefillWorkerUnderLoadEveryRequestStillCompletes) {
     ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
     EXPECT_EQ(got[i].tokens, want[i]) << i;
   }
+  // The kill hit prefills in flight, which the router retried elsewhere.
+  EXPECT_TRUE(cluster.Log("router").find("prefill worker prefill-0") != std::string::npos)
+      << "no prefill was in flight on prefill-0 when it was killed";
   // And afterwards, on the surviving worker.
   EXPECT_EQ(Generate(cluster.router(), ToRequest(cases[0])).tokens, want[0]);
 }
