@@ -12,24 +12,32 @@ namespace pdserve {
 
 absl::StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(
     const DecodeServerOptions& options) {
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<DecodeWorker> worker, DecodeWorker::Create(options.worker));
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<DecodeWorker> worker,
+                      DecodeWorker::Create(options.worker));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(worker.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot serve on ", options.listen_address));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve on ", options.listen_address));
   }
-  if (options.worker.worker_id.empty()) worker->set_worker_id(absl::StrCat("decode-", port));
+  if (options.worker.worker_id.empty())
+    worker->set_worker_id(absl::StrCat("decode-", port));
   PD_LOG(INFO) << "pd-decode serving on port " << port;
   return std::unique_ptr<DecodeServer>(
       new DecodeServer(options, std::move(worker), std::move(server), port));
 }
 
-DecodeServer::DecodeServer(const DecodeServerOptions& options, std::unique_ptr<DecodeWorker> worker,
+DecodeServer::DecodeServer(const DecodeServerOptions& options,
+                           std::unique_ptr<DecodeWorker> worker,
                            std::unique_ptr<grpc::Server> server, int port)
-    : options_(options), worker_(std::move(worker)), server_(std::move(server)), port_(port) {}
+    : options_(options),
+      worker_(std::move(worker)),
+      server_(std::move(server)),
+      port_(port) {}
 
 DecodeServer::~DecodeServer() { Shutdown(); }
 

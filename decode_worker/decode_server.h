@@ -30,7 +30,8 @@ class DecodeServer {
  public:
   // Creates the worker and starts serving. UNAVAILABLE when the address
   // cannot be bound; the worker's errors as they come.
-  static absl::StatusOr<std::unique_ptr<DecodeServer>> Start(const DecodeServerOptions& options);
+  static absl::StatusOr<std::unique_ptr<DecodeServer>> Start(
+      const DecodeServerOptions& options);
 
   // Shutdown()s.
   ~DecodeServer();
@@ -43,7 +44,8 @@ class DecodeServer {
   void Shutdown();
 
  private:
-  DecodeServer(const DecodeServerOptions& options, std::unique_ptr<DecodeWorker> worker,
+  DecodeServer(const DecodeServerOptions& options,
+               std::unique_ptr<DecodeWorker> worker,
                std::unique_ptr<grpc::Server> server, int port);
 
   const DecodeServerOptions options_;

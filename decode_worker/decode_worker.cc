@@ -1,5 +1,7 @@
 #include "decode_worker/decode_worker.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,12 +13,28 @@ namespace pdserve {
 
 namespace wire = ::pdserve::internal::v1;
 
-// One Decode call: a server stream fed by the engine loop. Owned by a
-// shared_ptr: the reactor's own reference lasts until OnDone, the engine's
-// sink and a parked reservation hold theirs as long as they may call in.
-class DecodeWorker::DecodeCall final : public grpc::ServerWriteReactor<wire::DecodeResponse> {
+// One Decode call: a server stream fed by the engine loop. Owned through
+// shared_ptrs: the reactor's own reference lasts until OnDone; the engine
+// sink, a parked reservation and queued loop commands hold theirs for as
+// long as they may call in, so a sink firing after the client left finds
+// a live object whose stream simply takes no more writes.
+//
+// Thread-safety: the stream state is guarded by mu_ (gRPC runs reactions
+// on its threads, the loop feeds events on its own); `stage` belongs to
+// the loop thread.
+class DecodeWorker::DecodeCall final
+    : public grpc::ServerWriteReactor<wire::DecodeResponse> {
  public:
-  static std::shared_ptr<DecodeCall> Start(DecodeWorker* worker, const wire::DecodeRequest& request) {
+  // Where the request stands in the engine. Loop thread only.
+  enum class Stage {
+    kNew,      // StartDecode has not run yet.
+    kParked,   // Waiting in its reservation for KvComplete.
+    kRunning,  // In the Generator; the loop's sink feeds the stream.
+    kEnded,    // Nothing in the engine or the reservations any more.
+  };
+
+  static std::shared_ptr<DecodeCall> Create(
+      DecodeWorker* worker, const wire::DecodeRequest& request) {
     std::shared_ptr<DecodeCall> call(new DecodeCall(worker, request));
     call->self_ = call;
     return call;
@@ -25,11 +43,18 @@ class DecodeWorker::DecodeCall final : public grpc::ServerWriteReactor<wire::Dec
   RequestId id() const { return id_; }
   const wire::DecodeRequest& request() const { return request_; }
 
+  Stage stage = Stage::kNew;
+
   // Loop thread: one engine event. Returns true after the last one.
   bool OnEngineEvent(const GenerationEvent& e) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    if (!e.has_token) {  // Cancelled in the engine.
-      if (!final_status_) final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    if (!e.has_token) {
+      // Cancelled in the engine without the caller asking: the loop is
+      // going away or a step failed. Another worker may do better.
+      SetFinalStatus(grpc::Status(
+          grpc::StatusCode::UNAVAILABLE,
+          "the decode worker dropped the request (shutting down or an "
+          "engine failure)"));
       MaybeWrite();
       return true;
     }
@@ -37,16 +62,17 @@ class DecodeWorker::DecodeCall final : public grpc::ServerWriteReactor<wire::Dec
     const bool last = e.finish != FinishReason::kNone;
     if (last) {
       pending_.set_finish_reason(ToWire(e.finish));
-      if (!final_status_) final_status_ = grpc::Status::OK;
+      SetFinalStatus(grpc::Status::OK);
     }
     MaybeWrite();
     return last;
   }
 
-  // Any thread: ends the call with `status` once queued tokens are out.
+  // Any thread: ends the call with `status` once queued tokens are out
+  // (the first status set wins).
   void End(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    if (!final_status_) final_status_ = std::move(status);
+    SetFinalStatus(std::move(status));
     MaybeWrite();
   }
 
@@ -54,39 +80,49 @@ class DecodeWorker::DecodeCall final : public grpc::ServerWriteReactor<wire::Dec
     absl::MutexLock lock(&mu_);
     write_in_flight_ = false;
     if (!ok) {  // The stream broke (client gone); nothing more goes out.
-      if (!final_status_) final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "stream broken");
+      SetFinalStatus(
+          grpc::Status(grpc::StatusCode::CANCELLED, "stream broken"));
       pending_.Clear();
     }
     MaybeWrite();
   }
 
-  void OnCancel() override {
-    DecodeWorker* worker = worker_;
-    const RequestId id = id_;
-    worker->loop_->Post([worker, id](Generator& g) {
-      if (auto it = worker->reservations_.find(id); it != worker->reservations_.end()) {
-        g.ReleaseReservation(id);
-        worker->reservations_.erase(it);
-      }
-      g.Cancel(id);
-    });
+  void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
+    std::shared_ptr<DecodeCall> self;
+    {
+      absl::MutexLock lock(&mu_);
+      self = self_;  // Set until OnDone, which comes after OnCancel.
+    }
+    if (self != nullptr) {
+      worker_->loop_->Post([self = std::move(self)](Generator& g) {
+        self->worker_->CancelDecode(self, g);
+      });
+    }
     End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the caller"));
   }
 
-  void OnDone() override {
+  void OnDone() override ABSL_LOCKS_EXCLUDED(mu_) {
     std::shared_ptr<DecodeCall> self;
     {
       absl::MutexLock lock(&mu_);
       done_ = true;
       self = std::move(self_);
     }
-    // `self` may be the last reference: this object ends with the scope.
+    // `self` may be the last reference: this object may end with the scope.
   }
 
  private:
   DecodeCall(DecodeWorker* worker, const wire::DecodeRequest& request)
-      : worker_(worker), request_(request), id_(request.request().request_id()) {}
+      : worker_(worker),
+        request_(request),
+        id_(request.request().request_id()) {}
 
+  void SetFinalStatus(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!final_status_) final_status_ = std::move(status);
+  }
+
+  // Starts the next write (every token queued meanwhile in one message),
+  // or finishes once the last token is out. One write in flight at most.
   void MaybeWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_ || done_ || write_in_flight_) return;
     if (pending_.tokens_size() > 0) {
@@ -101,13 +137,16 @@ class DecodeWorker::DecodeCall final : public grpc::ServerWriteReactor<wire::Dec
   }
 
   DecodeWorker* const worker_;
+  // A copy: the loop reads it after the call may be done.
   const wire::DecodeRequest request_;
   const RequestId id_;
 
   absl::Mutex mu_;
   std::shared_ptr<DecodeCall> self_ ABSL_GUARDED_BY(mu_);
-  wire::DecodeResponse pending_ ABSL_GUARDED_BY(mu_);  // Tokens not written yet.
-  wire::DecodeResponse writing_ ABSL_GUARDED_BY(mu_);  // The write in flight.
+  // Tokens not written yet.
+  wire::DecodeResponse pending_ ABSL_GUARDED_BY(mu_);
+  // The write in flight.
+  wire::DecodeResponse writing_ ABSL_GUARDED_BY(mu_);
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> final_status_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish() called.
@@ -116,46 +155,76 @@ class DecodeWorker::DecodeCall final : public grpc::ServerWriteReactor<wire::Dec
 
 absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
     const DecodeWorkerOptions& options) {
-  if (options.reservation_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("reservation_timeout must be positive");
+  if (options.reservation_timeout <= absl::ZeroDuration() ||
+      options.tick_period <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "reservation_timeout and tick_period must be positive");
   }
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(options.model));
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                      CreateModelRunner(model, {.backend = options.backend,
-                                                .kv_cache_bytes = options.kv_cache_bytes,
-                                                .block_size = options.block_size,
-                                                .num_threads = options.num_threads}));
+  if (options.kv_cache_bytes == 0) {
+    return absl::InvalidArgumentError("kv_cache_bytes must be positive");
+  }
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError("num_threads must not be negative");
+  }
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
+                      Model::Load(options.model));
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelRunner> runner,
+      CreateModelRunner(model, {.backend = options.backend,
+                                .kv_cache_bytes = options.kv_cache_bytes,
+                                .block_size = options.block_size,
+                                .num_threads = options.num_threads}));
   kv::TransportOptions transport_options;
   transport_options.listen_address = options.kv_listen_address;
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvTransport> transport,
-                      kv::CreateKvTransport(options.kv_transport, transport_options));
-  std::unique_ptr<DecodeWorker> worker(new DecodeWorker(options, std::move(transport)));
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<kv::KvTransport> transport,
+      kv::CreateKvTransport(options.kv_transport, transport_options));
+  std::unique_ptr<DecodeWorker> worker(
+      new DecodeWorker(options, std::move(transport)));
   EngineLoop::Options loop_options;
   loop_options.generator = {.max_batch_tokens = options.max_batch_tokens,
                             .max_running = options.max_running};
+  loop_options.tick_period = options.tick_period;
   DecodeWorker* w = worker.get();
-  PD_ASSIGN_OR_RETURN(worker->loop_,
-                      EngineLoop::Create(std::move(runner), loop_options,
-                                         [w](Generator& g) { w->ExpireReservations(g); }));
-  PD_ASSIGN_OR_RETURN(worker->region_, worker->transport_->RegisterMemory(worker->loop_->kv_memory()));
-  worker->notification_thread_ = std::thread([w] { w->ReceiveNotifications(); });
-  PD_LOG(INFO) << "decode worker: model " << options.model << ", " << worker->loop_->num_kv_blocks()
-               << " KV blocks of " << options.block_size << " tokens, KV over "
-               << options.kv_transport << " at " << worker->transport_->endpoint();
+  PD_ASSIGN_OR_RETURN(
+      worker->loop_,
+      EngineLoop::Create(std::move(runner), loop_options,
+                         [w](Generator& g) { w->ExpireReservations(g); }));
+  PD_ASSIGN_OR_RETURN(worker->region_, worker->transport_->RegisterMemory(
+                                           worker->loop_->kv_memory()));
+  worker->notification_thread_ =
+      std::thread([w] { w->ReceiveNotifications(); });
+  PD_LOG(INFO) << "decode worker: model " << options.model << ", "
+               << worker->loop_->num_kv_blocks() << " KV blocks of "
+               << options.block_size << " tokens, KV over "
+               << options.kv_transport << " at "
+               << worker->transport_->endpoint();
   return worker;
 }
 
 DecodeWorker::DecodeWorker(const DecodeWorkerOptions& options,
                            std::unique_ptr<kv::KvTransport> transport)
-    : options_(options), transport_(std::move(transport)), worker_id_(options.worker_id) {}
+    : options_(options),
+      transport_(std::move(transport)),
+      worker_id_(options.worker_id) {}
 
 DecodeWorker::~DecodeWorker() {
   stopping_ = true;
   if (notification_thread_.joinable()) notification_thread_.join();
+  // No peer may write into the pool once it is freed: wait for writes in
+  // progress and refuse later ones before the loop (and its runner) goes.
+  if (region_) {
+    if (absl::Status s = transport_->DeregisterMemory(*region_); !s.ok()) {
+      PD_LOG(WARNING) << "deregistering the KV pool: " << s;
+    }
+  }
   // Streams still subscribed get a cancellation from the loop's destructor.
   loop_.reset();
   for (auto& [id, r] : reservations_) {
-    if (r.parked) r.parked->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker shutting down"));
+    if (r.parked) {
+      r.parked->End(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "the decode worker is shutting down"));
+    }
   }
   reservations_.clear();
 }
@@ -172,9 +241,10 @@ std::string DecodeWorker::worker_id() const {
 
 void DecodeWorker::ReceiveNotifications() {
   while (!stopping_) {
-    absl::StatusOr<kv::Notification> n = transport_->WaitNotification(absl::Milliseconds(100));
+    absl::StatusOr<kv::Notification> n =
+        transport_->WaitNotification(absl::Milliseconds(100));
     if (!n.ok()) {
-      if (n.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      if (!absl::IsDeadlineExceeded(n.status())) {
         PD_LOG(WARNING) << "KV notification: " << n.status();
       }
       continue;
@@ -185,21 +255,24 @@ void DecodeWorker::ReceiveNotifications() {
                       << n->message.size() << " bytes)";
       continue;
     }
-    const uint64_t id = complete.request_id();
-    loop_->Post([this, id](Generator& g) { OnKvComplete(id, g); });
+    loop_->Post([this, complete](Generator& g) { OnKvComplete(complete, g); });
   }
 }
 
-void DecodeWorker::OnKvComplete(uint64_t request_id, Generator& generator) {
-  auto it = reservations_.find(RequestId(request_id));
+void DecodeWorker::OnKvComplete(const wire::KvComplete& complete,
+                                Generator& generator) {
+  auto it = reservations_.find(RequestId(complete.request_id()));
   if (it == reservations_.end()) {
-    PD_LOG(WARNING) << "KvComplete for request " << request_id
-                    << " without a reservation (expired or released)";
+    PD_LOG(WARNING) << "ignoring KvComplete for request "
+                    << complete.request_id()
+                    << ": no reservation (never made, expired, released or "
+                       "already decoding)";
     return;
   }
   it->second.kv_complete = true;
+  it->second.kv_tokens = complete.num_tokens();
   if (std::shared_ptr<DecodeCall> parked = std::move(it->second.parked)) {
-    StartDecode(parked, generator);
+    ContinuePrefilled(parked, it, generator);
   }
 }
 
@@ -211,62 +284,125 @@ void DecodeWorker::ExpireReservations(Generator& generator) {
       continue;
     }
     const RequestId id = it->first;
-    if (it->second.parked) {
-      it->second.parked->End(grpc::Status(
+    if (const std::shared_ptr<DecodeCall>& parked = it->second.parked) {
+      parked->stage = DecodeCall::Stage::kEnded;
+      parked->End(grpc::Status(
           grpc::StatusCode::DEADLINE_EXCEEDED,
-          absl::StrCat("the KV of request ", id.value, " did not arrive within ",
+          absl::StrCat("the KV of request ", id.value,
+                       " did not arrive within ",
                        absl::FormatDuration(options_.reservation_timeout))));
     } else {
-      PD_LOG(WARNING) << "reservation of request " << id.value << " expired unused";
+      PD_LOG(WARNING) << "reservation of request " << id.value
+                      << " expired unused";
     }
     generator.ReleaseReservation(id);
     reservations_.erase(it++);
   }
 }
 
-void DecodeWorker::StartDecode(const std::shared_ptr<DecodeCall>& call, Generator& generator) {
+void DecodeWorker::StartDecode(const std::shared_ptr<DecodeCall>& call,
+                               Generator& generator) {
+  if (call->stage != DecodeCall::Stage::kNew) return;  // Cancelled already.
   const RequestId id = call->id();
-  GenerationRequest request = FromWire(call->request().request());
-  absl::Status status;
-  if (call->request().has_first_token()) {
-    auto it = reservations_.find(id);
-    if (it == reservations_.end()) {
-      status = absl::NotFoundError(absl::StrCat("no KV reservation for request ", id.value,
-                                                " (never made, expired or released)"));
-    } else if (!it->second.kv_complete) {
-      if (it->second.parked) {
-        status = absl::InvalidArgumentError(
-            absl::StrCat("request ", id.value, " already has a Decode call"));
-      } else {
-        it->second.parked = call;  // Starts on KvComplete.
-        return;
-      }
-    } else {
-      status = generator.AddPrefilled(std::move(request), call->request().first_token().token_id());
-      if (!status.ok()) generator.ReleaseReservation(id);
-      reservations_.erase(it);
-    }
-  } else {
-    status = generator.Add(std::move(request));
+  if (id.value == 0) {
+    return Begin(call, absl::InvalidArgumentError("request_id must be set"));
   }
+  if (!call->request().has_first_token()) {
+    return Begin(call, generator.Add(FromWire(call->request().request())));
+  }
+  auto it = reservations_.find(id);
+  if (it == reservations_.end()) {
+    return Begin(call, absl::NotFoundError(absl::StrCat(
+                           "no KV reservation for request ", id.value,
+                           " (never made, expired, released or taken)")));
+  }
+  if (it->second.parked) {
+    return Begin(call,
+                 absl::InvalidArgumentError(absl::StrCat(
+                     "request ", id.value, " already has a Decode call")));
+  }
+  if (!it->second.kv_complete) {
+    it->second.parked = call;  // Goes on at KvComplete or expiry.
+    call->stage = DecodeCall::Stage::kParked;
+    return;
+  }
+  ContinuePrefilled(call, it, generator);
+}
+
+void DecodeWorker::ContinuePrefilled(const std::shared_ptr<DecodeCall>& call,
+                                     ReservationMap::iterator it,
+                                     Generator& generator) {
+  const RequestId id = it->first;
+  const wire::DecodeRequest& request = call->request();
+  const uint32_t prompt_tokens = request.request().prompt_size();
+  absl::Status status;
+  if (it->second.kv_tokens != prompt_tokens) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "KV of ", it->second.kv_tokens, " tokens landed for request ", id.value,
+        ", whose prompt has ", prompt_tokens));
+  } else {
+    // On success the Generator takes the reservation's blocks.
+    status = generator.AddPrefilled(FromWire(request.request()),
+                                    request.first_token().token_id());
+  }
+  if (!status.ok()) generator.ReleaseReservation(id);
+  reservations_.erase(it);
+  Begin(call, std::move(status));
+}
+
+void DecodeWorker::Begin(const std::shared_ptr<DecodeCall>& call,
+                         absl::Status status) {
   if (!status.ok()) {
+    call->stage = DecodeCall::Stage::kEnded;
     call->End(ToGrpcStatus(status));
     return;
   }
-  loop_->Subscribe(id, [call](const GenerationEvent& e) { return call->OnEngineEvent(e); });
+  call->stage = DecodeCall::Stage::kRunning;
+  loop_->Subscribe(call->id(), [call](const GenerationEvent& e) {
+    const bool last = call->OnEngineEvent(e);
+    if (last) call->stage = DecodeCall::Stage::kEnded;
+    return last;
+  });
 }
 
-grpc::ServerUnaryReactor* DecodeWorker::Reserve(grpc::CallbackServerContext* context,
-                                                const wire::ReserveRequest* request,
-                                                wire::Landing* response) {
+void DecodeWorker::CancelDecode(const std::shared_ptr<DecodeCall>& call,
+                                Generator& generator) {
+  switch (call->stage) {
+    case DecodeCall::Stage::kParked:
+      if (auto it = reservations_.find(call->id());
+          it != reservations_.end() && it->second.parked == call) {
+        generator.ReleaseReservation(call->id());
+        reservations_.erase(it);
+      }
+      break;
+    case DecodeCall::Stage::kRunning:
+      // Frees its blocks; the sink gets the kCancelled event and lets go.
+      generator.Cancel(call->id());
+      break;
+    case DecodeCall::Stage::kNew:
+    case DecodeCall::Stage::kEnded:
+      break;
+  }
+  call->stage = DecodeCall::Stage::kEnded;
+}
+
+grpc::ServerUnaryReactor* DecodeWorker::Reserve(
+    grpc::CallbackServerContext* context, const wire::ReserveRequest* request,
+    wire::Landing* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const RequestId id(request->request_id());
+  if (id.value == 0) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "request_id must be set"));
+    return reactor;
+  }
+  // Past int32 is past any context; the Generator refuses it.
   const int32_t num_tokens =
       static_cast<int32_t>(std::min<uint32_t>(request->num_tokens(), 1u << 30));
   response->set_decode_worker_id(worker_id());
   response->set_transport(transport_->capabilities().name);
   response->set_endpoint(transport_->endpoint());
-  response->set_region_id(region_.value);
+  response->set_region_id(region_->value);
   response->set_pool_blocks(static_cast<uint32_t>(loop_->num_kv_blocks()));
   ToWire(loop_->kv_layout(), response->mutable_layout());
   loop_->Post([this, id, num_tokens, response, reactor](Generator& g) {
@@ -275,8 +411,10 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(grpc::CallbackServerContext* con
       reactor->Finish(ToGrpcStatus(blocks.status()));
       return;
     }
+    response->mutable_block_ids()->Reserve(static_cast<int>(blocks->size()));
     for (BlockId b : *blocks) response->add_block_ids(b.value);
-    reservations_[id] = Reservation{.expires = absl::Now() + options_.reservation_timeout};
+    reservations_[id] =
+        Reservation{.expires = absl::Now() + options_.reservation_timeout};
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
@@ -284,20 +422,22 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(grpc::CallbackServerContext* con
 
 grpc::ServerWriteReactor<wire::DecodeResponse>* DecodeWorker::Decode(
     grpc::CallbackServerContext* context, const wire::DecodeRequest* request) {
-  std::shared_ptr<DecodeCall> call = DecodeCall::Start(this, *request);
+  std::shared_ptr<DecodeCall> call = DecodeCall::Create(this, *request);
   loop_->Post([this, call](Generator& g) { StartDecode(call, g); });
   return call.get();
 }
 
-grpc::ServerUnaryReactor* DecodeWorker::Release(grpc::CallbackServerContext* context,
-                                                const wire::ReleaseRequest* request,
-                                                wire::ReleaseResponse* response) {
+grpc::ServerUnaryReactor* DecodeWorker::Release(
+    grpc::CallbackServerContext* context, const wire::ReleaseRequest* request,
+    wire::ReleaseResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const RequestId id(request->request_id());
   loop_->Post([this, id, reactor](Generator& g) {
     if (auto it = reservations_.find(id); it != reservations_.end()) {
-      if (it->second.parked) {
-        it->second.parked->End(grpc::Status(grpc::StatusCode::ABORTED, "reservation released"));
+      if (const std::shared_ptr<DecodeCall>& parked = it->second.parked) {
+        parked->stage = DecodeCall::Stage::kEnded;
+        parked->End(grpc::Status(grpc::StatusCode::ABORTED,
+                                 "the reservation was released"));
       }
       g.ReleaseReservation(id);
       reservations_.erase(it);
@@ -307,9 +447,9 @@ grpc::ServerUnaryReactor* DecodeWorker::Release(grpc::CallbackServerContext* con
   return reactor;
 }
 
-grpc::ServerUnaryReactor* DecodeWorker::GetLoad(grpc::CallbackServerContext* context,
-                                                const wire::LoadRequest* request,
-                                                wire::LoadReport* response) {
+grpc::ServerUnaryReactor* DecodeWorker::GetLoad(
+    grpc::CallbackServerContext* context, const wire::LoadRequest* request,
+    wire::LoadReport* response) {
   const EngineLoad load = loop_->load();
   response->set_worker_id(worker_id());
   response->set_role("decode");

@@ -8,12 +8,14 @@
 // Decode without a first token prefills locally (colocated mode).
 //
 // One request, across the threads that touch it:
-//   gRPC thread          Reserve / Decode / Release: post to the loop.
+//   gRPC threads         Reserve / Decode / Release / cancellation: post a
+//                        command to the loop and return.
 //   notification thread  KvComplete -> post "complete" to the loop.
 //   loop thread          reservations (expiry on the tick), AddPrefilled or
 //                        Add, token events -> the call's stream.
-// A call that ends early (client cancel, deadline, server shutdown) cancels
-// its request in the engine, which frees its blocks; a reservation that no
+// A Decode that ends early (client cancel, deadline, server shutdown)
+// cancels its request in the engine, or drops its reservation when it was
+// still waiting for the KV, so its blocks are freed; a reservation that no
 // Decode takes within the reservation timeout is freed.
 //
 // Thread-safety: the service methods are called by gRPC on any thread and
@@ -31,6 +33,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -69,54 +72,88 @@ struct DecodeWorkerOptions {
   // that vanished; it must outlast the longest wait in a prefill queue.
   // Default: 60 s.
   absl::Duration reservation_timeout = absl::Seconds(60);
+  // Period of the engine loop's tick, which expires reservations.
+  // Default: 50 ms.
+  absl::Duration tick_period = absl::Milliseconds(50);
 };
 
 class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
  public:
   // Loads the model, allocates and registers the KV pool, starts the
   // engine loop and the notification thread. INVALID_ARGUMENT for bad
-  // options; NOT_FOUND for an unknown backend or transport.
-  static absl::StatusOr<std::unique_ptr<DecodeWorker>> Create(const DecodeWorkerOptions& options);
+  // options; NOT_FOUND for an unknown model, backend or transport.
+  static absl::StatusOr<std::unique_ptr<DecodeWorker>> Create(
+      const DecodeWorkerOptions& options);
+  // Stops the notification thread, waits for KV writes in progress, stops
+  // the loop; Decode calls still open end with UNAVAILABLE.
   ~DecodeWorker() override;
 
+  // RESOURCE_EXHAUSTED when the blocks are not free; INVALID_ARGUMENT for
+  // a zero request id, a duplicate id or num_tokens outside [1, context].
   grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
                                     const internal::v1::ReserveRequest* request,
                                     internal::v1::Landing* response) override;
+  // With first_token: NOT_FOUND without a reservation, DEADLINE_EXCEEDED
+  // when its KV does not land within the reservation timeout,
+  // INVALID_ARGUMENT when the landed KV does not cover the prompt.
+  // Without: prefills locally. INVALID_ARGUMENT for what the engine
+  // refuses (and a zero id); RESOURCE_EXHAUSTED when the request could
+  // never fit in the pool.
   grpc::ServerWriteReactor<internal::v1::DecodeResponse>* Decode(
-      grpc::CallbackServerContext* context, const internal::v1::DecodeRequest* request) override;
-  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
-                                    const internal::v1::ReleaseRequest* request,
-                                    internal::v1::ReleaseResponse* response) override;
-  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
-                                    const internal::v1::LoadRequest* request,
-                                    internal::v1::LoadReport* response) override;
+      grpc::CallbackServerContext* context,
+      const internal::v1::DecodeRequest* request) override;
+  // Frees a reservation; a Decode waiting on it ends with ABORTED.
+  grpc::ServerUnaryReactor* Release(
+      grpc::CallbackServerContext* context,
+      const internal::v1::ReleaseRequest* request,
+      internal::v1::ReleaseResponse* response) override;
+  grpc::ServerUnaryReactor* GetLoad(
+      grpc::CallbackServerContext* context,
+      const internal::v1::LoadRequest* request,
+      internal::v1::LoadReport* response) override;
 
   void set_worker_id(std::string id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   class DecodeCall;
-  // A reservation, loop thread only.
+  // A reservation; loop thread only.
   struct Reservation {
     absl::Time expires;
+    // KvComplete arrived: the prompt's KV of kv_tokens tokens landed.
     bool kv_complete = false;
+    uint32_t kv_tokens = 0;
     // A Decode waiting for KvComplete.
     std::shared_ptr<DecodeCall> parked;
   };
+  using ReservationMap = absl::flat_hash_map<RequestId, Reservation>;
 
-  DecodeWorker(const DecodeWorkerOptions& options, std::unique_ptr<kv::KvTransport> transport);
+  DecodeWorker(const DecodeWorkerOptions& options,
+               std::unique_ptr<kv::KvTransport> transport);
   std::string worker_id() const ABSL_LOCKS_EXCLUDED(mu_);
   void ReceiveNotifications();
+
   // Loop thread.
-  void StartDecode(const std::shared_ptr<DecodeCall>& call, Generator& generator);
+  void StartDecode(const std::shared_ptr<DecodeCall>& call,
+                   Generator& generator);
+  // Admits a prefilled call whose reservation `it` has its KV.
+  void ContinuePrefilled(const std::shared_ptr<DecodeCall>& call,
+                         ReservationMap::iterator it, Generator& generator);
+  // Streams `call`'s events once its request is in the engine (`status`
+  // OK), or ends it with `status`.
+  void Begin(const std::shared_ptr<DecodeCall>& call, absl::Status status);
+  void CancelDecode(const std::shared_ptr<DecodeCall>& call,
+                    Generator& generator);
+  void OnKvComplete(const internal::v1::KvComplete& complete,
+                    Generator& generator);
   void ExpireReservations(Generator& generator);
-  void OnKvComplete(uint64_t request_id, Generator& generator);
 
   const DecodeWorkerOptions options_;
   const std::unique_ptr<kv::KvTransport> transport_;
-  kv::RegionId region_;  // Set once in Create.
+  // The KV pool's region; set once in Create.
+  std::optional<kv::RegionId> region_;
   // Loop thread only.
-  absl::flat_hash_map<RequestId, Reservation> reservations_;
-  // Set once in Create; destroyed first (its thread uses the fields above).
+  ReservationMap reservations_;
+  // Set once in Create; stopped first (its thread uses the fields above).
   std::unique_ptr<EngineLoop> loop_;
 
   std::atomic<bool> stopping_ = false;

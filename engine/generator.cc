@@ -158,6 +158,7 @@ int64_t Generator::num_pending_prompt_tokens() const {
 void Generator::Cancel(RequestId id) {
   auto match = [&](const std::unique_ptr<Sequence>& s) { return s->request.id == id; };
   if (auto it = std::find_if(waiting_.begin(), waiting_.end(), match); it != waiting_.end()) {
+    if (!(*it)->blocks.empty()) FreeBlocks(**it);  // Prefilled: it waits with its blocks.
     waiting_.erase(it);
     cancelled_.push_back(id);
   } else if (auto rit = std::find_if(running_.begin(), running_.end(), match);

@@ -174,5 +174,28 @@ TEST_F(DisaggregationTest, CancelledHoldKvRequestKeepsItsBlocksUntilReleased) {
   EXPECT_EQ(prefill_->block_pool().num_free(), prefill_->block_pool().num_blocks());
 }
 
+// A prefilled request waits for a batch slot holding its reserved blocks;
+// cancelling it there gives them back.
+TEST(GeneratorPrefilledTest, CancelWhileWaitingForASlotFreesItsBlocks) {
+  auto m = MakeTinyModel();
+  ASSERT_TRUE(m.ok());
+  std::unique_ptr<ModelRunner> runner = MakeRunner(*m, 48);
+  auto g = Generator::Create(runner.get(), {.max_batch_tokens = 64, .max_running = 1});
+  ASSERT_TRUE(g.ok());
+  const SamplingParams sp{.temperature = 0.0f, .max_tokens = 8};
+  ASSERT_TRUE((*g)->Add({RequestId(1), Prompt(8, 1), sp}).ok());
+  std::vector<GenerationEvent> events;
+  ASSERT_TRUE((*g)->Step(events).ok());  // Request 1 takes the only slot.
+  const int32_t free_before = (*g)->block_pool().num_free();
+  ASSERT_TRUE((*g)->Reserve(RequestId(2), 16).ok());
+  ASSERT_TRUE((*g)->AddPrefilled({RequestId(2), Prompt(8, 2), sp}, 7).ok());
+  ASSERT_TRUE((*g)->Step(events).ok());  // Still waiting: no slot.
+  EXPECT_LT((*g)->block_pool().num_free(), free_before);
+  (*g)->Cancel(RequestId(2));
+  EXPECT_EQ((*g)->block_pool().num_free(), free_before);
+  (*g)->Cancel(RequestId(1));
+  EXPECT_EQ((*g)->block_pool().num_free(), (*g)->block_pool().num_blocks());
+}
+
 }  // namespace
 }  // namespace pdserve
