@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace pdserve {
 namespace {
@@ -44,6 +45,19 @@ absl::Status WritePortFile(const std::string& path, int port) {
     return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
   }
   return absl::OkStatus();
+}
+
+bool AnnounceAndWaitForSignal(const std::string& program, int port,
+                              const std::string& port_file) {
+  if (!port_file.empty()) {
+    if (absl::Status s = WritePortFile(port_file, port); !s.ok()) {
+      PD_LOG(ERROR) << program << ": " << s;
+      return false;
+    }
+  }
+  const int signal = WaitForTerminationSignal();
+  PD_LOG(INFO) << program << ": signal " << signal << ", shutting down";
+  return true;
 }
 
 }  // namespace pdserve

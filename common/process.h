@@ -20,6 +20,13 @@ int WaitForTerminationSignal();
 // into place), so a launcher polling for the file never reads half of it.
 absl::Status WritePortFile(const std::string& path, int port);
 
+// What main() does once its server is up: writes `port` to `port_file`
+// (unless empty) and waits for SIGINT or SIGTERM, logging as `program`.
+// Returns false (after logging why) when the port file cannot be written;
+// the caller then shuts down and exits 1.
+bool AnnounceAndWaitForSignal(const std::string& program, int port,
+                              const std::string& port_file);
+
 }  // namespace pdserve
 
 #endif  // PDSERVE_COMMON_PROCESS_H_

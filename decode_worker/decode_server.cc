@@ -3,10 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_server.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server_builder.h"
 
 namespace pdserve {
 
@@ -14,21 +13,14 @@ absl::StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(
     const DecodeServerOptions& options) {
   PD_ASSIGN_OR_RETURN(std::unique_ptr<DecodeWorker> worker,
                       DecodeWorker::Create(options.worker));
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(worker.get());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve on ", options.listen_address));
+  PD_ASSIGN_OR_RETURN(StartedServer started,
+                      StartGrpcServer(options.listen_address, {worker.get()}));
+  if (options.worker.worker_id.empty()) {
+    worker->set_worker_id(absl::StrCat("decode-", started.port));
   }
-  if (options.worker.worker_id.empty())
-    worker->set_worker_id(absl::StrCat("decode-", port));
-  PD_LOG(INFO) << "pd-decode serving on port " << port;
-  return std::unique_ptr<DecodeServer>(
-      new DecodeServer(options, std::move(worker), std::move(server), port));
+  PD_LOG(INFO) << "pd-decode serving on port " << started.port;
+  return std::unique_ptr<DecodeServer>(new DecodeServer(
+      options, std::move(worker), std::move(started.server), started.port));
 }
 
 DecodeServer::DecodeServer(const DecodeServerOptions& options,

@@ -155,25 +155,9 @@ class DecodeWorker::DecodeCall final
 
 absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
     const DecodeWorkerOptions& options) {
-  if (options.reservation_timeout <= absl::ZeroDuration() ||
-      options.tick_period <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "reservation_timeout and tick_period must be positive");
+  if (options.reservation_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("reservation_timeout must be positive");
   }
-  if (options.kv_cache_bytes == 0) {
-    return absl::InvalidArgumentError("kv_cache_bytes must be positive");
-  }
-  if (options.num_threads < 0) {
-    return absl::InvalidArgumentError("num_threads must not be negative");
-  }
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
-                      Model::Load(options.model));
-  PD_ASSIGN_OR_RETURN(
-      std::unique_ptr<ModelRunner> runner,
-      CreateModelRunner(model, {.backend = options.backend,
-                                .kv_cache_bytes = options.kv_cache_bytes,
-                                .block_size = options.block_size,
-                                .num_threads = options.num_threads}));
   kv::TransportOptions transport_options;
   transport_options.listen_address = options.kv_listen_address;
   PD_ASSIGN_OR_RETURN(
@@ -181,22 +165,18 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
       kv::CreateKvTransport(options.kv_transport, transport_options));
   std::unique_ptr<DecodeWorker> worker(
       new DecodeWorker(options, std::move(transport)));
-  EngineLoop::Options loop_options;
-  loop_options.generator = {.max_batch_tokens = options.max_batch_tokens,
-                            .max_running = options.max_running};
-  loop_options.tick_period = options.tick_period;
   DecodeWorker* w = worker.get();
   PD_ASSIGN_OR_RETURN(
       worker->loop_,
-      EngineLoop::Create(std::move(runner), loop_options,
-                         [w](Generator& g) { w->ExpireReservations(g); }));
+      EngineLoop::Start(options.engine,
+                        [w](Generator& g) { w->ExpireReservations(g); }));
   PD_ASSIGN_OR_RETURN(worker->region_, worker->transport_->RegisterMemory(
                                            worker->loop_->kv_memory()));
   worker->notification_thread_ =
       std::thread([w] { w->ReceiveNotifications(); });
-  PD_LOG(INFO) << "decode worker: model " << options.model << ", "
+  PD_LOG(INFO) << "decode worker: model " << options.engine.model << ", "
                << worker->loop_->num_kv_blocks() << " KV blocks of "
-               << options.block_size << " tokens, KV over "
+               << options.engine.block_size << " tokens, KV over "
                << options.kv_transport << " at "
                << worker->transport_->endpoint();
   return worker;
@@ -453,14 +433,9 @@ grpc::ServerUnaryReactor* DecodeWorker::GetLoad(
   const EngineLoad load = loop_->load();
   response->set_worker_id(worker_id());
   response->set_role("decode");
-  response->set_model(options_.model);
+  response->set_model(options_.engine.model);
   ToWire(loop_->kv_layout(), response->mutable_layout());
-  response->set_total_blocks(load.total_blocks);
-  response->set_free_blocks(load.free_blocks);
-  response->set_running(load.running);
-  response->set_waiting(load.waiting);
-  response->set_reservations(load.reserved);
-  response->set_pending_prompt_tokens(load.pending_prompt_tokens);
+  ToWire(load, response);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

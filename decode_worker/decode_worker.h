@@ -44,24 +44,11 @@
 namespace pdserve {
 
 struct DecodeWorkerOptions {
-  // Model directory (Hugging Face layout) or a builtin model name.
-  // Default: "builtin:tiny".
-  std::string model = "builtin:tiny";
-  // Engine backend. Default: "cpu".
-  std::string backend = "cpu";
+  // The model, its KV pool and the engine loop.
+  EngineConfig engine;
   // Name in load reports and landings; set_worker_id can set it later.
   // Default: empty.
   std::string worker_id;
-  // Memory of the KV pool. Default: 256 MiB.
-  size_t kv_cache_bytes = size_t{256} << 20;
-  // Tokens per KV block; must equal the prefill workers'. Default: 16.
-  int32_t block_size = 16;
-  // Engine threads for the cpu backend; 0 uses every core. Default: 0.
-  int32_t num_threads = 0;
-  // Token budget of one engine step. Default: 512.
-  int32_t max_batch_tokens = 512;
-  // Most sequences in the running batch. Default: 64.
-  int32_t max_running = 64;
   // kv_transfer transport KV arrives on. Default: "tcp".
   std::string kv_transport = "tcp";
   // Address that transport listens on. Default: "127.0.0.1:0".
@@ -72,9 +59,6 @@ struct DecodeWorkerOptions {
   // that vanished; it must outlast the longest wait in a prefill queue.
   // Default: 60 s.
   absl::Duration reservation_timeout = absl::Seconds(60);
-  // Period of the engine loop's tick, which expires reservations.
-  // Default: 50 ms.
-  absl::Duration tick_period = absl::Milliseconds(50);
 };
 
 class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {

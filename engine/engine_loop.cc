@@ -3,8 +3,34 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/status_macros.h"
 
 namespace pdserve {
+
+absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(
+    const EngineConfig& config, absl::AnyInvocable<void(Generator&)> tick) {
+  if (config.kv_cache_bytes == 0 || config.block_size < 1) {
+    return absl::InvalidArgumentError("kv_cache_bytes and block_size must be positive");
+  }
+  if (config.num_threads < 0) {
+    return absl::InvalidArgumentError("num_threads must not be negative");
+  }
+  if (config.tick_period <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("tick_period must be positive");
+  }
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(config.model));
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                      CreateModelRunner(model, {.backend = config.backend,
+                                                .kv_cache_bytes = config.kv_cache_bytes,
+                                                .block_size = config.block_size,
+                                                .num_threads = config.num_threads}));
+  Options options;
+  options.generator = {.max_batch_tokens = config.max_batch_tokens,
+                       .max_running = config.max_running,
+                       .enable_prefix_caching = config.enable_prefix_caching};
+  options.tick_period = config.tick_period;
+  return Create(std::move(runner), options, std::move(tick));
+}
 
 absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Create(
     std::unique_ptr<ModelRunner> runner, const Options& options,

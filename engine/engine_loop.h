@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -35,6 +36,30 @@ struct EngineLoad {
   int64_t pending_prompt_tokens = 0;
 };
 
+// What a worker's engine is built from; pd-prefill and pd-decode share it.
+struct EngineConfig {
+  // Model directory (Hugging Face layout) or a builtin model name.
+  // Default: "builtin:tiny".
+  std::string model = "builtin:tiny";
+  // ModelRunner backend. Default: "cpu".
+  std::string backend = "cpu";
+  // Memory of the KV pool. Default: 256 MiB.
+  size_t kv_cache_bytes = size_t{256} << 20;
+  // Tokens per KV block; prefill and decode workers must agree. Default: 16.
+  int32_t block_size = 16;
+  // Engine threads for the cpu backend; 0 uses every core. Default: 0.
+  int32_t num_threads = 0;
+  // Token budget of one engine step; longer prompts are prefilled in
+  // chunks. Default: 512.
+  int32_t max_batch_tokens = 512;
+  // Most sequences in the running batch. Default: 64.
+  int32_t max_running = 64;
+  // Keep full prompt blocks for reuse by later prompts. Default: true.
+  bool enable_prefix_caching = true;
+  // See EngineLoop::Options. Default: 50 ms.
+  absl::Duration tick_period = absl::Milliseconds(50);
+};
+
 class EngineLoop {
  public:
   // Runs on the loop thread with the Generator.
@@ -49,6 +74,12 @@ class EngineLoop {
     // Default: 50 ms.
     absl::Duration tick_period = absl::Milliseconds(50);
   };
+
+  // Loads config.model, creates its runner and Create()s a loop over it.
+  // INVALID_ARGUMENT for a config out of range; the model's and runner's
+  // errors as they come.
+  static absl::StatusOr<std::unique_ptr<EngineLoop>> Start(
+      const EngineConfig& config, absl::AnyInvocable<void(Generator&)> tick = nullptr);
 
   // Starts the loop thread. `tick`, when set, runs on it at least every
   // tick_period (for expiring reservations and the like).

@@ -3,6 +3,8 @@
 //
 //   pd-prefill --listen=127.0.0.1:0 --port_file=prefill.port
 //   --model=builtin:tiny
+//
+// Engine flags (--model, --kv_cache_mb, ...) are in engine/engine_flags.cc.
 #include <cstdint>
 #include <string>
 
@@ -12,27 +14,15 @@
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "engine/engine_flags.h"
 #include "prefill_worker/prefill_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "gRPC address to serve on (port 0: any free port)");
 ABSL_FLAG(std::string, port_file, "",
           "Write the bound port to this file once serving");
-ABSL_FLAG(std::string, model, "builtin:tiny",
-          "Model directory (Hugging Face layout) or builtin:tiny / "
-          "builtin:llama-110m");
 ABSL_FLAG(std::string, worker_id, "",
           "Name in load reports (default: prefill-<port>)");
-ABSL_FLAG(std::string, backend, "cpu", "Engine backend");
-ABSL_FLAG(int64_t, kv_cache_mb, 256, "KV pool size in MiB");
-ABSL_FLAG(int32_t, block_size, 16,
-          "Tokens per KV block (must equal the decode workers')");
-ABSL_FLAG(int32_t, num_threads, 0,
-          "Engine threads for the cpu backend (0: every core)");
-ABSL_FLAG(
-    int32_t, max_batch_tokens, 512,
-    "Token budget of one engine step; longer prompts are prefilled in chunks");
-ABSL_FLAG(int32_t, max_running, 64, "Most prompts in the running batch");
 ABSL_FLAG(std::string, kv_transport, "tcp",
           "kv_transfer transport the KV is pushed with");
 ABSL_FLAG(int64_t, transfer_timeout_ms, 10000,
@@ -48,19 +38,14 @@ int main(int argc, char** argv) {
   pdserve::PrefillServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   pdserve::PrefillWorkerOptions& w = options.worker;
-  w.model = absl::GetFlag(FLAGS_model);
-  w.worker_id = absl::GetFlag(FLAGS_worker_id);
-  w.backend = absl::GetFlag(FLAGS_backend);
-  const int64_t kv_cache_mb = absl::GetFlag(FLAGS_kv_cache_mb);
-  if (kv_cache_mb < 1) {
-    PD_LOG(ERROR) << "--kv_cache_mb must be positive";
+  absl::StatusOr<pdserve::EngineConfig> engine =
+      pdserve::EngineConfigFromFlags();
+  if (!engine.ok()) {
+    PD_LOG(ERROR) << "pd-prefill: " << engine.status();
     return 2;
   }
-  w.kv_cache_bytes = static_cast<size_t>(kv_cache_mb) << 20;
-  w.block_size = absl::GetFlag(FLAGS_block_size);
-  w.num_threads = absl::GetFlag(FLAGS_num_threads);
-  w.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  w.max_running = absl::GetFlag(FLAGS_max_running);
+  w.engine = *std::move(engine);
+  w.worker_id = absl::GetFlag(FLAGS_worker_id);
   w.kv_transport = absl::GetFlag(FLAGS_kv_transport);
   w.transfer_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
@@ -70,16 +55,8 @@ int main(int argc, char** argv) {
     PD_LOG(ERROR) << "pd-prefill: " << server.status();
     return 1;
   }
-  if (const std::string port_file = absl::GetFlag(FLAGS_port_file);
-      !port_file.empty()) {
-    if (absl::Status s = pdserve::WritePortFile(port_file, (*server)->port());
-        !s.ok()) {
-      PD_LOG(ERROR) << "pd-prefill: " << s;
-      return 1;
-    }
-  }
-  const int signal = pdserve::WaitForTerminationSignal();
-  PD_LOG(INFO) << "pd-prefill: signal " << signal << ", shutting down";
+  const bool announced = pdserve::AnnounceAndWaitForSignal(
+      "pd-prefill", (*server)->port(), absl::GetFlag(FLAGS_port_file));
   (*server)->Shutdown();
-  return 0;
+  return announced ? 0 : 1;
 }

@@ -55,27 +55,11 @@ class PrefillWorker::PrefillCall final : public grpc::ServerUnaryReactor {
 
 absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
     const PrefillWorkerOptions& options) {
-  if (options.kv_cache_bytes == 0 || options.block_size < 1) {
-    return absl::InvalidArgumentError(
-        "kv_cache_bytes and block_size must be positive");
-  }
   if (options.transfer_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("transfer_timeout must be positive");
   }
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
-                      Model::Load(options.model));
-  PD_ASSIGN_OR_RETURN(
-      std::unique_ptr<ModelRunner> runner,
-      CreateModelRunner(model, {.backend = options.backend,
-                                .kv_cache_bytes = options.kv_cache_bytes,
-                                .block_size = options.block_size,
-                                .num_threads = options.num_threads}));
-  EngineLoop::Options loop_options;
-  loop_options.generator = {.max_batch_tokens = options.max_batch_tokens,
-                            .max_running = options.max_running,
-                            .enable_prefix_caching = true};
   PD_ASSIGN_OR_RETURN(std::unique_ptr<EngineLoop> loop,
-                      EngineLoop::Create(std::move(runner), loop_options));
+                      EngineLoop::Start(options.engine));
   kv::TransportOptions transport_options;
   transport_options.io_timeout = options.transfer_timeout;
   PD_ASSIGN_OR_RETURN(
@@ -98,9 +82,9 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
           w->OnLayer(layer, computed);
         });
   });
-  PD_LOG(INFO) << "prefill worker: model " << options.model << ", "
+  PD_LOG(INFO) << "prefill worker: model " << options.engine.model << ", "
                << w->loop_->num_kv_blocks() << " KV blocks of "
-               << options.block_size << " tokens, KV pushed over "
+               << options.engine.block_size << " tokens, KV pushed over "
                << w->pusher_->transport_name();
   return worker;
 }
@@ -340,13 +324,9 @@ grpc::ServerUnaryReactor* PrefillWorker::GetLoad(
     response->set_worker_id(worker_id_);
   }
   response->set_role("prefill");
-  response->set_model(options_.model);
+  response->set_model(options_.engine.model);
   ToWire(loop_->kv_layout(), response->mutable_layout());
-  response->set_total_blocks(load.total_blocks);
-  response->set_free_blocks(load.free_blocks);
-  response->set_running(load.running);
-  response->set_waiting(load.waiting);
-  response->set_pending_prompt_tokens(load.pending_prompt_tokens);
+  ToWire(load, response);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

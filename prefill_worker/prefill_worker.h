@@ -40,24 +40,10 @@
 namespace pdserve {
 
 struct PrefillWorkerOptions {
-  // Model directory (Hugging Face layout) or a builtin model name.
-  // Default: "builtin:tiny".
-  std::string model = "builtin:tiny";
-  // Engine backend. Default: "cpu".
-  std::string backend = "cpu";
+  // The model, its KV pool and the engine loop.
+  EngineConfig engine;
   // Name in load reports; set_worker_id can set it later. Default: empty.
   std::string worker_id;
-  // Memory of the KV pool. Default: 256 MiB.
-  size_t kv_cache_bytes = size_t{256} << 20;
-  // Tokens per KV block; must equal the decode workers'. Default: 16.
-  int32_t block_size = 16;
-  // Engine threads for the cpu backend; 0 uses every core. Default: 0.
-  int32_t num_threads = 0;
-  // Token budget of one engine step (prompts longer than this are prefilled
-  // in chunks). Default: 512.
-  int32_t max_batch_tokens = 512;
-  // Most prompts in the running batch. Default: 64.
-  int32_t max_running = 64;
   // kv_transfer transport the KV is pushed with; landings must name it.
   // Default: "tcp".
   std::string kv_transport = "tcp";

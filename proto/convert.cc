@@ -93,6 +93,15 @@ void ToWire(const KvBlockLayout& l, wire::KvLayout* out) {
   out->set_dtype(std::string(DTypeName(l.dtype)));
 }
 
+void ToWire(const EngineLoad& load, wire::LoadReport* out) {
+  out->set_total_blocks(load.total_blocks);
+  out->set_free_blocks(load.free_blocks);
+  out->set_running(load.running);
+  out->set_waiting(load.waiting);
+  out->set_reservations(load.reserved);
+  out->set_pending_prompt_tokens(load.pending_prompt_tokens);
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));

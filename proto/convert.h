@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/engine_loop.h"
 #include "engine/generator.h"
 #include "engine/kv_layout.h"
 #include "engine/sampler.h"
@@ -28,6 +29,10 @@ wire::FinishReason ToWire(FinishReason finish);
 // INVALID_ARGUMENT for an unknown dtype or a zero field.
 absl::StatusOr<KvBlockLayout> FromWire(const wire::KvLayout& layout);
 void ToWire(const KvBlockLayout& layout, wire::KvLayout* out);
+
+// The engine's counts in a load report (block counts, running, waiting,
+// reservations, pending prompt tokens).
+void ToWire(const EngineLoad& load, wire::LoadReport* out);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);

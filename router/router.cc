@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_server.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "router/bounded_executor.h"
@@ -56,16 +57,13 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
       router->model_, router->registry_.get(), router->orchestrator_.get(),
       router->executor_.get(), options.default_deadline);
 
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           &router->port_);
-  builder.RegisterService(router->service_.get());
-  router->server_ = builder.BuildAndStart();
-  if (router->server_ == nullptr || router->port_ == 0) {
+  auto started = StartGrpcServer(options.listen, {router->service_.get()});
+  if (!started.ok()) {
     router->Shutdown(absl::ZeroDuration());
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen));
+    return started.status();
   }
+  router->server_ = std::move(started->server);
+  router->port_ = started->port;
   PD_LOG(INFO) << "pd-router serving model '" << router->model_->name()
                << "' on port " << router->port_ << " with "
                << options.cluster.prefill_workers_size() << " prefill and "

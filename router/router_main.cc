@@ -61,15 +61,8 @@ int main(int argc, char** argv) {
     std::cerr << "pd-router: " << router.status() << "\n";
     return 1;
   }
-  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
-    if (absl::Status s = pdserve::WritePortFile(path, (*router)->port());
-        !s.ok()) {
-      std::cerr << "pd-router: " << s << "\n";
-      return 1;
-    }
-  }
-  const int signal = pdserve::WaitForTerminationSignal();
-  PD_LOG(INFO) << "signal " << signal << ": shutting down";
+  const bool announced = pdserve::AnnounceAndWaitForSignal(
+      "pd-router", (*router)->port(), absl::GetFlag(FLAGS_port_file));
   (*router)->Shutdown();
-  return 0;
+  return announced ? 0 : 1;
 }

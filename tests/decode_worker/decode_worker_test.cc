@@ -245,11 +245,11 @@ class DecodeWorkerTest : public ::testing::Test {
  protected:
   static DecodeServerOptions Options() {
     DecodeServerOptions options;
-    options.worker.kv_cache_bytes = kPoolBytes;
-    options.worker.num_threads = 1;
-    options.worker.max_batch_tokens = kChunk;
+    options.worker.engine.kv_cache_bytes = kPoolBytes;
+    options.worker.engine.num_threads = 1;
+    options.worker.engine.max_batch_tokens = kChunk;
     options.worker.reservation_timeout = absl::Milliseconds(500);
-    options.worker.tick_period = absl::Milliseconds(20);
+    options.worker.engine.tick_period = absl::Milliseconds(20);
     options.shutdown_grace = absl::Milliseconds(200);
     return options;
   }
@@ -698,7 +698,7 @@ TEST_F(DecodeWorkerTest, NotificationsThatAreNotOursAreIgnored) {
 // releasing its blocks (engine/generator.cc); enable with the engine fix.
 TEST_F(DecodeWorkerTest, CancelWhileWaitingForABatchSlotFreesBlocks) {
   DecodeServerOptions options = Options();
-  options.worker.max_running = 1;
+  options.worker.engine.max_running = 1;
   Start(options);
   std::thread busy([&] {
     const GenerationRequest r{RequestId(1), Prompt(8, 1), Greedy(400)};

@@ -115,9 +115,9 @@ class PrefillWorkerTest : public ::testing::Test {
 
   void StartServer(absl::Duration transfer_timeout = absl::Seconds(5)) {
     PrefillServerOptions o;
-    o.worker.kv_cache_bytes = size_t{16} << 20;
-    o.worker.num_threads = 1;
-    o.worker.max_batch_tokens = kChunk;
+    o.worker.engine.kv_cache_bytes = size_t{16} << 20;
+    o.worker.engine.num_threads = 1;
+    o.worker.engine.max_batch_tokens = kChunk;
     o.worker.transfer_timeout = transfer_timeout;
     auto s = PrefillServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status();

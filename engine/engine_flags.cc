@@ -1,0 +1,42 @@
+#include "engine/engine_flags.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, model, "builtin:tiny",
+          "Model directory (Hugging Face layout) or builtin:tiny / "
+          "builtin:llama-110m");
+ABSL_FLAG(std::string, backend, "cpu", "Engine backend");
+ABSL_FLAG(int64_t, kv_cache_mb, 256, "KV pool size in MiB");
+ABSL_FLAG(int32_t, block_size, 16,
+          "Tokens per KV block (prefill and decode workers must agree)");
+ABSL_FLAG(int32_t, num_threads, 0,
+          "Engine threads for the cpu backend (0: every core)");
+ABSL_FLAG(int32_t, max_batch_tokens, 512,
+          "Token budget of one engine step; longer prompts are prefilled in "
+          "chunks");
+ABSL_FLAG(int32_t, max_running, 64, "Most sequences in the running batch");
+
+namespace pdserve {
+
+absl::StatusOr<EngineConfig> EngineConfigFromFlags() {
+  EngineConfig config;
+  config.model = absl::GetFlag(FLAGS_model);
+  config.backend = absl::GetFlag(FLAGS_backend);
+  const int64_t kv_cache_mb = absl::GetFlag(FLAGS_kv_cache_mb);
+  if (kv_cache_mb < 1 || kv_cache_mb > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_cache_mb must be in [1, 2^30]; got ", kv_cache_mb));
+  }
+  config.kv_cache_bytes = static_cast<size_t>(kv_cache_mb) << 20;
+  config.block_size = absl::GetFlag(FLAGS_block_size);
+  config.num_threads = absl::GetFlag(FLAGS_num_threads);
+  config.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  config.max_running = absl::GetFlag(FLAGS_max_running);
+  return config;
+}
+
+}  // namespace pdserve
