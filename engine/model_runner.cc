@@ -3,6 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/cpu/cpu_model_runner.h"
+#ifdef PDSERVE_HAVE_CUDA
+#include "engine/cuda/cuda_model_runner.h"
+#endif
 
 namespace pdserve {
 namespace {
@@ -16,6 +19,9 @@ struct BackendEntry {
 // The registry of backends built into this binary.
 constexpr BackendEntry kBackends[] = {
     {"cpu", &CreateCpuModelRunner},
+#ifdef PDSERVE_HAVE_CUDA
+    {"cuda", &CreateCudaModelRunner},
+#endif
 };
 
 }  // namespace

@@ -45,6 +45,11 @@ struct ForwardBatch {
   std::function<void(int32_t layer)> on_layer_kv_written;
 };
 
+// Where a runner's KV pool lives. Host memory can be read and written by
+// any code in the process; device memory only through the CUDA runtime (a
+// transport must stage it through host memory or move it GPU to GPU).
+enum class KvMemoryKind { kHost, kCudaDevice };
+
 struct ModelRunnerOptions {
   // Backend name: "cpu" (always built) or "cuda". Default: "cpu".
   std::string backend = "cpu";
@@ -66,8 +71,12 @@ class ModelRunner {
   virtual const KvBlockLayout& kv_layout() const = 0;
   virtual int32_t num_kv_blocks() const = 0;
   // The KV pool: num_kv_blocks() blocks laid out as kv_layout() says. Host
-  // memory for cpu. Transports register it to move blocks between workers.
+  // memory for cpu, device memory for cuda (see kv_memory_kind()).
+  // Transports register it to move blocks between workers.
   virtual std::span<std::byte> kv_memory() = 0;
+  // Where kv_memory() lives; callers that dereference it on the host must
+  // check for kHost first.
+  virtual KvMemoryKind kv_memory_kind() const { return KvMemoryKind::kHost; }
 
   // Number of logits rows Forward produces for `batch`.
   static size_t NumLogitsRows(const ForwardBatch& batch);

@@ -1,0 +1,402 @@
+// The CUDA backend's kernels (see cuda_kernels.h). One translation unit on
+// purpose: CI compiles it on two cores, so the kernels take the head size
+// at run time instead of being instantiated per shape.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "engine/cuda/cuda_kernels.h"
+
+namespace pdserve::cuda {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float Bf16Bits(uint32_t bits16) {
+  return __uint_as_float(bits16 << 16);
+}
+
+__device__ __forceinline__ uint16_t ToBf16(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  }
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+// thread gets the result. `scratch` holds 32 floats.
+__device__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = WarpSum(v);
+  __syncthreads();  // scratch may still be read from a previous call.
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return WarpSum(v);
+}
+
+__global__ void EmbeddingKernel(const uint16_t* table, int64_t hidden,
+                                const int32_t* ids, float* out) {
+  const int64_t t = blockIdx.x;
+  const uint16_t* row = table + static_cast<int64_t>(ids[t]) * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    out[t * hidden + i] = Bf16Bits(row[i]);
+  }
+}
+
+__global__ void RmsNormKernel(const float* x, const int32_t* rows, int64_t n,
+                              const float* weight, float eps, uint16_t* out) {
+  __shared__ float scratch[32];
+  const int64_t r = rows != nullptr ? rows[blockIdx.x] : blockIdx.x;
+  const float* xr = x + r * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = BlockSum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(n) + eps);
+  uint16_t* o = out + static_cast<int64_t>(blockIdx.x) * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    o[i] = ToBf16(weight[i] * (xr[i] * inv));
+  }
+}
+
+__global__ void SiluMulKernel(const float* gate_up, int64_t n_rows, int64_t n,
+                              uint16_t* out) {
+  const int64_t total = n_rows * n;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       e < total; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / n, i = e % n;
+    const float g = gate_up[r * 2 * n + i];
+    const float u = gate_up[r * 2 * n + n + i];
+    out[e] = ToBf16(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+__global__ void BiasRopeKernel(float* qkv, int64_t row_stride,
+                               int64_t row_width, const int32_t* positions,
+                               const float* inv_freq, int rotated_heads,
+                               int head_dim, const float* bias,
+                               bool adjacent_pairs) {
+  float* row = qkv + static_cast<int64_t>(blockIdx.x) * row_stride;
+  if (bias != nullptr) {
+    for (int64_t i = threadIdx.x; i < row_width; i += blockDim.x) {
+      row[i] += bias[i];
+    }
+    __syncthreads();
+  }
+  const int half = head_dim / 2;
+  const float pos = static_cast<float>(positions[blockIdx.x]);
+  for (int e = threadIdx.x; e < rotated_heads * half; e += blockDim.x) {
+    const int h = e / half, i = e % half;
+    const int a = adjacent_pairs ? 2 * i : i;
+    const int b = adjacent_pairs ? 2 * i + 1 : i + half;
+    const float angle = pos * inv_freq[i];  // fp32, as the CPU backend.
+    double s, c;
+    sincos(static_cast<double>(angle), &s, &c);
+    const float cs = static_cast<float>(c), sn = static_cast<float>(s);
+    float* v = row + static_cast<int64_t>(h) * head_dim;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = x0 * cs - x1 * sn;
+    v[b] = x1 * cs + x0 * sn;
+  }
+}
+
+__global__ void WriteKvKernel(const float* qkv, int64_t row_stride,
+                              int64_t k_offset, int64_t v_offset,
+                              const int64_t* slots, PagedKvLayer kv) {
+  const int64_t kv_dim = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
+  const int64_t slot = slots[blockIdx.x];
+  const int64_t block = slot / kv.block_size, s = slot % kv.block_size;
+  uint16_t* k = kv.base + block * 2 * kv.block_size * kv_dim + s * kv_dim;
+  uint16_t* v = k + kv.block_size * kv_dim;
+  const float* row = qkv + static_cast<int64_t>(blockIdx.x) * row_stride;
+  for (int64_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+    k[i] = ToBf16(row[k_offset + i]);
+    v[i] = ToBf16(row[v_offset + i]);
+  }
+}
+
+// Paged attention. A block takes one tile (up to kAttentionTileRows
+// (token, head) rows of one sequence that share kv head blockIdx.y) and
+// one context split (blockIdx.z). It walks the split's keys in tiles of
+// kAttentionKeyTile: the tile's K and V are staged in shared memory as
+// fp32, lane j of a warp scores key j against one row, and the warp keeps
+// that row's running max, sum and output (lane owns dims lane + 32 i).
+constexpr int kAttentionWarps = 4;
+constexpr int kRowsPerWarp = kAttentionTileRows / kAttentionWarps;
+constexpr int kDimsPerLane = kMaxHeadDim / 32;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__global__ void __launch_bounds__(kAttentionWarps * 32)
+    PagedAttentionKernel(AttentionParams p) {
+  extern __shared__ float smem[];
+  const int D = p.kv.head_dim;
+  constexpr int R = kAttentionTileRows, BK = kAttentionKeyTile;
+  float* qs = smem;               // [R][D], pre-scaled by scale * log2(e).
+  float* ks = qs + R * D;         // [BK][D + 1]; the pad avoids conflicts.
+  float* vs = ks + BK * (D + 1);  // [BK][D]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  const AttentionTile tile = p.tiles[blockIdx.x];
+  const AttentionSequence seq = p.sequences[tile.seq];
+  const int kvh = blockIdx.y;
+  const int split = blockIdx.z;
+  const int group = p.num_heads / p.kv.num_kv_heads;
+  const int32_t* table = p.block_tables + seq.block_offset;
+  const int64_t kv_dim = static_cast<int64_t>(p.kv.num_kv_heads) * D;
+  const int64_t layer_block = 2LL * p.kv.block_size * kv_dim;
+  const int bs = p.kv.block_size;
+
+  // Keys any row of the tile may see, within this split.
+  const int first_pos = seq.start_pos + tile.first_row / group;
+  const int last_pos =
+      seq.start_pos + (tile.first_row + tile.num_rows - 1) / group;
+  int key_lo =
+      p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0;
+  int key_hi = last_pos;
+  if (p.num_splits > 1) {
+    key_lo = max(key_lo, split * p.split_len);
+    key_hi = min(key_hi, (split + 1) * p.split_len - 1);
+  }
+
+  const float qscale = p.scale * kLog2e;
+  for (int e = threadIdx.x; e < R * D; e += blockDim.x) {
+    const int r = e / D, d = e % D;
+    float v = 0.0f;
+    if (r < tile.num_rows) {
+      const int row = tile.first_row + r;
+      const int64_t t = seq.token_offset + row / group;
+      const int h = kvh * group + row % group;
+      v = p.q[t * p.q_row_stride + static_cast<int64_t>(h) * D + d] * qscale;
+    }
+    qs[e] = v;
+  }
+
+  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kDimsPerLane];
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) acc[j][i] = 0.0f;
+  }
+
+  const int half_d = D / 2;
+  for (int k0 = key_lo; k0 <= key_hi; k0 += BK) {
+    __syncthreads();  // Previous tile consumed (and qs written).
+    for (int e = threadIdx.x; e < BK * half_d; e += blockDim.x) {
+      const int j = e / half_d, d = (e % half_d) * 2;
+      const int pos = k0 + j;
+      uint32_t kb = 0, vb = 0;
+      if (pos <= key_hi) {
+        const uint16_t* kp = p.kv.base + table[pos / bs] * layer_block +
+                             static_cast<int64_t>(pos % bs) * kv_dim +
+                             static_cast<int64_t>(kvh) * D + d;
+        kb = *reinterpret_cast<const uint32_t*>(kp);
+        vb = *reinterpret_cast<const uint32_t*>(kp + bs * kv_dim);
+      }
+      ks[j * (D + 1) + d] = Bf16Bits(kb & 0xffffu);
+      ks[j * (D + 1) + d + 1] = __uint_as_float(kb & 0xffff0000u);
+      vs[j * D + d] = Bf16Bits(vb & 0xffffu);
+      vs[j * D + d + 1] = __uint_as_float(vb & 0xffff0000u);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      const int r = j * kAttentionWarps + warp;  // Spread short tiles.
+      if (r < tile.num_rows) {                   // Warp-uniform.
+        const int pos = seq.start_pos + (tile.first_row + r) / group;
+        const int lo =
+            p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
+        const int key = k0 + lane;
+        float s = -INFINITY;
+        if (key >= lo && key <= pos && key <= key_hi) {
+          const float* qr = qs + r * D;
+          const float* kr = ks + lane * (D + 1);
+          float dot = 0.0f;
+          for (int d = 0; d < D; ++d) dot = fmaf(qr[d], kr[d], dot);
+          s = dot;
+        }
+        const float tile_max = WarpMax(s);
+        if (tile_max != -INFINITY) {
+          const float m_new = fmaxf(m[j], tile_max);
+          const float corr = exp2f(m[j] - m_new);
+          const float prob = exp2f(s - m_new);
+          l[j] = l[j] * corr + WarpSum(prob);
+          m[j] = m_new;
+#pragma unroll
+          for (int i = 0; i < kDimsPerLane; ++i) acc[j][i] *= corr;
+          for (int kk = 0; kk < BK; ++kk) {
+            const float pk = __shfl_sync(kFullMask, prob, kk);
+            const float* vr = vs + kk * D;
+#pragma unroll
+            for (int i = 0; i < kDimsPerLane; ++i) {
+              const int d = lane + 32 * i;
+              if (d < D) acc[j][i] = fmaf(pk, vr[d], acc[j][i]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int r = j * kAttentionWarps + warp;
+    if (r >= tile.num_rows) continue;
+    const int row = tile.first_row + r;
+    const int64_t t = seq.token_offset + row / group;
+    const int h = kvh * group + row % group;
+    if (p.num_splits == 1) {
+      const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
+      uint16_t* o = p.out + (t * p.num_heads + h) * D;
+#pragma unroll
+      for (int i = 0; i < kDimsPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < D) o[d] = ToBf16(acc[j][i] * inv);
+      }
+    } else {
+      float* w = p.workspace +
+                 ((split * p.num_tokens + t) * p.num_heads + h) * (D + 2);
+#pragma unroll
+      for (int i = 0; i < kDimsPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < D) w[d] = acc[j][i];
+      }
+      if (lane == 0) {
+        w[D] = m[j];
+        w[D + 1] = l[j];
+      }
+    }
+  }
+}
+
+// Merges the splits' partial softmax states of one (token, head).
+__global__ void CombineSplitsKernel(AttentionParams p) {
+  const int D = p.kv.head_dim;
+  const int64_t t = blockIdx.x / p.num_heads;
+  const int h = blockIdx.x % p.num_heads;
+  const int64_t stride = p.num_tokens * p.num_heads * (D + 2);
+  const float* w0 = p.workspace + (t * p.num_heads + h) * (D + 2);
+  float max_m = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s)
+    max_m = fmaxf(max_m, w0[s * stride + D]);
+  float sum = 0.0f;
+  for (int s = 0; s < p.num_splits; ++s) {
+    const float ms = w0[s * stride + D];
+    if (ms != -INFINITY) sum += w0[s * stride + D + 1] * exp2f(ms - max_m);
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  uint16_t* o = p.out + (t * p.num_heads + h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0.0f;
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float ms = w0[s * stride + D];
+      if (ms != -INFINITY) v += w0[s * stride + d] * exp2f(ms - max_m);
+    }
+    o[d] = ToBf16(v * inv);
+  }
+}
+
+int GridFor(int64_t n, int threads) {
+  return static_cast<int>(
+      std::min<int64_t>((n + threads - 1) / threads, 65535));
+}
+
+}  // namespace
+
+cudaError_t Embedding(const uint16_t* table, int64_t hidden, const int32_t* ids,
+                      int64_t n, float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  EmbeddingKernel<<<n, 256, 0, stream>>>(table, hidden, ids, out);
+  return cudaGetLastError();
+}
+
+cudaError_t RmsNorm(const float* x, const int32_t* rows, int64_t n_rows,
+                    int64_t n, const float* weight, float eps, uint16_t* out,
+                    cudaStream_t stream) {
+  if (n_rows == 0) return cudaSuccess;
+  RmsNormKernel<<<n_rows, 256, 0, stream>>>(x, rows, n, weight, eps, out);
+  return cudaGetLastError();
+}
+
+cudaError_t SiluMul(const float* gate_up, int64_t n_rows, int64_t n,
+                    uint16_t* out, cudaStream_t stream) {
+  if (n_rows * n == 0) return cudaSuccess;
+  SiluMulKernel<<<GridFor(n_rows * n, 256), 256, 0, stream>>>(gate_up, n_rows,
+                                                              n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t BiasRope(float* qkv, int64_t row_stride, int64_t row_width,
+                     int64_t n_tokens, const int32_t* positions,
+                     const float* inv_freq, int num_heads, int num_kv_heads,
+                     int head_dim, const float* bias, RopeStyle style,
+                     cudaStream_t stream) {
+  if (n_tokens == 0) return cudaSuccess;
+  BiasRopeKernel<<<n_tokens, 128, 0, stream>>>(
+      qkv, row_stride, row_width, positions, inv_freq, num_heads + num_kv_heads,
+      head_dim, bias, style == RopeStyle::kAdjacentPairs);
+  return cudaGetLastError();
+}
+
+cudaError_t WriteKv(const float* qkv, int64_t row_stride, int64_t k_offset,
+                    int64_t v_offset, int64_t n_tokens, const int64_t* slots,
+                    const PagedKvLayer& kv, cudaStream_t stream) {
+  if (n_tokens == 0) return cudaSuccess;
+  WriteKvKernel<<<n_tokens, 128, 0, stream>>>(qkv, row_stride, k_offset,
+                                              v_offset, slots, kv);
+  return cudaGetLastError();
+}
+
+int AttentionSharedBytes(int head_dim) {
+  return static_cast<int>(sizeof(float)) *
+         (kAttentionTileRows * head_dim + kAttentionKeyTile * (head_dim + 1) +
+          kAttentionKeyTile * head_dim);
+}
+
+cudaError_t PrepareAttention(int max_head_dim) {
+  return cudaFuncSetAttribute(PagedAttentionKernel,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              AttentionSharedBytes(max_head_dim));
+}
+
+cudaError_t PagedAttention(const AttentionParams& p, cudaStream_t stream) {
+  if (p.num_tiles == 0) return cudaSuccess;
+  if (p.kv.head_dim > kMaxHeadDim || p.kv.head_dim % 2 != 0 ||
+      (p.num_splits > 1 &&
+       (p.workspace == nullptr || p.split_len % kAttentionKeyTile != 0))) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(p.num_tiles, p.kv.num_kv_heads, p.num_splits);
+  PagedAttentionKernel<<<grid, kAttentionWarps * 32,
+                         AttentionSharedBytes(p.kv.head_dim), stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || p.num_splits == 1) return err;
+  CombineSplitsKernel<<<p.num_tokens * p.num_heads, 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cublasStatus_t Gemm(cublasHandle_t handle, const uint16_t* x, int64_t m,
+                    const uint16_t* w, int64_t n, int64_t k, float* y,
+                    float beta) {
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  const float alpha = 1.0f;
+  // Column-major view: y^T [n][m] = w [k][n]^T . x^T [k][m].
+  return cublasGemmEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+      static_cast<int>(m), static_cast<int>(k), &alpha, w, CUDA_R_16BF,
+      static_cast<int>(k), x, CUDA_R_16BF, static_cast<int>(k), &beta, y,
+      CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+}  // namespace pdserve::cuda
