@@ -1,0 +1,438 @@
+// Every kernel of the cuda backend against the CPU backend's kernel of the
+// same name (engine/cpu/cpu_kernels.h) on random shapes, odd sizes
+// included. Inputs are rounded to bf16 first where the device takes bf16,
+// so the CPU sees exactly what the GPU sees; the tolerances are what is
+// left: bf16 rounding of outputs (relative 2^-8) and fp32 summation order.
+// Label `gpu`; every test skips without a CUDA device.
+#include "engine/cuda/cuda_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/cpu_kernels.h"
+#include "gtest/gtest.h"
+#include "tests/engine/cuda/cuda_test_util.h"
+
+namespace pdserve::cuda {
+namespace {
+
+using testing_util::DeviceVector;
+using testing_util::FromBf16Bits;
+using testing_util::RoundToBf16;
+using testing_util::ToBf16Bits;
+
+// Relative error of one bf16 rounding, with room for the fp32 work before.
+constexpr float kBf16Tol = 1.0f / 128;
+
+std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+TEST(CudaKernelsTest, EmbeddingCopiesRows) {
+  PD_REQUIRE_CUDA_DEVICE();
+  std::mt19937 rng(1);
+  const int vocab = 37, hidden = 75;
+  const std::vector<float> table = RoundToBf16(Random(vocab * hidden, rng));
+  const std::vector<uint16_t> bits = ToBf16Bits(table);
+  const WeightMatrix w{DType::kBF16, vocab, hidden,
+                       reinterpret_cast<const std::byte*>(bits.data())};
+  const std::vector<int32_t> ids = {0, 36, 5, 5, 17};
+  DeviceVector<uint16_t> d_table(bits);
+  DeviceVector<int32_t> d_ids(ids);
+  DeviceVector<float> d_out(ids.size() * hidden);
+  ASSERT_EQ(Embedding(d_table.get(), hidden, d_ids.get(), ids.size(),
+                      d_out.get(), nullptr),
+            cudaSuccess);
+  const std::vector<float> got = d_out.Download();
+  std::vector<float> want(hidden);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    cpu::EmbeddingRow(w, ids[i], want.data());
+    for (int j = 0; j < hidden; ++j) ASSERT_EQ(got[i * hidden + j], want[j]);
+  }
+}
+
+TEST(CudaKernelsTest, RmsNormMatchesCpuWithAndWithoutRowList) {
+  PD_REQUIRE_CUDA_DEVICE();
+  std::mt19937 rng(2);
+  for (const int n : {1, 75, 4099}) {
+    const int rows = 5;
+    const std::vector<float> x = Random(rows * n, rng, 3.0f);
+    const std::vector<float> w = Random(n, rng);
+    DeviceVector<float> d_x(x), d_w(w);
+    DeviceVector<uint16_t> d_out(rows * n);
+    // All rows, then rows {4, 1} only.
+    for (const std::vector<int32_t>& list :
+         {std::vector<int32_t>{}, std::vector<int32_t>{4, 1}}) {
+      DeviceVector<int32_t> d_rows(list);
+      const int n_rows = list.empty() ? rows : static_cast<int>(list.size());
+      ASSERT_EQ(RmsNorm(d_x.get(), list.empty() ? nullptr : d_rows.get(),
+                        n_rows, n, d_w.get(), 1e-5f, d_out.get(), nullptr),
+                cudaSuccess);
+      const std::vector<float> got = FromBf16Bits(d_out.Download());
+      std::vector<float> want(n);
+      for (int i = 0; i < n_rows; ++i) {
+        const int r = list.empty() ? i : list[i];
+        cpu::RmsNorm(&x[r * n], w.data(), n, 1e-5f, want.data());
+        for (int j = 0; j < n; ++j) {
+          ASSERT_NEAR(got[i * n + j], want[j],
+                      kBf16Tol * std::abs(want[j]) + 1e-6)
+              << "n " << n << " row " << r << " at " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaKernelsTest, SiluMulMatchesCpu) {
+  PD_REQUIRE_CUDA_DEVICE();
+  std::mt19937 rng(3);
+  const int rows = 3, n = 1001;
+  std::vector<float> gate_up = Random(rows * 2 * n, rng, 4.0f);
+  gate_up[0] = -30.0f;  // Deep in the tails.
+  gate_up[1] = 30.0f;
+  DeviceVector<float> d_gu(gate_up);
+  DeviceVector<uint16_t> d_out(rows * n);
+  ASSERT_EQ(SiluMul(d_gu.get(), rows, n, d_out.get(), nullptr), cudaSuccess);
+  const std::vector<float> got = FromBf16Bits(d_out.Download());
+  std::vector<float> want(n);
+  for (int r = 0; r < rows; ++r) {
+    cpu::SiluMul(&gate_up[r * 2 * n], &gate_up[r * 2 * n + n], n, want.data());
+    for (int i = 0; i < n; ++i) {
+      ASSERT_NEAR(got[r * n + i], want[i], kBf16Tol * std::abs(want[i]) + 1e-6)
+          << r << "," << i;
+    }
+  }
+}
+
+struct RopeCase {
+  int heads, kv_heads, head_dim;
+  bool bias;
+  RopeStyle style;
+  bool llama3;
+};
+
+class BiasRopeTest : public ::testing::TestWithParam<RopeCase> {};
+
+TEST_P(BiasRopeTest, MatchesCpu) {
+  PD_REQUIRE_CUDA_DEVICE();
+  const RopeCase p = GetParam();
+  std::mt19937 rng(4);
+  ModelConfig c;
+  c.head_dim = p.head_dim;
+  c.rope_theta = 500000.0f;
+  if (p.llama3) {
+    c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
+  }
+  const std::vector<float> inv_freq = cpu::RopeInvFreq(c);
+  const std::vector<int32_t> positions = {0, 1, 63, 64, 1000, 131071};
+  const int n_tokens = static_cast<int>(positions.size());
+  const int width = (p.heads + 2 * p.kv_heads) * p.head_dim;
+  const int stride = width + 3;  // Rows with a gap after them.
+  std::vector<float> qkv = Random(n_tokens * stride, rng);
+  const std::vector<float> bias = Random(width, rng, 0.1f);
+
+  DeviceVector<float> d_qkv(qkv), d_bias(bias), d_inv(inv_freq);
+  DeviceVector<int32_t> d_pos(positions);
+  ASSERT_EQ(BiasRope(d_qkv.get(), stride, width, n_tokens, d_pos.get(),
+                     d_inv.get(), p.heads, p.kv_heads, p.head_dim,
+                     p.bias ? d_bias.get() : nullptr, p.style, nullptr),
+            cudaSuccess);
+  const std::vector<float> got = d_qkv.Download();
+
+  const int half = p.head_dim / 2;
+  std::vector<float> cos(half), sin(half);
+  const cpu::RopeStyle style = p.style == RopeStyle::kHalfRotation
+                                   ? cpu::RopeStyle::kHalfRotation
+                                   : cpu::RopeStyle::kAdjacentPairs;
+  for (int t = 0; t < n_tokens; ++t) {
+    float* row = &qkv[t * stride];
+    if (p.bias) {
+      for (int i = 0; i < width; ++i) row[i] += bias[i];
+    }
+    cpu::RopeAngles(positions[t], inv_freq, cos.data(), sin.data());
+    cpu::ApplyRope(row, p.heads + p.kv_heads, p.head_dim, cos.data(),
+                   sin.data(), style);
+    for (int i = 0; i < stride; ++i) {
+      ASSERT_NEAR(got[t * stride + i], row[i], 1e-5f * (1 + std::abs(row[i])))
+          << "token " << t << " element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, BiasRopeTest,
+    ::testing::Values(
+        RopeCase{4, 2, 64, false, RopeStyle::kHalfRotation, false},
+        RopeCase{3, 1, 6, true, RopeStyle::kHalfRotation, false},
+        RopeCase{5, 5, 10, true, RopeStyle::kAdjacentPairs, false},
+        RopeCase{8, 2, 128, false, RopeStyle::kHalfRotation, true},
+        RopeCase{2, 1, 256, true, RopeStyle::kAdjacentPairs, true}),
+    [](const auto& info) {
+      const RopeCase& p = info.param;
+      return absl::StrCat(
+          "h", p.heads, "kv", p.kv_heads, "d", p.head_dim, p.bias ? "Bias" : "",
+          p.style == RopeStyle::kHalfRotation ? "Half" : "Adjacent",
+          p.llama3 ? "Llama3" : "");
+    });
+
+TEST(CudaKernelsTest, WriteKvStoresSlotsInTheWireLayout) {
+  PD_REQUIRE_CUDA_DEVICE();
+  std::mt19937 rng(5);
+  const KvBlockLayout layout{/*num_layers=*/1, /*num_kv_heads=*/3,
+                             /*head_dim=*/10, /*block_size=*/5, DType::kBF16};
+  const int num_blocks = 4, heads = 2;
+  const int kv_dim = layout.num_kv_heads * layout.head_dim;
+  const int q_dim = heads * layout.head_dim;
+  const int stride = q_dim + 2 * kv_dim + 1;
+  const std::vector<int64_t> slots = {0, 4, 5, 19, 12};
+  const int n = static_cast<int>(slots.size());
+  const std::vector<float> qkv = Random(n * stride, rng);
+  DeviceVector<float> d_qkv(qkv);
+  DeviceVector<int64_t> d_slots(slots);
+  DeviceVector<uint16_t> d_pool(num_blocks * layout.layer_block_bytes() / 2);
+  const PagedKvLayer kv{d_pool.get(), layout.num_kv_heads, layout.head_dim,
+                        layout.block_size};
+  ASSERT_EQ(WriteKv(d_qkv.get(), stride, q_dim, q_dim + kv_dim, n,
+                    d_slots.get(), kv, nullptr),
+            cudaSuccess);
+  const std::vector<uint16_t> pool = d_pool.Download();
+  const auto* bytes = reinterpret_cast<const std::byte*>(pool.data());
+  for (int t = 0; t < n; ++t) {
+    const BlockId block(static_cast<int32_t>(slots[t] / layout.block_size));
+    const int slot = static_cast<int>(slots[t] % layout.block_size);
+    const std::byte* base = bytes + layout.PoolOffset(0, block, num_blocks);
+    for (int h = 0; h < layout.num_kv_heads; ++h) {
+      for (int d = 0; d < layout.head_dim; ++d) {
+        const float k = qkv[t * stride + q_dim + h * layout.head_dim + d];
+        const float v =
+            qkv[t * stride + q_dim + kv_dim + h * layout.head_dim + d];
+        EXPECT_EQ(
+            LoadAsFloat(base + layout.KeyOffset(slot, h), DType::kBF16, d),
+            Bf16ToFloat(FloatToBf16(k)));
+        EXPECT_EQ(
+            LoadAsFloat(base + layout.ValueOffset(slot, h), DType::kBF16, d),
+            Bf16ToFloat(FloatToBf16(v)));
+      }
+    }
+  }
+}
+
+struct AttentionCase {
+  std::string name;
+  int heads, kv_heads, head_dim, block_size, sliding_window;
+  std::vector<std::pair<int, int>> seqs;  // (start_pos, new tokens)
+  int split_len;                          // 0: no context split.
+};
+
+class PagedAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(PagedAttentionTest, MatchesCpuAttendOne) {
+  PD_REQUIRE_CUDA_DEVICE();
+  const AttentionCase p = GetParam();
+  std::mt19937 rng(6);
+  const int D = p.head_dim, group = p.heads / p.kv_heads;
+  const KvBlockLayout cpu_layout{1, p.kv_heads, D, p.block_size, DType::kF32};
+  const KvBlockLayout gpu_layout{1, p.kv_heads, D, p.block_size, DType::kBF16};
+
+  // Block tables: a shuffled pool, so tables are not in order.
+  int total_blocks = 0, total_tokens = 0, max_context = 0;
+  for (auto [start, n] : p.seqs) {
+    total_blocks += (start + n + p.block_size - 1) / p.block_size;
+    total_tokens += n;
+    max_context = std::max(max_context, start + n);
+  }
+  const int num_blocks = total_blocks + 3;
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+
+  std::vector<std::byte> cpu_pool(num_blocks * cpu_layout.layer_block_bytes());
+  std::vector<std::byte> gpu_pool(num_blocks * gpu_layout.layer_block_bytes());
+  std::vector<std::vector<BlockId>> tables;
+  std::vector<int32_t> flat_tables;
+  std::vector<AttentionSequence> seqs;
+  std::vector<AttentionTile> tiles;
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  int next_block = 0, token = 0;
+  for (size_t s = 0; s < p.seqs.size(); ++s) {
+    const auto [start, n] = p.seqs[s];
+    const int blocks = (start + n + p.block_size - 1) / p.block_size;
+    std::vector<BlockId>& table = tables.emplace_back();
+    seqs.push_back({token, n, start, static_cast<int32_t>(flat_tables.size())});
+    for (int b = 0; b < blocks; ++b) {
+      table.push_back(BlockId(ids[next_block++]));
+      flat_tables.push_back(table.back().value);
+    }
+    // Every position of the sequence (the new ones too: the runner writes
+    // them before attention) gets random K/V, the same in both pools.
+    for (int pos = 0; pos < start + n; ++pos) {
+      const BlockId block = table[pos / p.block_size];
+      const int slot = pos % p.block_size;
+      for (int h = 0; h < p.kv_heads; ++h) {
+        for (int d = 0; d < D; ++d) {
+          for (const bool value : {false, true}) {
+            const float x = Bf16ToFloat(FloatToBf16(dist(rng)));
+            const size_t c_off = cpu_layout.PoolOffset(0, block, num_blocks) +
+                                 (value ? cpu_layout.ValueOffset(slot, h)
+                                        : cpu_layout.KeyOffset(slot, h));
+            const size_t g_off = gpu_layout.PoolOffset(0, block, num_blocks) +
+                                 (value ? gpu_layout.ValueOffset(slot, h)
+                                        : gpu_layout.KeyOffset(slot, h));
+            StoreFromFloat(cpu_pool.data() + c_off, DType::kF32, d, x);
+            StoreFromFloat(gpu_pool.data() + g_off, DType::kBF16, d, x);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < n * group; r += kAttentionTileRows) {
+      tiles.push_back({static_cast<int32_t>(s), r,
+                       std::min(kAttentionTileRows, n * group - r)});
+    }
+    token += n;
+  }
+  const int q_stride = p.heads * D + 5;
+  const std::vector<float> q = Random(total_tokens * q_stride, rng);
+
+  DeviceVector<float> d_q(q);
+  std::vector<uint16_t> pool_bits(gpu_pool.size() / 2);
+  std::memcpy(pool_bits.data(), gpu_pool.data(), gpu_pool.size());
+  DeviceVector<uint16_t> d_pool(pool_bits);
+  DeviceVector<int32_t> d_tables(flat_tables);
+  DeviceVector<AttentionSequence> d_seqs(seqs);
+  DeviceVector<AttentionTile> d_tiles(tiles);
+  const int num_splits =
+      p.split_len > 0 ? (max_context + p.split_len - 1) / p.split_len : 1;
+  DeviceVector<float> d_work(static_cast<size_t>(num_splits) * total_tokens *
+                             p.heads * (D + 2));
+  DeviceVector<uint16_t> d_out(total_tokens * p.heads * D);
+  ASSERT_EQ(PrepareAttention(D), cudaSuccess);
+
+  AttentionParams ap;
+  ap.q = d_q.get();
+  ap.q_row_stride = q_stride;
+  ap.kv = {d_pool.get(), p.kv_heads, D, p.block_size};
+  ap.block_tables = d_tables.get();
+  ap.sequences = d_seqs.get();
+  ap.tiles = d_tiles.get();
+  ap.num_tiles = static_cast<int>(tiles.size());
+  ap.num_heads = p.heads;
+  ap.sliding_window = p.sliding_window;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  ap.num_splits = num_splits;
+  ap.split_len = p.split_len;
+  ap.num_tokens = total_tokens;
+  ap.workspace = d_work.get();
+  ap.out = d_out.get();
+  ASSERT_EQ(PagedAttention(ap, nullptr), cudaSuccess);
+  const std::vector<float> got = FromBf16Bits(d_out.Download());
+
+  std::vector<float> scores(max_context), want(D);
+  token = 0;
+  for (size_t s = 0; s < p.seqs.size(); ++s) {
+    const auto [start, n] = p.seqs[s];
+    const cpu::PagedKv kv{&cpu_layout, cpu_pool.data(), tables[s]};
+    for (int i = 0; i < n; ++i, ++token) {
+      const int pos = start + i;
+      const int first =
+          p.sliding_window > 0 ? std::max(0, pos - p.sliding_window + 1) : 0;
+      for (int h = 0; h < p.heads; ++h) {
+        cpu::AttendOne(&q[token * q_stride + h * D], kv, h / group, first, pos,
+                       ap.scale, scores.data(), want.data());
+        for (int d = 0; d < D; ++d) {
+          ASSERT_NEAR(got[(token * p.heads + h) * D + d], want[d],
+                      kBf16Tol * std::abs(want[d]) + 2e-4f)
+              << "seq " << s << " pos " << pos << " head " << h << " dim " << d;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PagedAttentionTest,
+    ::testing::Values(
+        AttentionCase{"PrefillGqa2", 4, 2, 64, 16, 0, {{0, 37}}, 0},
+        AttentionCase{"RaggedMixGroup3Dim10Block5",
+                      6,
+                      2,
+                      10,
+                      5,
+                      0,
+                      {{0, 20}, {35, 1}, {100, 3}, {7, 9}},
+                      0},
+        AttentionCase{"DecodeGroup8Split",
+                      8,
+                      1,
+                      128,
+                      16,
+                      0,
+                      {{500, 1}, {129, 1}, {0, 1}},
+                      64},
+        AttentionCase{"PrefillDim256Split", 2, 2, 256, 16, 0, {{10, 40}}, 32},
+        AttentionCase{"SlidingWindow", 4, 4, 32, 16, 7, {{5, 30}, {90, 1}}, 0},
+        AttentionCase{"SlidingWindowSplit", 4, 2, 32, 8, 50, {{300, 2}}, 64},
+        AttentionCase{"Group20SpansTiles", 20, 1, 16, 3, 0, {{3, 2}}, 0},
+        AttentionCase{
+            "LongContextOddBlock", 8, 2, 96, 7, 0, {{2000, 3}, {1, 1}}, 256}),
+    [](const auto& info) { return info.param.name; });
+
+struct GemmCase {
+  int64_t m, n, k;
+  float beta;
+};
+
+class GemmTest : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmTest, MatchesCpuMatMul) {
+  PD_REQUIRE_CUDA_DEVICE();
+  const auto [m, n, k, beta] = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(m * 7919 + n * 31 + k));
+  const std::vector<float> x = RoundToBf16(Random(m * k, rng));
+  const std::vector<float> wf = RoundToBf16(Random(n * k, rng));
+  const std::vector<float> y0 = Random(m * n, rng);
+  const std::vector<uint16_t> x_bits = ToBf16Bits(x), w_bits = ToBf16Bits(wf);
+  DeviceVector<uint16_t> d_x(x_bits), d_w(w_bits);
+  DeviceVector<float> d_y(y0);
+  cublasHandle_t handle;
+  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(Gemm(handle, d_x.get(), m, d_w.get(), n, k, d_y.get(), beta),
+            CUBLAS_STATUS_SUCCESS);
+  const std::vector<float> got = d_y.Download();
+  cublasDestroy(handle);
+
+  const WeightMatrix w{DType::kBF16, static_cast<int32_t>(n),
+                       static_cast<int32_t>(k),
+                       reinterpret_cast<const std::byte*>(w_bits.data())};
+  std::vector<float> want(m * n);
+  cpu::MatMul(x.data(), m, w, want.data(), /*num_threads=*/2);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double mag = std::abs(beta * y0[i * n + j]);
+      for (int64_t t = 0; t < k; ++t)
+        mag += std::abs(x[i * k + t] * wf[j * k + t]);
+      ASSERT_NEAR(got[i * n + j], want[i * n + j] + beta * y0[i * n + j],
+                  1e-5 * mag + 1e-6)
+          << i << "," << j;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemmTest,
+    ::testing::Values(GemmCase{1, 5, 8, 0.0f}, GemmCase{7, 130, 264, 0.0f},
+                      GemmCase{33, 64, 17, 1.0f}, GemmCase{2, 1000, 512, 1.0f},
+                      GemmCase{129, 257, 96, 0.0f}),
+    [](const auto& info) {
+      return absl::StrCat("m", info.param.m, "n", info.param.n, "k",
+                          info.param.k,
+                          info.param.beta != 0 ? "Accumulate" : "");
+    });
+
+}  // namespace
+}  // namespace pdserve::cuda

@@ -1,0 +1,367 @@
+// The cuda backend against the cpu backend on whole models (invariant (c)
+// of DESIGN.md): the same ragged batches (chunked prefill, decode, mixed)
+// through both runners with the same block tables, logits compared row by
+// row; the device KV pool in the wire layout; stories260K's published
+// greedy text. Label `gpu`; the tests that need a device skip without one.
+//
+// Stated tolerance. The cuda backend rounds GEMM inputs, attention outputs
+// and the KV cache to bf16 (the residual stream and every accumulation stay
+// fp32); the cpu backend keeps all of them fp32. Per logits row:
+//   ||gpu - cpu||_2 <= tol * ||cpu||_2,
+// tol = 0.03 for bf16 checkpoints (both backends use the same weights) and
+// 0.05 for fp32 checkpoints (the cuda backend also rounds the weights), and
+// the argmax agrees wherever the cpu row's top-two margin exceeds a quarter
+// of the row's RMS.
+#include "engine/cuda/cuda_model_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include "engine/builtin_tiny.h"
+#include "engine/llama2c.h"
+#include "engine/model.h"
+#include "engine/model_runner.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/engine/cuda/cuda_test_util.h"
+#include "tests/engine/test_util.h"
+
+namespace pdserve {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(CudaBackendTest, IsBuiltIn) {
+  const std::vector<std::string> names = AvailableBackends();
+  EXPECT_NE(std::find(names.begin(), names.end(), "cuda"), names.end());
+}
+
+TEST(CudaBackendTest, NoDeviceIsFailedPrecondition) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  auto model = MakeTinyModel();
+  ASSERT_TRUE(model.ok());
+  auto runner =
+      CreateModelRunner(*model, {.backend = "cuda", .num_kv_blocks = 8});
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kFailedPrecondition)
+      << runner.status();
+}
+
+TEST(CudaBackendTest, KvPoolIsDeviceMemoryInTheBf16Layout) {
+  PD_REQUIRE_CUDA_DEVICE();
+  auto model = MakeTinyModel();
+  ASSERT_TRUE(model.ok());
+  auto runner = CreateModelRunner(
+      *model, {.backend = "cuda", .num_kv_blocks = 10, .block_size = 8});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_EQ((*runner)->kv_memory_kind(), KvMemoryKind::kCudaDevice);
+  EXPECT_EQ((*runner)->kv_layout().dtype, DType::kBF16);
+  EXPECT_EQ((*runner)->kv_layout().block_size, 8);
+  EXPECT_EQ((*runner)->kv_memory().size(),
+            10 * (*runner)->kv_layout().block_bytes());
+  cudaPointerAttributes attr;
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, (*runner)->kv_memory().data()),
+            cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeDevice);
+}
+
+TEST(CudaBackendTest, IllFormedBatchIsInvalidArgument) {
+  PD_REQUIRE_CUDA_DEVICE();
+  auto model = MakeTinyModel();
+  ASSERT_TRUE(model.ok());
+  auto runner =
+      CreateModelRunner(*model, {.backend = "cuda", .num_kv_blocks = 4});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  const std::vector<BlockId> table = {BlockId(7)};  // Outside the pool.
+  ForwardBatch batch;
+  batch.sequences.push_back({.tokens = tokens, .block_table = table});
+  std::vector<float> logits((*model)->config().vocab_size);
+  EXPECT_EQ((*runner)->Forward(batch, logits).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+struct RowStats {
+  double worst_rel = 0.0;  // Largest ||gpu - cpu|| / ||cpu|| seen.
+  int rows = 0;
+};
+
+// Compares `rows` logits rows; see the tolerance in the file comment.
+void ExpectLogitsClose(std::span<const float> gpu, std::span<const float> cpu,
+                       int vocab, double tol, const std::string& what,
+                       RowStats& stats) {
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t r = 0; r * vocab < cpu.size(); ++r) {
+    const float* c = &cpu[r * vocab];
+    const float* g = &gpu[r * vocab];
+    double diff2 = 0.0, norm2 = 0.0;
+    for (int v = 0; v < vocab; ++v) {
+      diff2 += (static_cast<double>(g[v]) - c[v]) * (g[v] - c[v]);
+      norm2 += static_cast<double>(c[v]) * c[v];
+    }
+    const double rel = std::sqrt(diff2 / std::max(norm2, 1e-30));
+    stats.worst_rel = std::max(stats.worst_rel, rel);
+    ++stats.rows;
+    EXPECT_LE(rel, tol) << what << ", row " << r;
+    std::vector<int> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + 2, order.end(),
+                      [&](int a, int b) { return c[a] > c[b]; });
+    const double rms = std::sqrt(norm2 / vocab);
+    if (vocab > 1 && c[order[0]] - c[order[1]] > 0.25 * rms) {
+      EXPECT_EQ(std::max_element(g, g + vocab) - g, order[0])
+          << what << ", row " << r << ": argmax differs";
+    }
+  }
+}
+
+// Runs the same batches through a cpu and a cuda runner: two prompts
+// prefilled (one in two chunks, all logits), then decode steps of both
+// with a third prompt's prefill mixed into one of them, then a long decode
+// of one sequence (its context is split on the GPU).
+void ExpectBackendsAgree(const std::shared_ptr<const Model>& model, double tol,
+                         int long_context) {
+  const ModelConfig& c = model->config();
+  const int vocab = c.vocab_size;
+  const int block_size = 16;
+  const int per_sequence = std::max(long_context + 8, 64) / block_size + 1;
+  const int num_blocks = 3 * per_sequence;
+  auto cpu = CreateModelRunner(model, {.num_kv_blocks = num_blocks,
+                                       .block_size = block_size,
+                                       .num_threads = 2});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = CreateModelRunner(model, {.backend = "cuda",
+                                       .num_kv_blocks = num_blocks,
+                                       .block_size = block_size});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+
+  // Three sequences with interleaved, shuffled block tables.
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::mt19937 rng(7);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<std::vector<BlockId>> tables(3);
+  for (int i = 0; i < num_blocks; ++i) tables[i % 3].push_back(BlockId(ids[i]));
+  auto tokens = [&](int n) {
+    std::vector<int32_t> t(n);
+    for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
+    return t;
+  };
+
+  RowStats stats;
+  auto run = [&](const ForwardBatch& batch, const std::string& what) {
+    const size_t rows = ModelRunner::NumLogitsRows(batch);
+    std::vector<float> want(rows * vocab), got(rows * vocab);
+    ASSERT_TRUE((*cpu)->Forward(batch, want).ok());
+    const absl::Status s = (*gpu)->Forward(batch, got);
+    ASSERT_TRUE(s.ok()) << s;
+    ExpectLogitsClose(got, want, vocab, tol, what, stats);
+  };
+
+  std::vector<int32_t> pos(3, 0);
+  {
+    const std::vector<int32_t> a = tokens(37), b = tokens(5);
+    ForwardBatch batch;
+    batch.sequences.push_back({.tokens = std::span(a).first(20),
+                               .start_pos = 0,
+                               .block_table = tables[0],
+                               .all_logits = true});
+    batch.sequences.push_back(
+        {.tokens = b, .start_pos = 0, .block_table = tables[1]});
+    run(batch, "prefill");
+    batch.sequences.resize(1);
+    batch.sequences[0].tokens = std::span(a).subspan(20);
+    batch.sequences[0].start_pos = 20;
+    run(batch, "second chunk");
+    pos = {37, 5, 0};
+  }
+  for (int step = 0; step < 8; ++step) {
+    const std::vector<int32_t> t = tokens(2);
+    const std::vector<int32_t> prompt = tokens(23);
+    ForwardBatch batch;
+    batch.sequences.push_back({.tokens = std::span(t).first(1),
+                               .start_pos = pos[0],
+                               .block_table = tables[0]});
+    if (step == 3) {
+      batch.sequences.push_back({.tokens = prompt,
+                                 .start_pos = 0,
+                                 .block_table = tables[2],
+                                 .all_logits = true});
+      pos[2] = 23;
+    }
+    batch.sequences.push_back({.tokens = std::span(t).subspan(1),
+                               .start_pos = pos[1],
+                               .block_table = tables[1]});
+    run(batch, "decode step " + std::to_string(step));
+    ++pos[0];
+    ++pos[1];
+  }
+  // A long third sequence: prefill in chunks of 256, then decode steps that
+  // read the whole context.
+  while (pos[2] < long_context) {
+    const std::vector<int32_t> t = tokens(std::min(256, long_context - pos[2]));
+    ForwardBatch batch;
+    batch.sequences.push_back(
+        {.tokens = t, .start_pos = pos[2], .block_table = tables[2]});
+    run(batch, "long prefill at " + std::to_string(pos[2]));
+    pos[2] += static_cast<int32_t>(t.size());
+  }
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<int32_t> t = tokens(1);
+    ForwardBatch batch;
+    batch.sequences.push_back(
+        {.tokens = t, .start_pos = pos[2], .block_table = tables[2]});
+    run(batch, "long decode at " + std::to_string(pos[2]));
+    ++pos[2];
+  }
+
+  // The device cache holds what the cpu cache holds (K after RoPE), in the
+  // same layout up to the element type: layer 0, sequence 0's positions.
+  const KvBlockLayout& gl = (*gpu)->kv_layout();
+  const KvBlockLayout& cl = (*cpu)->kv_layout();
+  std::vector<std::byte> device_pool((*gpu)->kv_memory().size());
+  ASSERT_EQ(cudaMemcpy(device_pool.data(), (*gpu)->kv_memory().data(),
+                       device_pool.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  const std::byte* host_pool = (*cpu)->kv_memory().data();
+  double worst_kv = 0.0;
+  for (int p = 0; p < pos[0]; ++p) {
+    const BlockId block = tables[0][p / block_size];
+    const int slot = p % block_size;
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      for (const bool value : {false, true}) {
+        const size_t g =
+            gl.PoolOffset(0, block, num_blocks) +
+            (value ? gl.ValueOffset(slot, h) : gl.KeyOffset(slot, h));
+        const size_t k =
+            cl.PoolOffset(0, block, num_blocks) +
+            (value ? cl.ValueOffset(slot, h) : cl.KeyOffset(slot, h));
+        for (int d = 0; d < c.head_dim; ++d) {
+          const float want = LoadAsFloat(host_pool + k, DType::kF32, d);
+          const float got =
+              LoadAsFloat(device_pool.data() + g, DType::kBF16, d);
+          worst_kv = std::max<double>(
+              worst_kv, std::abs(got - want) / (1.0 + std::abs(want)));
+        }
+      }
+    }
+  }
+  EXPECT_LE(worst_kv, 0.02) << "layer 0 K/V of sequence 0";
+  std::cout << model->name() << ": worst relative logits row error "
+            << stats.worst_rel << " over " << stats.rows << " rows (tolerance "
+            << tol << "); worst layer-0 KV error " << worst_kv << "\n";
+}
+
+ModelConfig Variant(int heads, int kv_heads, int head_dim) {
+  ModelConfig c = TinyModelConfig();
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  return c;
+}
+
+TEST(CudaConformanceTest, BuiltinTiny) {
+  PD_REQUIRE_CUDA_DEVICE();
+  auto model = MakeTinyModel();  // fp32 weights.
+  ASSERT_TRUE(model.ok());
+  ExpectBackendsAgree(*model, 0.05, /*long_context=*/700);
+}
+
+TEST(CudaConformanceTest, Bf16TinyShape) {
+  PD_REQUIRE_CUDA_DEVICE();
+  auto model = MakeRandomModel("tiny-bf16", TinyModelConfig(), DType::kBF16, 1);
+  ASSERT_TRUE(model.ok());
+  ExpectBackendsAgree(*model, 0.03, /*long_context=*/700);
+}
+
+TEST(CudaConformanceTest, Gqa4HeadDim64BiasTied) {
+  PD_REQUIRE_CUDA_DEVICE();
+  ModelConfig c = Variant(8, 2, 64);
+  c.qkv_bias = true;
+  c.tie_word_embeddings = true;
+  auto model = MakeRandomModel("gqa4-bias-tied", c, DType::kBF16, 2);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ExpectBackendsAgree(*model, 0.03, /*long_context=*/300);
+}
+
+TEST(CudaConformanceTest, HeadDim128SlidingWindowLlama3Rope) {
+  PD_REQUIRE_CUDA_DEVICE();
+  ModelConfig c = Variant(2, 2, 128);
+  c.sliding_window = 40;
+  c.rope_theta = 500000.0f;
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
+  auto model = MakeRandomModel("d128-window-llama3", c, DType::kBF16, 3);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ExpectBackendsAgree(*model, 0.03, /*long_context=*/500);
+}
+
+TEST(CudaConformanceTest, HeadDim256Group2) {
+  PD_REQUIRE_CUDA_DEVICE();
+  auto model = MakeRandomModel("d256", Variant(4, 2, 256), DType::kBF16, 4);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ExpectBackendsAgree(*model, 0.03, /*long_context=*/300);
+}
+
+class CudaHfFixtureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaHfFixtureTest, MatchesCpu) {
+  PD_REQUIRE_CUDA_DEVICE();
+  auto model =
+      Model::Load(std::string(PDSERVE_FIXTURES_DIR) + "/hf/" + GetParam());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const double tol =
+      (*model)->weights().embed.dtype == DType::kBF16 ? 0.03 : 0.05;
+  ExpectBackendsAgree(
+      *model, tol,
+      std::min(300, (*model)->config().max_position_embeddings - 8));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaHfFixtureTest,
+                         ::testing::Values("llama_gqa_rope3", "qwen2_bias_tied",
+                                           "mistral"));
+
+constexpr char kPublished[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play "
+    "outside in the park.";
+
+TEST(CudaStories260kTest, LogitsMatchCpuAndGreedyIsThePublishedText) {
+  PD_REQUIRE_CUDA_DEVICE();
+  const fs::path src = fs::path(PDSERVE_SHARED_DIR) / "models/stories260K";
+  if (!fs::exists(src / "stories260K.bin")) GTEST_SKIP() << "no " << src;
+  const fs::path dir =
+      fs::path(PDSERVE_BINARY_DIR) / "test-models/stories260K-cuda";
+  ASSERT_TRUE(
+      ConvertLlama2cToHf(src / "stories260K.bin", src / "tok512.bin", dir)
+          .ok());
+  auto model = Model::Load(dir.string());
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_NE((*model)->tokenizer(), nullptr);
+  ExpectBackendsAgree(
+      *model, 0.05,
+      std::min(400, (*model)->config().max_position_embeddings - 8));
+
+  const std::string fixture = testing_util::ReadFileOrEmpty(
+      std::string(PDSERVE_FIXTURES_DIR) + "/stories260k_greedy.json");
+  ASSERT_FALSE(fixture.empty());
+  const nlohmann::json ref = nlohmann::json::parse(fixture);
+  const auto want = ref["tokens"].get<std::vector<int32_t>>();
+  auto runner = CreateModelRunner(
+      *model, {.backend = "cuda", .num_kv_blocks = 32, .block_size = 16});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const std::vector<int32_t> got = testing_util::GreedyTokens(
+      **runner, ref["prompt_ids"].get<std::vector<int32_t>>(),
+      static_cast<int32_t>(want.size()));
+  auto text = (*model)->tokenizer()->Decode(got, /*skip_special_tokens=*/true);
+  ASSERT_TRUE(text.ok());
+  EXPECT_TRUE(text->starts_with(kPublished)) << *text;
+  size_t same = 0;
+  while (same < got.size() && same < want.size() && got[same] == want[same])
+    ++same;
+  std::cout << "stories260K on cuda: " << same << " of " << want.size()
+            << " greedy tokens equal the cpu/transformers fixture\n";
+}
+
+}  // namespace
+}  // namespace pdserve

@@ -1,0 +1,80 @@
+// Helpers for the cuda backend's tests: the device check every test starts
+// with and small typed device buffers.
+#ifndef PDSERVE_TESTS_ENGINE_CUDA_CUDA_TEST_UTIL_H_
+#define PDSERVE_TESTS_ENGINE_CUDA_CUDA_TEST_UTIL_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/cuda/cuda_model_runner.h"
+#include "engine/dtype.h"
+#include "gtest/gtest.h"
+
+// Skips the test (GTEST_SKIP) when this machine has no CUDA device.
+#define PD_REQUIRE_CUDA_DEVICE()                                    \
+  do {                                                              \
+    if (::pdserve::CudaDeviceCount() == 0) {                        \
+      GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount() == 0)"; \
+    }                                                               \
+  } while (0)
+
+namespace pdserve::testing_util {
+
+// A device copy of a host vector; Download() brings it back.
+template <typename T>
+class DeviceVector {
+ public:
+  explicit DeviceVector(size_t n) : size_(n) {
+    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(n, 1) * sizeof(T)),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemset(ptr_, 0, std::max<size_t>(n, 1) * sizeof(T)),
+              cudaSuccess);
+  }
+  explicit DeviceVector(const std::vector<T>& host)
+      : DeviceVector(host.size()) {
+    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  DeviceVector(const DeviceVector&) = delete;
+  DeviceVector& operator=(const DeviceVector&) = delete;
+  ~DeviceVector() { cudaFree(ptr_); }
+
+  T* get() const { return ptr_; }
+  std::vector<T> Download() const {
+    std::vector<T> host(size_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(host.data(), ptr_, size_ * sizeof(T),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return host;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t size_;
+};
+
+inline std::vector<uint16_t> ToBf16Bits(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);
+  return out;
+}
+
+inline std::vector<float> FromBf16Bits(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = Bf16ToFloat(v[i]);
+  return out;
+}
+
+// Rounds every value to the nearest bf16 (what the device will see).
+inline std::vector<float> RoundToBf16(std::vector<float> v) {
+  for (float& x : v) x = Bf16ToFloat(FloatToBf16(x));
+  return v;
+}
+
+}  // namespace pdserve::testing_util
+
+#endif  // PDSERVE_TESTS_ENGINE_CUDA_CUDA_TEST_UTIL_H_
