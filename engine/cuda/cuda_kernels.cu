@@ -2,6 +2,7 @@
 // purpose: CI compiles it on two cores, so the kernels take the head size
 // at run time instead of being instantiated per shape.
 #include <cuda_bf16.h>
+#include <mma.h>
 
 #include <cmath>
 
@@ -280,6 +281,211 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   }
 }
 
+// Paged attention on tensor cores, for prefill. A block takes one tile of
+// up to kMmaTileRows (token, head) rows sharing kv head blockIdx.y, and one
+// context split; each of its four warps owns 16 rows. Per step of 64 keys:
+// the block stages K and V (bf16) in shared memory; each warp computes its
+// S = Q K^T with WMMA (bf16 in, fp32 out), applies the scale, the causal /
+// window mask and the online softmax in fp32 (two lanes per row), rescales
+// its rows of the fp32 output kept in shared memory, and adds P V with
+// WMMA (P rounded to bf16).
+namespace mma = nvcuda::wmma;
+constexpr int kMmaWarps = 4;
+constexpr int kMmaRowsPerWarp = kMmaTileRows / kMmaWarps;  // 16
+constexpr int kMmaKeys = kMmaTileRows;                     // Keys per step.
+constexpr int kSLd = kMmaKeys + 4;                         // floats
+constexpr int kPLd = kMmaKeys + 8;                         // bf16
+
+struct MmaSmem {
+  int kv_ld, o_ld;  // Elements per row of Q/K/V (bf16) and O (fp32).
+  size_t q, k, v, s, p, o, bytes;  // Byte offsets, all 128-byte aligned.
+  __host__ __device__ explicit MmaSmem(int d) {
+    kv_ld = d + 8;
+    o_ld = d + 4;
+    auto round = [](size_t x) { return (x + 127) / 128 * 128; };
+    q = 0;
+    k = q + round(size_t{2} * kMmaTileRows * kv_ld);
+    v = k + round(size_t{2} * kMmaKeys * kv_ld);
+    s = v + round(size_t{2} * kMmaKeys * kv_ld);
+    p = s + round(size_t{4} * kMmaTileRows * kSLd);
+    o = p + round(size_t{2} * kMmaTileRows * kPLd);
+    bytes = o + round(size_t{4} * kMmaTileRows * o_ld);
+  }
+};
+
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    PagedAttentionMmaKernel(AttentionParams p) {
+  extern __shared__ __align__(128) unsigned char mma_smem[];
+  const int D = p.kv.head_dim;
+  const MmaSmem layout(D);
+  const int ld = layout.kv_ld, old = layout.o_ld;
+  auto* qs = reinterpret_cast<__nv_bfloat16*>(mma_smem + layout.q);
+  auto* ks = reinterpret_cast<__nv_bfloat16*>(mma_smem + layout.k);
+  auto* vs = reinterpret_cast<__nv_bfloat16*>(mma_smem + layout.v);
+  auto* ss = reinterpret_cast<float*>(mma_smem + layout.s);
+  auto* ps = reinterpret_cast<__nv_bfloat16*>(mma_smem + layout.p);
+  auto* os = reinterpret_cast<float*>(mma_smem + layout.o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  const AttentionTile tile = p.mma_tiles[blockIdx.x];
+  const AttentionSequence seq = p.sequences[tile.seq];
+  const int kvh = blockIdx.y;
+  const int split = blockIdx.z;
+  const int group = p.num_heads / p.kv.num_kv_heads;
+  const int32_t* table = p.block_tables + seq.block_offset;
+  const int64_t kv_dim = static_cast<int64_t>(p.kv.num_kv_heads) * D;
+  const int64_t layer_block = 2LL * p.kv.block_size * kv_dim;
+  const int bs = p.kv.block_size;
+
+  const int first_pos = seq.start_pos + tile.first_row / group;
+  const int last_pos =
+      seq.start_pos + (tile.first_row + tile.num_rows - 1) / group;
+  int key_lo =
+      p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0;
+  int key_hi = last_pos;
+  if (p.num_splits > 1) {
+    key_lo = max(key_lo, split * p.split_len);
+    key_hi = min(key_hi, (split + 1) * p.split_len - 1);
+  }
+
+  // Q as bf16 (zero rows past the tile) and a zero output.
+  for (int e = threadIdx.x; e < kMmaTileRows * D; e += blockDim.x) {
+    const int r = e / D, d = e % D;
+    float v = 0.0f;
+    if (r < tile.num_rows) {
+      const int row = tile.first_row + r;
+      const int64_t t = seq.token_offset + row / group;
+      const int h = kvh * group + row % group;
+      v = p.q[t * p.q_row_stride + static_cast<int64_t>(h) * D + d];
+    }
+    qs[r * ld + d] = __float2bfloat16_rn(v);
+    os[r * old + d] = 0.0f;
+  }
+
+  // This lane's row of the softmax (two lanes per row, 32 keys each).
+  const int my_r = lane / 2, my_half = lane % 2;
+  const int my_tile_row = warp * kMmaRowsPerWarp + my_r;
+  const bool my_valid = my_tile_row < tile.num_rows;
+  const int my_pos = seq.start_pos + (tile.first_row + my_tile_row) / group;
+  const int my_lo =
+      p.sliding_window > 0 ? max(0, my_pos - p.sliding_window + 1) : 0;
+  float m = -INFINITY, l = 0.0f;
+  const bool warp_active = warp * kMmaRowsPerWarp < tile.num_rows;
+  const float qscale = p.scale * kLog2e;
+  float* s_w = ss + warp * kMmaRowsPerWarp * kSLd;
+  __nv_bfloat16* p_w = ps + warp * kMmaRowsPerWarp * kPLd;
+  float* o_w = os + warp * kMmaRowsPerWarp * old;
+  const __nv_bfloat16* q_w = qs + warp * kMmaRowsPerWarp * ld;
+
+  const int chunks = D / 8;  // 16-byte chunks per K/V row.
+  for (int k0 = key_lo; k0 <= key_hi; k0 += kMmaKeys) {
+    __syncthreads();  // Q/O written, or the previous step's K/V consumed.
+    for (int e = threadIdx.x; e < kMmaKeys * chunks; e += blockDim.x) {
+      const int j = e / chunks, d = (e % chunks) * 8;
+      const int pos = k0 + j;
+      uint4 kb = make_uint4(0, 0, 0, 0), vb = make_uint4(0, 0, 0, 0);
+      if (pos <= key_hi) {
+        const uint16_t* kp = p.kv.base + table[pos / bs] * layer_block +
+                             static_cast<int64_t>(pos % bs) * kv_dim +
+                             static_cast<int64_t>(kvh) * D + d;
+        kb = *reinterpret_cast<const uint4*>(kp);
+        vb = *reinterpret_cast<const uint4*>(kp + bs * kv_dim);
+      }
+      *reinterpret_cast<uint4*>(ks + j * ld + d) = kb;
+      *reinterpret_cast<uint4*>(vs + j * ld + d) = vb;
+    }
+    __syncthreads();
+    if (!warp_active) continue;  // Warp-uniform; no block barrier below.
+
+    // S = Q K^T for this warp's 16 rows and the 64 keys.
+    for (int n = 0; n < kMmaKeys / 16; ++n) {
+      mma::fragment<mma::accumulator, 16, 16, 16, float> acc;
+      mma::fill_fragment(acc, 0.0f);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        mma::fragment<mma::matrix_a, 16, 16, 16, __nv_bfloat16, mma::row_major>
+            a;
+        mma::fragment<mma::matrix_b, 16, 16, 16, __nv_bfloat16, mma::col_major>
+            b;
+        mma::load_matrix_sync(a, q_w + kk * 16, ld);
+        mma::load_matrix_sync(b, ks + n * 16 * ld + kk * 16, ld);
+        mma::mma_sync(acc, a, b, acc);
+      }
+      mma::store_matrix_sync(s_w + n * 16, acc, kSLd, mma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Online softmax of this lane's half row.
+    float sv[32];
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      const int col = my_half * 32 + c;
+      const int key = k0 + col;
+      float x = -INFINITY;
+      if (my_valid && key >= my_lo && key <= my_pos && key <= key_hi) {
+        x = s_w[my_r * kSLd + col] * qscale;
+      }
+      sv[c] = x;
+      tile_max = fmaxf(tile_max, x);
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
+    const float m_new = fmaxf(m, tile_max);
+    // A row with nothing visible yet keeps m = -inf and zero probabilities.
+    const float corr = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      const float prob = m_new == -INFINITY ? 0.0f : exp2f(sv[c] - m_new);
+      sum += prob;
+      p_w[my_r * kPLd + my_half * 32 + c] = __float2bfloat16_rn(prob);
+    }
+    sum += __shfl_xor_sync(kFullMask, sum, 1);
+    l = l * corr + sum;
+    m = m_new;
+    for (int d = my_half * (D / 2); d < (my_half + 1) * (D / 2); ++d) {
+      o_w[my_r * old + d] *= corr;
+    }
+    __syncwarp();
+
+    // O += P V.
+    for (int n = 0; n < D / 16; ++n) {
+      mma::fragment<mma::accumulator, 16, 16, 16, float> acc;
+      mma::load_matrix_sync(acc, o_w + n * 16, old, mma::mem_row_major);
+      for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
+        mma::fragment<mma::matrix_a, 16, 16, 16, __nv_bfloat16, mma::row_major>
+            a;
+        mma::fragment<mma::matrix_b, 16, 16, 16, __nv_bfloat16, mma::row_major>
+            b;
+        mma::load_matrix_sync(a, p_w + kk * 16, kPLd);
+        mma::load_matrix_sync(b, vs + kk * 16 * ld + n * 16, ld);
+        mma::mma_sync(acc, a, b, acc);
+      }
+      mma::store_matrix_sync(o_w + n * 16, acc, old, mma::mem_row_major);
+    }
+    __syncwarp();
+  }
+  __syncthreads();  // Every warp's output rows are in shared memory.
+
+  if (!my_valid) return;
+  const int row = tile.first_row + my_tile_row;
+  const int64_t t = seq.token_offset + row / group;
+  const int h = kvh * group + row % group;
+  const int d0 = my_half * (D / 2), d1 = d0 + D / 2;
+  if (p.num_splits == 1) {
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    uint16_t* o = p.out + (t * p.num_heads + h) * D;
+    for (int d = d0; d < d1; ++d) o[d] = ToBf16(o_w[my_r * old + d] * inv);
+  } else {
+    float* w =
+        p.workspace + ((split * p.num_tokens + t) * p.num_heads + h) * (D + 2);
+    for (int d = d0; d < d1; ++d) w[d] = o_w[my_r * old + d];
+    if (my_half == 0) {
+      w[D] = m;
+      w[D + 1] = l;
+    }
+  }
+}
+
 // Merges the splits' partial softmax states of one (token, head).
 __global__ void CombineSplitsKernel(AttentionParams p) {
   const int D = p.kv.head_dim;
@@ -358,30 +564,59 @@ cudaError_t WriteKv(const float* qkv, int64_t row_stride, int64_t k_offset,
   return cudaGetLastError();
 }
 
-int AttentionSharedBytes(int head_dim) {
+int ScalarAttentionSharedBytes(int head_dim) {
   return static_cast<int>(sizeof(float)) *
          (kAttentionTileRows * head_dim + kAttentionKeyTile * (head_dim + 1) +
           kAttentionKeyTile * head_dim);
 }
 
 cudaError_t PrepareAttention(int max_head_dim) {
-  return cudaFuncSetAttribute(PagedAttentionKernel,
+  cudaError_t err = cudaFuncSetAttribute(
+      PagedAttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      ScalarAttentionSharedBytes(max_head_dim));
+  if (err != cudaSuccess) return err;
+  if (!AttentionTensorCoresSupported(max_head_dim)) return cudaSuccess;
+  return cudaFuncSetAttribute(PagedAttentionMmaKernel,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              AttentionSharedBytes(max_head_dim));
+                              static_cast<int>(MmaSmem(max_head_dim).bytes));
+}
+
+bool AttentionTensorCoresSupported(int head_dim) {
+  if (head_dim % 16 != 0 || head_dim > kMaxHeadDim) return false;
+  int device = 0, major = 0, smem = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                             device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                             device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 8 && static_cast<size_t>(smem) >= MmaSmem(head_dim).bytes;
 }
 
 cudaError_t PagedAttention(const AttentionParams& p, cudaStream_t stream) {
-  if (p.num_tiles == 0) return cudaSuccess;
-  if (p.kv.head_dim > kMaxHeadDim || p.kv.head_dim % 2 != 0 ||
-      (p.num_splits > 1 &&
-       (p.workspace == nullptr || p.split_len % kAttentionKeyTile != 0))) {
+  const int D = p.kv.head_dim;
+  if (D > kMaxHeadDim || D % 2 != 0 ||
+      (p.num_splits > 1 && (p.workspace == nullptr || p.split_len <= 0)) ||
+      (p.num_mma_tiles > 0 && D % 16 != 0)) {
     return cudaErrorInvalidValue;
   }
-  const dim3 grid(p.num_tiles, p.kv.num_kv_heads, p.num_splits);
-  PagedAttentionKernel<<<grid, kAttentionWarps * 32,
-                         AttentionSharedBytes(p.kv.head_dim), stream>>>(p);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || p.num_splits == 1) return err;
+  if (p.num_tiles > 0) {
+    const dim3 grid(p.num_tiles, p.kv.num_kv_heads, p.num_splits);
+    PagedAttentionKernel<<<grid, kAttentionWarps * 32,
+                           ScalarAttentionSharedBytes(D), stream>>>(p);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (p.num_mma_tiles > 0) {
+    const dim3 grid(p.num_mma_tiles, p.kv.num_kv_heads, p.num_splits);
+    PagedAttentionMmaKernel<<<grid, kMmaWarps * 32, MmaSmem(D).bytes, stream>>>(
+        p);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (p.num_splits == 1 || p.num_tokens == 0) return cudaSuccess;
   CombineSplitsKernel<<<p.num_tokens * p.num_heads, 128, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -17,7 +17,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace pdserve::cuda {
 
@@ -85,10 +87,30 @@ struct AttentionTile {
   int32_t num_rows;
 };
 
-// Rows per attention tile.
+// Rows per tile of the fp32 (CUDA core) attention kernel, used for decode
+// and short chunks.
 inline constexpr int kAttentionTileRows = 16;
-// Keys per step of the attention kernel; context splits are multiples.
+// Keys per step of the fp32 kernel; context splits are multiples of it.
 inline constexpr int kAttentionKeyTile = 32;
+// Rows (and keys per step) of the tensor-core kernel's tiles, for prefill.
+inline constexpr int kMmaTileRows = 64;
+
+// Appends the tiles covering `rows` rows of sequence `seq`: while at least
+// half an MMA tile is left, MMA tiles (when `tensor_cores`), the rest fp32
+// tiles.
+inline void AppendAttentionTiles(int32_t seq, int32_t rows, bool tensor_cores,
+                                 std::vector<AttentionTile>& tiles,
+                                 std::vector<AttentionTile>& mma_tiles) {
+  int32_t r = 0;
+  if (tensor_cores) {
+    for (; rows - r >= kMmaTileRows / 2; r += kMmaTileRows) {
+      mma_tiles.push_back({seq, r, std::min(kMmaTileRows, rows - r)});
+    }
+  }
+  for (; r < rows; r += kAttentionTileRows) {
+    tiles.push_back({seq, r, std::min(kAttentionTileRows, rows - r)});
+  }
+}
 
 struct AttentionParams {
   // q of token t, head h: q[t * q_row_stride + h * head_dim] (fp32, RoPE'd).
@@ -97,15 +119,20 @@ struct AttentionParams {
   PagedKvLayer kv;  // Already holds the new tokens' K/V.
   const int32_t* block_tables = nullptr;
   const AttentionSequence* sequences = nullptr;
+  // Tiles for the fp32 kernel (at most kAttentionTileRows rows each) and
+  // for the tensor-core kernel (at most kMmaTileRows rows each); together
+  // they cover every row once.
   const AttentionTile* tiles = nullptr;
   int num_tiles = 0;
+  const AttentionTile* mma_tiles = nullptr;
+  int num_mma_tiles = 0;
   int num_heads = 0;
   int sliding_window = 0;  // 0: full causal attention.
   float scale = 0.0f;      // Softmax scale, usually 1 / sqrt(head_dim).
   // Context splits (decode): split s covers key positions
   // [s * split_len, (s + 1) * split_len); 1 split needs no workspace.
   int num_splits = 1;
-  int split_len = 0;       // Multiple of kAttentionKeyTile when num_splits > 1.
+  int split_len = 0;       // Positive when num_splits > 1.
   int64_t num_tokens = 0;  // Rows of q and out.
   // Workspace for num_splits > 1: num_splits * num_tokens * num_heads *
   // (head_dim + 2) floats.
@@ -115,14 +142,19 @@ struct AttentionParams {
 };
 
 // Causal (optionally sliding-window) attention of every new token over its
-// sequence's cache, GQA, flash-style online softmax in fp32; grid: tiles x
-// kv heads x splits, then a combine pass when split.
+// sequence's cache, GQA, flash-style online softmax with fp32 statistics;
+// grid: tiles x kv heads x splits for each kernel, then a combine pass
+// when split. The tensor-core kernel rounds q and the probabilities to
+// bf16 for its MMAs (as flash attention does); the fp32 kernel keeps q fp32.
 cudaError_t PagedAttention(const AttentionParams& p, cudaStream_t stream);
 
-// Bytes of dynamic shared memory the attention kernel needs for
-// `head_dim`; the runner raises the kernel's limit once with
-// PrepareAttention.
-int AttentionSharedBytes(int head_dim);
+// Whether the tensor-core kernel can run `head_dim` on the current device
+// (a multiple of 16 up to kMaxHeadDim, compute capability 8.0 or newer,
+// enough shared memory). Call after PrepareAttention.
+bool AttentionTensorCoresSupported(int head_dim);
+
+// Raises the attention kernels' shared memory limits for `max_head_dim`
+// on the current device; once per runner (and per test shape).
 cudaError_t PrepareAttention(int max_head_dim);
 
 // y[m][n] = beta * y + x[m][k] . w[n][k]^T: bf16 x and w (row-major, as

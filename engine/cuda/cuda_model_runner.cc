@@ -189,6 +189,7 @@ class CudaModelRunner final : public ModelRunner {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   int num_sms_ = 1;
+  bool tensor_cores_ = false;  // Prefill attention on tensor cores.
 
   DevicePtr<std::byte> pool_;
   DevicePtr<uint16_t> embed_, lm_head_;  // lm_head_ null when tied.
@@ -206,7 +207,7 @@ class CudaModelRunner final : public ModelRunner {
   std::vector<int32_t> ids_, positions_, block_tables_, logit_rows_;
   std::vector<int64_t> slots_;
   std::vector<cuda::AttentionSequence> sequences_;
-  std::vector<cuda::AttentionTile> tiles_;
+  std::vector<cuda::AttentionTile> tiles_, mma_tiles_;
 };
 
 CudaModelRunner::~CudaModelRunner() {
@@ -260,6 +261,7 @@ absl::Status CudaModelRunner::Init() {
       BlasStatus(cublasSetStream(blas_, stream_), "cublasSetStream"));
   PD_RETURN_IF_ERROR(
       CudaStatus(cuda::PrepareAttention(c.head_dim), "attention setup"));
+  tensor_cores_ = cuda::AttentionTensorCoresSupported(c.head_dim);
 
   const size_t pool_bytes =
       static_cast<size_t>(num_blocks_) * layout_.block_bytes();
@@ -326,6 +328,7 @@ absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
   logit_rows_.clear();
   sequences_.clear();
   tiles_.clear();
+  mma_tiles_.clear();
   int64_t max_context = 0;
   for (size_t s = 0; s < batch.sequences.size(); ++s) {
     const SequenceInput& seq = batch.sequences[s];
@@ -346,11 +349,8 @@ absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
                        pos % bs);
       if (seq.all_logits || i == n - 1) logit_rows_.push_back(t0 + i);
     }
-    const int32_t rows = n * group;
-    for (int32_t r = 0; r < rows; r += cuda::kAttentionTileRows) {
-      tiles_.push_back({static_cast<int32_t>(s), r,
-                        std::min<int32_t>(cuda::kAttentionTileRows, rows - r)});
-    }
+    cuda::AppendAttentionTiles(static_cast<int32_t>(s), n * group,
+                               tensor_cores_, tiles_, mma_tiles_);
     max_context = std::max(max_context, end);
   }
   const int64_t T = static_cast<int64_t>(ids_.size());
@@ -358,7 +358,8 @@ absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
 
   // Split the context when the tiles alone would leave most SMs idle
   // (decode): aim for two blocks per SM, at least two key tiles per split.
-  const int64_t blocks = static_cast<int64_t>(tiles_.size()) * c.num_kv_heads;
+  const int64_t blocks =
+      static_cast<int64_t>(tiles_.size() + mma_tiles_.size()) * c.num_kv_heads;
   int num_splits = 1, split_len = 0;
   constexpr int64_t kMinSplitLen = 2 * cuda::kAttentionKeyTile;
   if (blocks < 2 * num_sms_ && max_context >= 2 * kMinSplitLen) {
@@ -391,6 +392,7 @@ absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
   const size_t rows_at = meta_.Add(logit_rows_);
   const size_t seqs_at = meta_.Add(sequences_);
   const size_t tiles_at = meta_.Add(tiles_);
+  const size_t mma_tiles_at = meta_.Add(mma_tiles_);
   PD_RETURN_IF_ERROR(meta_.Upload(stream_));
 
   float* x = x_.get();
@@ -409,6 +411,8 @@ absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
   ap.sequences = meta_.At<cuda::AttentionSequence>(seqs_at);
   ap.tiles = meta_.At<cuda::AttentionTile>(tiles_at);
   ap.num_tiles = static_cast<int>(tiles_.size());
+  ap.mma_tiles = meta_.At<cuda::AttentionTile>(mma_tiles_at);
+  ap.num_mma_tiles = static_cast<int>(mma_tiles_.size());
   ap.num_heads = c.num_heads;
   ap.sliding_window = c.sliding_window;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(D));

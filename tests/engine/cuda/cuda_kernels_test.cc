@@ -2,7 +2,9 @@
 // same name (engine/cpu/cpu_kernels.h) on random shapes, odd sizes
 // included. Inputs are rounded to bf16 first where the device takes bf16,
 // so the CPU sees exactly what the GPU sees; the tolerances are what is
-// left: bf16 rounding of outputs (relative 2^-8) and fp32 summation order.
+// left: bf16 rounding of outputs (relative 2^-8), of the probabilities in
+// the tensor-core attention kernel, and fp32 summation order. Attention
+// runs through both of its kernels (fp32 tiles, tensor-core tiles).
 // Label `gpu`; every test skips without a CUDA device.
 #include "engine/cuda/cuda_kernels.h"
 
@@ -257,7 +259,7 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendOne) {
   std::vector<std::vector<BlockId>> tables;
   std::vector<int32_t> flat_tables;
   std::vector<AttentionSequence> seqs;
-  std::vector<AttentionTile> tiles;
+  std::vector<int32_t> group_rows;  // Rows (token x head) per sequence.
   std::normal_distribution<float> dist(0.0f, 1.0f);
   int next_block = 0, token = 0;
   for (size_t s = 0; s < p.seqs.size(); ++s) {
@@ -290,14 +292,14 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendOne) {
         }
       }
     }
-    for (int r = 0; r < n * group; r += kAttentionTileRows) {
-      tiles.push_back({static_cast<int32_t>(s), r,
-                       std::min(kAttentionTileRows, n * group - r)});
-    }
+    group_rows.push_back(n * group);
     token += n;
   }
+  // q values are bf16-exact: the tensor-core kernel rounds q to bf16, the
+  // fp32 kernel does not, and the reference should not care.
   const int q_stride = p.heads * D + 5;
-  const std::vector<float> q = Random(total_tokens * q_stride, rng);
+  const std::vector<float> q =
+      RoundToBf16(Random(total_tokens * q_stride, rng));
 
   DeviceVector<float> d_q(q);
   std::vector<uint16_t> pool_bits(gpu_pool.size() / 2);
@@ -305,34 +307,50 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendOne) {
   DeviceVector<uint16_t> d_pool(pool_bits);
   DeviceVector<int32_t> d_tables(flat_tables);
   DeviceVector<AttentionSequence> d_seqs(seqs);
-  DeviceVector<AttentionTile> d_tiles(tiles);
   const int num_splits =
       p.split_len > 0 ? (max_context + p.split_len - 1) / p.split_len : 1;
   DeviceVector<float> d_work(static_cast<size_t>(num_splits) * total_tokens *
                              p.heads * (D + 2));
-  DeviceVector<uint16_t> d_out(total_tokens * p.heads * D);
   ASSERT_EQ(PrepareAttention(D), cudaSuccess);
 
-  AttentionParams ap;
-  ap.q = d_q.get();
-  ap.q_row_stride = q_stride;
-  ap.kv = {d_pool.get(), p.kv_heads, D, p.block_size};
-  ap.block_tables = d_tables.get();
-  ap.sequences = d_seqs.get();
-  ap.tiles = d_tiles.get();
-  ap.num_tiles = static_cast<int>(tiles.size());
-  ap.num_heads = p.heads;
-  ap.sliding_window = p.sliding_window;
-  ap.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  ap.num_splits = num_splits;
-  ap.split_len = p.split_len;
-  ap.num_tokens = total_tokens;
-  ap.workspace = d_work.get();
-  ap.out = d_out.get();
-  ASSERT_EQ(PagedAttention(ap, nullptr), cudaSuccess);
-  const std::vector<float> got = FromBf16Bits(d_out.Download());
+  // Both kernels: fp32 tiles only, then tensor-core tiles where they apply.
+  std::vector<std::pair<std::string, std::vector<float>>> results;
+  for (const bool tensor_cores : {false, true}) {
+    if (tensor_cores && !AttentionTensorCoresSupported(D)) continue;
+    std::vector<AttentionTile> tiles, mma_tiles;
+    for (size_t s = 0; s < group_rows.size(); ++s) {
+      AppendAttentionTiles(static_cast<int32_t>(s), group_rows[s], tensor_cores,
+                           tiles, mma_tiles);
+    }
+    if (tensor_cores && mma_tiles.empty()) continue;
+    DeviceVector<AttentionTile> d_tiles(tiles), d_mma_tiles(mma_tiles);
+    DeviceVector<uint16_t> d_out(total_tokens * p.heads * D);
+    AttentionParams ap;
+    ap.q = d_q.get();
+    ap.q_row_stride = q_stride;
+    ap.kv = {d_pool.get(), p.kv_heads, D, p.block_size};
+    ap.block_tables = d_tables.get();
+    ap.sequences = d_seqs.get();
+    ap.tiles = d_tiles.get();
+    ap.num_tiles = static_cast<int>(tiles.size());
+    ap.mma_tiles = d_mma_tiles.get();
+    ap.num_mma_tiles = static_cast<int>(mma_tiles.size());
+    ap.num_heads = p.heads;
+    ap.sliding_window = p.sliding_window;
+    ap.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    ap.num_splits = num_splits;
+    ap.split_len = p.split_len;
+    ap.num_tokens = total_tokens;
+    ap.workspace = d_work.get();
+    ap.out = d_out.get();
+    ASSERT_EQ(PagedAttention(ap, nullptr), cudaSuccess);
+    results.emplace_back(tensor_cores ? "tensor cores" : "fp32",
+                         FromBf16Bits(d_out.Download()));
+  }
 
+  ASSERT_FALSE(results.empty());
   std::vector<float> scores(max_context), want(D);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   token = 0;
   for (size_t s = 0; s < p.seqs.size(); ++s) {
     const auto [start, n] = p.seqs[s];
@@ -343,11 +361,14 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendOne) {
           p.sliding_window > 0 ? std::max(0, pos - p.sliding_window + 1) : 0;
       for (int h = 0; h < p.heads; ++h) {
         cpu::AttendOne(&q[token * q_stride + h * D], kv, h / group, first, pos,
-                       ap.scale, scores.data(), want.data());
-        for (int d = 0; d < D; ++d) {
-          ASSERT_NEAR(got[(token * p.heads + h) * D + d], want[d],
-                      kBf16Tol * std::abs(want[d]) + 2e-4f)
-              << "seq " << s << " pos " << pos << " head " << h << " dim " << d;
+                       scale, scores.data(), want.data());
+        for (const auto& [kernel, got] : results) {
+          for (int d = 0; d < D; ++d) {
+            ASSERT_NEAR(got[(token * p.heads + h) * D + d], want[d],
+                        kBf16Tol * std::abs(want[d]) + 2e-3f)
+                << kernel << ": seq " << s << " pos " << pos << " head " << h
+                << " dim " << d;
+          }
         }
       }
     }
@@ -379,7 +400,12 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{"SlidingWindowSplit", 4, 2, 32, 8, 50, {{300, 2}}, 64},
         AttentionCase{"Group20SpansTiles", 20, 1, 16, 3, 0, {{3, 2}}, 0},
         AttentionCase{
-            "LongContextOddBlock", 8, 2, 96, 7, 0, {{2000, 3}, {1, 1}}, 256}),
+            "LongContextOddBlock", 8, 2, 96, 7, 0, {{2000, 3}, {1, 1}}, 256},
+        AttentionCase{
+            "LongPrefillGqa4Dim128", 8, 2, 128, 16, 0, {{100, 150}, {0, 9}}, 0},
+        AttentionCase{"PrefillWindowDim64", 4, 2, 64, 16, 50, {{0, 200}}, 0},
+        AttentionCase{
+            "ChunkAfterLongContextSplit", 8, 2, 96, 16, 0, {{2000, 100}}, 256}),
     [](const auto& info) { return info.param.name; });
 
 struct GemmCase {
