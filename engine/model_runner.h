@@ -61,6 +61,9 @@ struct ModelRunnerOptions {
   int32_t block_size = 16;
   // Worker threads for the cpu backend; 0 uses every core. Default: 0.
   int32_t num_threads = 0;
+  // cuda backend: replay decode steps (one token per sequence) through
+  // CUDA graphs captured per padded batch size. Default: true.
+  bool cuda_graphs = true;
 };
 
 class ModelRunner {

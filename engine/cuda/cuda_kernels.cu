@@ -116,6 +116,7 @@ __global__ void WriteKvKernel(const float* qkv, int64_t row_stride,
                               const int64_t* slots, PagedKvLayer kv) {
   const int64_t kv_dim = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
   const int64_t slot = slots[blockIdx.x];
+  if (slot < 0) return;  // Padding of a captured batch: store nothing.
   const int64_t block = slot / kv.block_size, s = slot % kv.block_size;
   uint16_t* k = kv.base + block * 2 * kv.block_size * kv_dim + s * kv_dim;
   uint16_t* v = k + kv.block_size * kv_dim;
@@ -165,8 +166,11 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
       p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0;
   int key_hi = last_pos;
   if (p.num_splits > 1) {
-    key_lo = max(key_lo, split * p.split_len);
-    key_hi = min(key_hi, (split + 1) * p.split_len - 1);
+    // Each sequence's context is split evenly, by its own length.
+    const int split_len =
+        (seq.start_pos + seq.num_tokens + p.num_splits - 1) / p.num_splits;
+    key_lo = max(key_lo, split * split_len);
+    key_hi = min(key_hi, (split + 1) * split_len - 1);
   }
 
   const float qscale = p.scale * kLog2e;
@@ -344,8 +348,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0;
   int key_hi = last_pos;
   if (p.num_splits > 1) {
-    key_lo = max(key_lo, split * p.split_len);
-    key_hi = min(key_hi, (split + 1) * p.split_len - 1);
+    // Each sequence's context is split evenly, by its own length.
+    const int split_len =
+        (seq.start_pos + seq.num_tokens + p.num_splits - 1) / p.num_splits;
+    key_lo = max(key_lo, split * split_len);
+    key_hi = min(key_hi, (split + 1) * split_len - 1);
   }
 
   // Q as bf16 (zero rows past the tile) and a zero output.
@@ -598,7 +605,7 @@ bool AttentionTensorCoresSupported(int head_dim) {
 cudaError_t PagedAttention(const AttentionParams& p, cudaStream_t stream) {
   const int D = p.kv.head_dim;
   if (D > kMaxHeadDim || D % 2 != 0 ||
-      (p.num_splits > 1 && (p.workspace == nullptr || p.split_len <= 0)) ||
+      (p.num_splits > 1 && p.workspace == nullptr) ||
       (p.num_mma_tiles > 0 && D % 16 != 0)) {
     return cudaErrorInvalidValue;
   }

@@ -66,7 +66,8 @@ struct PagedKvLayer {
 };
 
 // Stores each token's K (row offset k_offset) and V (v_offset) of `qkv`
-// into the cache slot slots[t] = block id * block_size + slot, as bf16.
+// into the cache slot slots[t] = block id * block_size + slot, as bf16;
+// a negative slot stores nothing.
 cudaError_t WriteKv(const float* qkv, int64_t row_stride, int64_t k_offset,
                     int64_t v_offset, int64_t n_tokens, const int64_t* slots,
                     const PagedKvLayer& kv, cudaStream_t stream);
@@ -129,10 +130,12 @@ struct AttentionParams {
   int num_heads = 0;
   int sliding_window = 0;  // 0: full causal attention.
   float scale = 0.0f;      // Softmax scale, usually 1 / sqrt(head_dim).
-  // Context splits (decode): split s covers key positions
-  // [s * split_len, (s + 1) * split_len); 1 split needs no workspace.
+  // Context splits (decode): split s of a sequence whose new tokens end at
+  // position e covers key positions [s * len, (s + 1) * len), len =
+  // ceil((e + 1) / num_splits). The launch depends on num_splits only, not
+  // on the contexts (a captured decode graph stays valid as they grow).
+  // 1 split needs no workspace.
   int num_splits = 1;
-  int split_len = 0;       // Positive when num_splits > 1.
   int64_t num_tokens = 0;  // Rows of q and out.
   // Workspace for num_splits > 1: num_splits * num_tokens * num_heads *
   // (head_dim + 2) floats.

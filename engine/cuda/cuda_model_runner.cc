@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_kernels.h"
@@ -89,13 +92,17 @@ struct DeviceLayer {
   DevicePtr<uint16_t> w_down;     // [hidden][ffn]
 };
 
-// Scratch that grows to the largest batch seen and is reused.
+// Scratch that grows to the largest batch seen and is reused. A growth
+// bumps *epoch, which invalidates the decode graphs captured with the old
+// address.
 template <typename T>
 class GrowingBuffer {
  public:
-  absl::Status Reserve(size_t count, const char* what) {
+  absl::Status Reserve(size_t count, const char* what, int64_t* epoch) {
     if (count <= capacity_) return absl::OkStatus();
     ptr_.reset();
+    capacity_ = 0;
+    ++*epoch;
     PD_ASSIGN_OR_RETURN(ptr_, DeviceAlloc<T>(count, what));
     capacity_ = count;
     return absl::OkStatus();
@@ -115,16 +122,31 @@ class MetadataBuffer {
   void Clear() { host_.clear(); }
   template <typename T>
   size_t Add(const std::vector<T>& v) {
-    const size_t at = (host_.size() + 15) / 16 * 16;
-    host_.resize(at + v.size() * sizeof(T));
+    const size_t at = Reserve(v.size() * sizeof(T));
     if (!v.empty())
       std::memcpy(host_.data() + at, v.data(), v.size() * sizeof(T));
     return at;
   }
-  absl::Status Upload(cudaStream_t stream) {
+  // Room for `bytes` (zeroed), 16-byte aligned; returns its offset.
+  size_t Reserve(size_t bytes) {
+    const size_t at = (host_.size() + 15) / 16 * 16;
+    host_.resize(at + bytes);
+    return at;
+  }
+  template <typename T>
+  T* HostAt(size_t offset) {
+    return reinterpret_cast<T*>(host_.data() + offset);
+  }
+  size_t size() const { return host_.size(); }
+
+  // Copies the packing to the device buffer, which is reallocated (and
+  // *epoch bumped, when given) only when it is too small.
+  absl::Status Upload(cudaStream_t stream, int64_t* epoch) {
     if (host_.size() > capacity_) {
       pinned_.reset();
       device_.reset();
+      capacity_ = 0;
+      if (epoch != nullptr) ++*epoch;
       const size_t cap = std::max<size_t>(host_.size() * 2, 4096);
       void* p = nullptr;
       PD_RETURN_IF_ERROR(
@@ -153,6 +175,24 @@ class MetadataBuffer {
   size_t capacity_ = 0;
 };
 
+struct GraphExecDeleter {
+  void operator()(cudaGraphExec_t g) const { cudaGraphExecDestroy(g); }
+};
+using GraphExec =
+    std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, GraphExecDeleter>;
+
+// What the kernels of one forward read: device pointers into the metadata
+// and the counts. The same plan drives an eager forward and a capture.
+struct ForwardPlan {
+  int64_t tokens = 0;  // T: rows of the activations.
+  int64_t rows = 0;    // R: logits rows.
+  const int32_t* ids = nullptr;
+  const int32_t* positions = nullptr;
+  const int64_t* slots = nullptr;  // -1: do not store (graph padding).
+  const int32_t* logit_rows = nullptr;
+  cuda::AttentionParams attention;  // Minus the layer's kv base.
+};
+
 class CudaModelRunner final : public ModelRunner {
  public:
   static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(
@@ -174,34 +214,68 @@ class CudaModelRunner final : public ModelRunner {
                        std::span<float> logits) override;
 
  private:
+  // A decode step of `batch` sequences (padded up to a power of two)
+  // captured once and replayed: its metadata lives at fixed addresses.
+  struct DecodeGraph {
+    int64_t epoch = -1;  // buffer_epoch_ at capture.
+    GraphExec exec;
+    MetadataBuffer meta;
+    size_t ids_at = 0, pos_at = 0, slots_at = 0, rows_at = 0, seqs_at = 0,
+           tiles_at = 0, tables_at = 0;
+  };
+
   CudaModelRunner(std::shared_ptr<const Model> model, KvBlockLayout layout,
-                  int32_t num_blocks)
-      : model_(std::move(model)), layout_(layout), num_blocks_(num_blocks) {}
+                  int32_t num_blocks, bool use_graphs)
+      : model_(std::move(model)),
+        layout_(layout),
+        num_blocks_(num_blocks),
+        max_blocks_per_seq_(
+            (model_->config().max_position_embeddings + layout.block_size - 1) /
+            layout.block_size),
+        use_graphs_(use_graphs) {}
 
   absl::Status Init();
-  absl::Status EnqueueForward(const ForwardBatch& batch,
-                              std::span<float> logits);
+  // Context splits for `tiles` attention tiles (of all kinds) and the
+  // longest context: two blocks per SM when the tiles alone leave SMs
+  // idle (decode), each split at least two key tiles long.
+  int AttentionSplits(int64_t tiles, int64_t max_context) const;
+  absl::Status ReserveScratch(int64_t tokens, int64_t rows, int num_splits);
+  absl::Status EagerForward(const ForwardBatch& batch, std::span<float> logits);
+  // Decode steps through a captured graph; *done false when this batch
+  // cannot use one (then nothing was enqueued).
+  absl::Status GraphForward(const ForwardBatch& batch, std::span<float> logits,
+                            bool* done);
+  absl::Status EnqueueLayers(
+      const ForwardPlan& plan,
+      const std::function<void(int32_t)>& on_layer_kv_written);
 
   const std::shared_ptr<const Model> model_;
   const KvBlockLayout layout_;
   const int32_t num_blocks_;
+  const int32_t max_blocks_per_seq_;  // Block table capacity in graphs.
+  const bool use_graphs_;
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   int num_sms_ = 1;
-  bool tensor_cores_ = false;  // Prefill attention on tensor cores.
+  bool tensor_cores_ = false;   // Prefill attention on tensor cores.
+  bool graphs_broken_ = false;  // A capture failed; stay eager.
 
   DevicePtr<std::byte> pool_;
+  DevicePtr<std::byte> blas_workspace_;
   DevicePtr<uint16_t> embed_, lm_head_;  // lm_head_ null when tied.
   DevicePtr<float> final_norm_, inv_freq_;
   std::vector<DeviceLayer> layers_;
 
+  int64_t buffer_epoch_ = 0;        // Bumped whenever a scratch buffer moves.
   GrowingBuffer<float> x_;          // [T][hidden] residual stream.
   GrowingBuffer<float> wide_;       // [T][max(qkv_dim, 2 ffn)] GEMM outputs.
   GrowingBuffer<uint16_t> act_;     // [T][max(hidden, q_dim, ffn)] bf16.
   GrowingBuffer<float> logits_;     // [rows][vocab]
   GrowingBuffer<float> workspace_;  // Attention splits.
   MetadataBuffer meta_;
+  // Keyed by log2(padded batch) * 8 + log2(splits).
+  absl::flat_hash_map<int, std::unique_ptr<DecodeGraph>> graphs_;
 
   // Host-side per-forward vectors, kept to reuse their capacity.
   std::vector<int32_t> ids_, positions_, block_tables_, logit_rows_;
@@ -210,7 +284,13 @@ class CudaModelRunner final : public ModelRunner {
   std::vector<cuda::AttentionTile> tiles_, mma_tiles_;
 };
 
+// Largest decode batch replayed through a graph (padded to a power of two).
+constexpr int kMaxGraphBatch = 256;
+// cuBLAS workspace, set explicitly so that captured GEMMs never allocate.
+constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
+
 CudaModelRunner::~CudaModelRunner() {
+  graphs_.clear();
   if (blas_ != nullptr) cublasDestroy(blas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -241,7 +321,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
         " bytes each) is out of range; raise kv_cache_bytes or num_kv_blocks"));
   }
   std::unique_ptr<CudaModelRunner> runner(new CudaModelRunner(
-      std::move(model), layout, static_cast<int32_t>(num_blocks)));
+      std::move(model), layout, static_cast<int32_t>(num_blocks),
+      options.cuda_graphs));
   PD_RETURN_IF_ERROR(runner->Init());
   return runner;
 }
@@ -259,6 +340,12 @@ absl::Status CudaModelRunner::Init() {
   PD_RETURN_IF_ERROR(BlasStatus(cublasCreate(&blas_), "cublasCreate"));
   PD_RETURN_IF_ERROR(
       BlasStatus(cublasSetStream(blas_, stream_), "cublasSetStream"));
+  PD_ASSIGN_OR_RETURN(
+      blas_workspace_,
+      DeviceAlloc<std::byte>(kBlasWorkspaceBytes, "cuBLAS workspace"));
+  PD_RETURN_IF_ERROR(BlasStatus(
+      cublasSetWorkspace(blas_, blas_workspace_.get(), kBlasWorkspaceBytes),
+      "cuBLAS workspace"));
   PD_RETURN_IF_ERROR(
       CudaStatus(cuda::PrepareAttention(c.head_dim), "attention setup"));
   tensor_cores_ = cuda::AttentionTensorCoresSupported(c.head_dim);
@@ -296,10 +383,42 @@ absl::Status CudaModelRunner::Init() {
   return CudaStatus(cudaDeviceSynchronize(), "weight upload");
 }
 
+int CudaModelRunner::AttentionSplits(int64_t tiles, int64_t max_context) const {
+  const int64_t blocks = tiles * model_->config().num_kv_heads;
+  constexpr int64_t kMinSplitLen = 2 * cuda::kAttentionKeyTile;
+  if (blocks >= 2 * num_sms_ || max_context < 2 * kMinSplitLen) return 1;
+  return static_cast<int>(std::min<int64_t>(
+      {(2 * num_sms_ + blocks - 1) / blocks, max_context / kMinSplitLen, 64}));
+}
+
+absl::Status CudaModelRunner::ReserveScratch(int64_t T, int64_t R,
+                                             int num_splits) {
+  const ModelConfig& c = model_->config();
+  const int64_t hidden = c.hidden_size, D = c.head_dim,
+                ffn = c.intermediate_size;
+  const int64_t q_dim = c.num_heads * D,
+                qkv_dim = q_dim + 2 * c.num_kv_heads * D;
+  PD_RETURN_IF_ERROR(x_.Reserve(T * hidden, "activations", &buffer_epoch_));
+  PD_RETURN_IF_ERROR(wide_.Reserve(T * std::max(qkv_dim, 2 * ffn),
+                                   "activations", &buffer_epoch_));
+  PD_RETURN_IF_ERROR(act_.Reserve(T * std::max({hidden, q_dim, ffn}),
+                                  "activations", &buffer_epoch_));
+  PD_RETURN_IF_ERROR(
+      logits_.Reserve(R * c.vocab_size, "logits", &buffer_epoch_));
+  if (num_splits > 1) {
+    PD_RETURN_IF_ERROR(
+        workspace_.Reserve(num_splits * T * c.num_heads * (D + 2),
+                           "attention workspace", &buffer_epoch_));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaModelRunner::Forward(const ForwardBatch& batch,
                                       std::span<float> logits) {
   PD_RETURN_IF_ERROR(ValidateBatch(batch, logits));
-  absl::Status s = EnqueueForward(batch, logits);
+  bool done = false;
+  absl::Status s = GraphForward(batch, logits, &done);
+  if (s.ok() && !done) s = EagerForward(batch, logits);
   // Whatever was enqueued finishes before the caller may touch the cache
   // or reuse the batch's memory.
   const absl::Status sync =
@@ -307,16 +426,9 @@ absl::Status CudaModelRunner::Forward(const ForwardBatch& batch,
   return s.ok() ? sync : s;
 }
 
-absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
-                                             std::span<float> logits) {
+absl::Status CudaModelRunner::EagerForward(const ForwardBatch& batch,
+                                           std::span<float> logits) {
   const ModelConfig& c = model_->config();
-  const int64_t hidden = c.hidden_size;
-  const int64_t D = c.head_dim;
-  const int64_t q_dim = c.num_heads * D;
-  const int64_t kv_dim = c.num_kv_heads * D;
-  const int64_t qkv_dim = q_dim + 2 * kv_dim;
-  const int64_t ffn = c.intermediate_size;
-  const int64_t vocab = c.vocab_size;
   const int group = c.num_heads / c.num_kv_heads;
   const int bs = layout_.block_size;
 
@@ -355,34 +467,9 @@ absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
   }
   const int64_t T = static_cast<int64_t>(ids_.size());
   const int64_t R = static_cast<int64_t>(logit_rows_.size());
-
-  // Split the context when the tiles alone would leave most SMs idle
-  // (decode): aim for two blocks per SM, at least two key tiles per split.
-  const int64_t blocks =
-      static_cast<int64_t>(tiles_.size() + mma_tiles_.size()) * c.num_kv_heads;
-  int num_splits = 1, split_len = 0;
-  constexpr int64_t kMinSplitLen = 2 * cuda::kAttentionKeyTile;
-  if (blocks < 2 * num_sms_ && max_context >= 2 * kMinSplitLen) {
-    const int64_t want = std::min<int64_t>(
-        {(2 * num_sms_ + blocks - 1) / blocks, max_context / kMinSplitLen, 64});
-    const int64_t len = (max_context + want - 1) / want;
-    split_len =
-        static_cast<int>((len + cuda::kAttentionKeyTile - 1) /
-                         cuda::kAttentionKeyTile * cuda::kAttentionKeyTile);
-    num_splits = static_cast<int>((max_context + split_len - 1) / split_len);
-    if (num_splits == 1) split_len = 0;
-  }
-
-  PD_RETURN_IF_ERROR(x_.Reserve(T * hidden, "activations"));
-  PD_RETURN_IF_ERROR(
-      wide_.Reserve(T * std::max(qkv_dim, 2 * ffn), "activations"));
-  PD_RETURN_IF_ERROR(
-      act_.Reserve(T * std::max({hidden, q_dim, ffn}), "activations"));
-  PD_RETURN_IF_ERROR(logits_.Reserve(R * vocab, "logits"));
-  if (num_splits > 1) {
-    PD_RETURN_IF_ERROR(workspace_.Reserve(
-        num_splits * T * c.num_heads * (D + 2), "attention workspace"));
-  }
+  const int num_splits = AttentionSplits(
+      static_cast<int64_t>(tiles_.size() + mma_tiles_.size()), max_context);
+  PD_RETURN_IF_ERROR(ReserveScratch(T, R, num_splits));
 
   meta_.Clear();
   const size_t ids_at = meta_.Add(ids_);
@@ -393,31 +480,170 @@ absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
   const size_t seqs_at = meta_.Add(sequences_);
   const size_t tiles_at = meta_.Add(tiles_);
   const size_t mma_tiles_at = meta_.Add(mma_tiles_);
-  PD_RETURN_IF_ERROR(meta_.Upload(stream_));
+  // No graph reads meta_, so its moves need not invalidate them.
+  PD_RETURN_IF_ERROR(meta_.Upload(stream_, /*epoch=*/nullptr));
 
-  float* x = x_.get();
-  float* wide = wide_.get();
-  uint16_t* act = act_.get();
-  PD_RETURN_IF_ERROR(
-      CudaStatus(cuda::Embedding(embed_.get(), hidden,
-                                 meta_.At<int32_t>(ids_at), T, x, stream_),
-                 "embedding"));
-
-  cuda::AttentionParams ap;
-  ap.q = wide;
-  ap.q_row_stride = qkv_dim;
-  ap.kv = {nullptr, c.num_kv_heads, c.head_dim, bs};
+  ForwardPlan plan;
+  plan.tokens = T;
+  plan.rows = R;
+  plan.ids = meta_.At<int32_t>(ids_at);
+  plan.positions = meta_.At<int32_t>(pos_at);
+  plan.slots = meta_.At<int64_t>(slots_at);
+  plan.logit_rows = meta_.At<int32_t>(rows_at);
+  cuda::AttentionParams& ap = plan.attention;
   ap.block_tables = meta_.At<int32_t>(tables_at);
   ap.sequences = meta_.At<cuda::AttentionSequence>(seqs_at);
   ap.tiles = meta_.At<cuda::AttentionTile>(tiles_at);
   ap.num_tiles = static_cast<int>(tiles_.size());
   ap.mma_tiles = meta_.At<cuda::AttentionTile>(mma_tiles_at);
   ap.num_mma_tiles = static_cast<int>(mma_tiles_.size());
+  ap.num_splits = num_splits;
+  PD_RETURN_IF_ERROR(EnqueueLayers(plan, batch.on_layer_kv_written));
+  return CudaStatus(cudaMemcpyAsync(logits.data(), logits_.get(),
+                                    R * c.vocab_size * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_),
+                    "logits copy");
+}
+
+absl::Status CudaModelRunner::GraphForward(const ForwardBatch& batch,
+                                           std::span<float> logits,
+                                           bool* done) {
+  *done = false;
+  const ModelConfig& c = model_->config();
+  const int group = c.num_heads / c.num_kv_heads;
+  const int bs = layout_.block_size;
+  const int64_t B = static_cast<int64_t>(batch.sequences.size());
+  // Pure decode steps only: one token (so one logits row) per sequence,
+  // one fp32 attention tile per sequence, no per-layer hook.
+  if (!use_graphs_ || graphs_broken_ || batch.on_layer_kv_written ||
+      B > kMaxGraphBatch || group > cuda::kAttentionTileRows) {
+    return absl::OkStatus();
+  }
+  int64_t max_context = 0;
+  for (const SequenceInput& s : batch.sequences) {
+    if (s.tokens.size() != 1) return absl::OkStatus();
+    max_context = std::max<int64_t>(max_context, s.start_pos + 1);
+  }
+  int padded = 1, log_batch = 0;
+  while (padded < B) padded *= 2, ++log_batch;
+  // Splits rounded down to a power of two, so that few graphs cover all
+  // contexts.
+  int splits = 1, log_splits = 0;
+  const int want = AttentionSplits(padded, max_context);
+  while (splits * 2 <= want) splits *= 2, ++log_splits;
+  PD_RETURN_IF_ERROR(ReserveScratch(padded, padded, splits));
+
+  std::unique_ptr<DecodeGraph>& g = graphs_[log_batch * 8 + log_splits];
+  if (g == nullptr) {
+    g = std::make_unique<DecodeGraph>();
+    MetadataBuffer& m = g->meta;
+    g->ids_at = m.Reserve(padded * sizeof(int32_t));
+    g->pos_at = m.Reserve(padded * sizeof(int32_t));
+    g->slots_at = m.Reserve(padded * sizeof(int64_t));
+    g->rows_at = m.Reserve(padded * sizeof(int32_t));
+    g->seqs_at = m.Reserve(padded * sizeof(cuda::AttentionSequence));
+    g->tiles_at = m.Reserve(padded * sizeof(cuda::AttentionTile));
+    g->tables_at = m.Reserve(static_cast<size_t>(padded) * max_blocks_per_seq_ *
+                             sizeof(int32_t));
+  }
+  // Fill the fixed layout: the batch's sequences, then padding sequences
+  // that read block 0 at position 0 and store nothing.
+  MetadataBuffer& m = g->meta;
+  for (int64_t i = 0; i < padded; ++i) {
+    const bool real = i < B;
+    const SequenceInput* s = real ? &batch.sequences[i] : nullptr;
+    const int32_t pos = real ? s->start_pos : 0;
+    m.HostAt<int32_t>(g->ids_at)[i] = real ? s->tokens[0] : 0;
+    m.HostAt<int32_t>(g->pos_at)[i] = pos;
+    m.HostAt<int64_t>(g->slots_at)[i] =
+        real ? static_cast<int64_t>(s->block_table[pos / bs].value) * bs +
+                   pos % bs
+             : -1;
+    m.HostAt<int32_t>(g->rows_at)[i] = static_cast<int32_t>(i);
+    const int32_t table_at = static_cast<int32_t>(i * max_blocks_per_seq_);
+    m.HostAt<cuda::AttentionSequence>(g->seqs_at)[i] = {static_cast<int32_t>(i),
+                                                        1, pos, table_at};
+    m.HostAt<cuda::AttentionTile>(g->tiles_at)[i] = {static_cast<int32_t>(i), 0,
+                                                     group};
+    int32_t* table = m.HostAt<int32_t>(g->tables_at) + table_at;
+    const int64_t blocks = real ? pos / bs + 1 : 1;
+    for (int64_t b = 0; b < blocks; ++b)
+      table[b] = real ? s->block_table[b].value : 0;
+  }
+  // The layout's size is fixed, so the buffer is only allocated before the
+  // graph's first capture.
+  PD_RETURN_IF_ERROR(m.Upload(stream_, /*epoch=*/nullptr));
+
+  if (g->exec == nullptr || g->epoch != buffer_epoch_) {
+    g->exec.reset();
+    ForwardPlan plan;
+    plan.tokens = padded;
+    plan.rows = padded;
+    plan.ids = m.At<int32_t>(g->ids_at);
+    plan.positions = m.At<int32_t>(g->pos_at);
+    plan.slots = m.At<int64_t>(g->slots_at);
+    plan.logit_rows = m.At<int32_t>(g->rows_at);
+    cuda::AttentionParams& ap = plan.attention;
+    ap.block_tables = m.At<int32_t>(g->tables_at);
+    ap.sequences = m.At<cuda::AttentionSequence>(g->seqs_at);
+    ap.tiles = m.At<cuda::AttentionTile>(g->tiles_at);
+    ap.num_tiles = static_cast<int>(padded);
+    ap.num_splits = splits;
+    PD_RETURN_IF_ERROR(CudaStatus(
+        cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+        "capture"));
+    const absl::Status enqueued = EnqueueLayers(plan, nullptr);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t made = cudaErrorStreamCaptureInvalidated;
+    if (enqueued.ok() && ended == cudaSuccess)
+      made = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!enqueued.ok() || ended != cudaSuccess || made != cudaSuccess) {
+      // Stay eager from now on; this step runs eagerly below.
+      cudaGetLastError();
+      graphs_broken_ = true;
+      graphs_.clear();
+      return absl::OkStatus();
+    }
+    g->exec.reset(exec);
+    g->epoch = buffer_epoch_;
+  }
+  PD_RETURN_IF_ERROR(
+      CudaStatus(cudaGraphLaunch(g->exec.get(), stream_), "graph launch"));
+  *done = true;
+  return CudaStatus(cudaMemcpyAsync(logits.data(), logits_.get(),
+                                    B * c.vocab_size * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_),
+                    "logits copy");
+}
+
+absl::Status CudaModelRunner::EnqueueLayers(
+    const ForwardPlan& plan,
+    const std::function<void(int32_t)>& on_layer_kv_written) {
+  const ModelConfig& c = model_->config();
+  const int64_t hidden = c.hidden_size;
+  const int64_t D = c.head_dim;
+  const int64_t q_dim = c.num_heads * D;
+  const int64_t kv_dim = c.num_kv_heads * D;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim;
+  const int64_t ffn = c.intermediate_size;
+  const int64_t T = plan.tokens, R = plan.rows;
+  float* x = x_.get();
+  float* wide = wide_.get();
+  uint16_t* act = act_.get();
+
+  PD_RETURN_IF_ERROR(
+      CudaStatus(cuda::Embedding(embed_.get(), hidden, plan.ids, T, x, stream_),
+                 "embedding"));
+
+  cuda::AttentionParams ap = plan.attention;
+  ap.q = wide;
+  ap.q_row_stride = qkv_dim;
   ap.num_heads = c.num_heads;
   ap.sliding_window = c.sliding_window;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  ap.num_splits = num_splits;
-  ap.split_len = split_len;
   ap.num_tokens = T;
   ap.workspace = workspace_.get();
   ap.out = act;
@@ -426,7 +652,8 @@ absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
     const DeviceLayer& L = layers_[l];
     uint16_t* layer_base = reinterpret_cast<uint16_t*>(
         pool_.get() + layout_.PoolOffset(l, BlockId(0), num_blocks_));
-    const cuda::PagedKvLayer kv{layer_base, c.num_kv_heads, c.head_dim, bs};
+    const cuda::PagedKvLayer kv{layer_base, c.num_kv_heads, c.head_dim,
+                                layout_.block_size};
 
     PD_RETURN_IF_ERROR(
         CudaStatus(cuda::RmsNorm(x, nullptr, T, hidden, L.attn_norm.get(),
@@ -436,18 +663,18 @@ absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
         cuda::Gemm(blas_, act, T, L.wqkv.get(), qkv_dim, hidden, wide, 0.0f),
         "qkv"));
     PD_RETURN_IF_ERROR(CudaStatus(
-        cuda::BiasRope(wide, qkv_dim, qkv_dim, T, meta_.At<int32_t>(pos_at),
+        cuda::BiasRope(wide, qkv_dim, qkv_dim, T, plan.positions,
                        inv_freq_.get(), c.num_heads, c.num_kv_heads, c.head_dim,
                        L.bqkv.get(), cuda::RopeStyle::kHalfRotation, stream_),
         "rope"));
     PD_RETURN_IF_ERROR(
         CudaStatus(cuda::WriteKv(wide, qkv_dim, q_dim, q_dim + kv_dim, T,
-                                 meta_.At<int64_t>(slots_at), kv, stream_),
+                                 plan.slots, kv, stream_),
                    "kv write"));
-    if (batch.on_layer_kv_written) {
+    if (on_layer_kv_written) {
       PD_RETURN_IF_ERROR(
           CudaStatus(cudaStreamSynchronize(stream_), "kv write"));
-      batch.on_layer_kv_written(l);
+      on_layer_kv_written(l);
     }
     ap.kv = kv;
     PD_RETURN_IF_ERROR(
@@ -470,17 +697,13 @@ absl::Status CudaModelRunner::EnqueueForward(const ForwardBatch& batch,
   }
 
   PD_RETURN_IF_ERROR(
-      CudaStatus(cuda::RmsNorm(x, meta_.At<int32_t>(rows_at), R, hidden,
-                               final_norm_.get(), c.rms_norm_eps, act, stream_),
+      CudaStatus(cuda::RmsNorm(x, plan.logit_rows, R, hidden, final_norm_.get(),
+                               c.rms_norm_eps, act, stream_),
                  "final norm"));
   const uint16_t* head = lm_head_ != nullptr ? lm_head_.get() : embed_.get();
-  PD_RETURN_IF_ERROR(BlasStatus(
-      cuda::Gemm(blas_, act, R, head, vocab, hidden, logits_.get(), 0.0f),
-      "lm_head"));
-  return CudaStatus(
-      cudaMemcpyAsync(logits.data(), logits_.get(), R * vocab * sizeof(float),
-                      cudaMemcpyDeviceToHost, stream_),
-      "logits copy");
+  return BlasStatus(cuda::Gemm(blas_, act, R, head, c.vocab_size, hidden,
+                               logits_.get(), 0.0f),
+                    "lm_head");
 }
 
 }  // namespace

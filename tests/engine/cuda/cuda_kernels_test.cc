@@ -229,7 +229,7 @@ struct AttentionCase {
   std::string name;
   int heads, kv_heads, head_dim, block_size, sliding_window;
   std::vector<std::pair<int, int>> seqs;  // (start_pos, new tokens)
-  int split_len;                          // 0: no context split.
+  int num_splits;                         // 1: no context split.
 };
 
 class PagedAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
@@ -307,8 +307,7 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendOne) {
   DeviceVector<uint16_t> d_pool(pool_bits);
   DeviceVector<int32_t> d_tables(flat_tables);
   DeviceVector<AttentionSequence> d_seqs(seqs);
-  const int num_splits =
-      p.split_len > 0 ? (max_context + p.split_len - 1) / p.split_len : 1;
+  const int num_splits = p.num_splits;
   DeviceVector<float> d_work(static_cast<size_t>(num_splits) * total_tokens *
                              p.heads * (D + 2));
   ASSERT_EQ(PrepareAttention(D), cudaSuccess);
@@ -339,7 +338,6 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendOne) {
     ap.sliding_window = p.sliding_window;
     ap.scale = 1.0f / std::sqrt(static_cast<float>(D));
     ap.num_splits = num_splits;
-    ap.split_len = p.split_len;
     ap.num_tokens = total_tokens;
     ap.workspace = d_work.get();
     ap.out = d_out.get();
@@ -378,7 +376,7 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendOne) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, PagedAttentionTest,
     ::testing::Values(
-        AttentionCase{"PrefillGqa2", 4, 2, 64, 16, 0, {{0, 37}}, 0},
+        AttentionCase{"PrefillGqa2", 4, 2, 64, 16, 0, {{0, 37}}, 1},
         AttentionCase{"RaggedMixGroup3Dim10Block5",
                       6,
                       2,
@@ -386,7 +384,7 @@ INSTANTIATE_TEST_SUITE_P(
                       5,
                       0,
                       {{0, 20}, {35, 1}, {100, 3}, {7, 9}},
-                      0},
+                      1},
         AttentionCase{"DecodeGroup8Split",
                       8,
                       1,
@@ -394,18 +392,20 @@ INSTANTIATE_TEST_SUITE_P(
                       16,
                       0,
                       {{500, 1}, {129, 1}, {0, 1}},
-                      64},
-        AttentionCase{"PrefillDim256Split", 2, 2, 256, 16, 0, {{10, 40}}, 32},
-        AttentionCase{"SlidingWindow", 4, 4, 32, 16, 7, {{5, 30}, {90, 1}}, 0},
-        AttentionCase{"SlidingWindowSplit", 4, 2, 32, 8, 50, {{300, 2}}, 64},
-        AttentionCase{"Group20SpansTiles", 20, 1, 16, 3, 0, {{3, 2}}, 0},
+                      8},
+        AttentionCase{"PrefillDim256Split", 2, 2, 256, 16, 0, {{10, 40}}, 2},
+        AttentionCase{"SlidingWindow", 4, 4, 32, 16, 7, {{5, 30}, {90, 1}}, 1},
+        AttentionCase{"SlidingWindowSplit", 4, 2, 32, 8, 50, {{300, 2}}, 5},
+        AttentionCase{"Group20SpansTiles", 20, 1, 16, 3, 0, {{3, 2}}, 1},
         AttentionCase{
-            "LongContextOddBlock", 8, 2, 96, 7, 0, {{2000, 3}, {1, 1}}, 256},
+            "LongContextOddBlock", 8, 2, 96, 7, 0, {{2000, 3}, {1, 1}}, 8},
         AttentionCase{
-            "LongPrefillGqa4Dim128", 8, 2, 128, 16, 0, {{100, 150}, {0, 9}}, 0},
-        AttentionCase{"PrefillWindowDim64", 4, 2, 64, 16, 50, {{0, 200}}, 0},
+            "LongPrefillGqa4Dim128", 8, 2, 128, 16, 0, {{100, 150}, {0, 9}}, 1},
+        AttentionCase{"PrefillWindowDim64", 4, 2, 64, 16, 50, {{0, 200}}, 1},
         AttentionCase{
-            "ChunkAfterLongContextSplit", 8, 2, 96, 16, 0, {{2000, 100}}, 256}),
+            "ChunkAfterLongContextSplit", 8, 2, 96, 16, 0, {{2000, 100}}, 7},
+        AttentionCase{
+            "MoreSplitsThanKeys", 4, 2, 16, 16, 0, {{2, 1}, {40, 1}}, 16}),
     [](const auto& info) { return info.param.name; });
 
 struct GemmCase {
