@@ -40,6 +40,7 @@ ABSL_FLAG(int32_t, reps, 5, "Repetitions per figure (median reported)");
 ABSL_FLAG(std::string, batches, "1,8,64", "Decode batch sizes");
 ABSL_FLAG(std::string, contexts, "512,4096", "Decode context lengths");
 ABSL_FLAG(std::string, prefill, "512,2048,8192", "Prefill prompt lengths");
+ABSL_FLAG(bool, cuda_graphs, true, "Replay decode steps through CUDA graphs");
 ABSL_FLAG(int32_t, num_layers, 32,
           "Layers of the Llama-3-8B shape (fewer fit smaller devices)");
 
@@ -230,9 +231,11 @@ int Run() {
   const int num_blocks = std::max(max_batch * blocks_per_seq,
                                   (max_prefill + block_size - 1) / block_size);
   const auto t0 = Clock::now();
-  auto runner = CreateModelRunner(*model, {.backend = "cuda",
-                                           .num_kv_blocks = num_blocks,
-                                           .block_size = block_size});
+  auto runner = CreateModelRunner(
+      *model, {.backend = "cuda",
+               .num_kv_blocks = num_blocks,
+               .block_size = block_size,
+               .cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs)});
   if (!runner.ok()) {
     std::cerr << runner.status() << "\n";
     return 1;
