@@ -18,11 +18,14 @@
 #include "engine/generator.h"
 #include "engine/llama2c.h"
 #include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster/local_cluster.h"
 
 namespace pdserve {
 namespace {
+
+using testing_util::RandomPrompt;
 
 namespace v1 = ::pdserve::v1;
 using testing_util::ClusterSpec;
@@ -59,13 +62,6 @@ StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req
   }
   out.status = reader->Finish();
   return out;
-}
-
-std::vector<int32_t> Prompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p = {256};  // builtin:tiny's BOS.
-  while (static_cast<int>(p.size()) < n) p.push_back(static_cast<int32_t>(rng() % 256));
-  return p;
 }
 
 struct Case {
@@ -122,7 +118,7 @@ std::vector<Case> MixedCases(uint32_t seed) {
       sp.seed = rng();
     }
     sp.ignore_eos = i % 3 != 0;
-    cases.push_back({Prompt(len, rng()), sp});
+    cases.push_back({RandomPrompt(len, rng()), sp});
   }
   return cases;
 }
@@ -213,7 +209,7 @@ TEST(ClusterTest, CancelAndDeadlineFreeTheDecodeWorkersBlocks) {
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
   const int32_t idle = FreeBlocks(cluster, "decode-0");
-  Case long_case{Prompt(100, 1), {.temperature = 0.0f, .max_tokens = 2000, .ignore_eos = true}};
+  Case long_case{RandomPrompt(100, 1), {.temperature = 0.0f, .max_tokens = 2000, .ignore_eos = true}};
 
   // Cancel after a few messages.
   StreamResult cancelled = Generate(cluster.router(), ToRequest(long_case), absl::Seconds(60),
@@ -227,7 +223,7 @@ TEST(ClusterTest, CancelAndDeadlineFreeTheDecodeWorkersBlocks) {
   ExpectBlocksReturnTo(cluster, idle);
 
   // Still serving.
-  Case short_case{Prompt(20, 2), {.temperature = 0.0f, .max_tokens = 5, .ignore_eos = true}};
+  Case short_case{RandomPrompt(20, 2), {.temperature = 0.0f, .max_tokens = 5, .ignore_eos = true}};
   EXPECT_EQ(Generate(cluster.router(), ToRequest(short_case)).tokens, Colocated({short_case})[0]);
   ExpectBlocksReturnTo(cluster, idle);
 }
@@ -238,7 +234,7 @@ TEST(ClusterTest, KilledPrefillWorkerUnderLoadEveryRequestStillCompletes) {
   LocalCluster& cluster = **started;
   std::vector<Case> cases;
   for (int i = 0; i < 16; ++i) {
-    cases.push_back({Prompt(200 + 10 * i, 100 + i), {.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true}});
+    cases.push_back({RandomPrompt(200 + 10 * i, 100 + i), {.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true}});
   }
   const auto want = Colocated(cases);
   // Killed as soon as it is computing prompts.
@@ -271,7 +267,7 @@ TEST(ClusterTest, KilledDecodeWorkerEndsOnlyItsStreamsAndIsNoLongerChosen) {
   LocalCluster& cluster = **started;
   std::vector<Case> cases;
   for (int i = 0; i < 8; ++i) {
-    cases.push_back({Prompt(30, 200 + i), {.temperature = 0.0f, .max_tokens = 400, .ignore_eos = true}});
+    cases.push_back({RandomPrompt(30, 200 + i), {.temperature = 0.0f, .max_tokens = 400, .ignore_eos = true}});
   }
   const auto want = Colocated(cases);
   std::atomic<int> streaming = 0;
@@ -363,7 +359,7 @@ TEST(ClusterTest, OverloadIsRefusedWithResourceExhaustedAndNothingLeaks) {
   const int32_t idle = FreeBlocks(cluster, "decode-0");
   std::vector<Case> cases;
   for (int i = 0; i < 24; ++i) {
-    cases.push_back({Prompt(40, 300 + i), {.temperature = 0.0f, .max_tokens = 60, .ignore_eos = true}});
+    cases.push_back({RandomPrompt(40, 300 + i), {.temperature = 0.0f, .max_tokens = 60, .ignore_eos = true}});
   }
   const auto want = Colocated(cases);
   const auto got = RunConcurrently(cluster.router(), cases);

@@ -31,6 +31,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
 #include "kv_transfer/transport.h"
 #include "proto/convert.h"
 
@@ -39,20 +40,13 @@ extern char** environ;
 namespace pdserve {
 namespace {
 
+using testing_util::RandomPrompt;
+
 namespace wire = ::pdserve::internal::v1;
 
 // The worker's pool: 128 blocks of 16 tokens of builtin:tiny.
 constexpr size_t kPoolBytes = size_t{4} << 20;
 constexpr int32_t kChunk = 64;  // Prefill chunk of the test's prefill side.
-
-std::vector<int32_t> Prompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p = {256};  // builtin:tiny's BOS.
-  while (static_cast<int>(p.size()) < n) {
-    p.push_back(static_cast<int32_t>(rng() % 256));
-  }
-  return p;
-}
 
 SamplingParams Greedy(int max_tokens) {
   return {.temperature = 0.0f, .max_tokens = max_tokens, .ignore_eos = true};
@@ -248,7 +242,9 @@ class DecodeWorkerTest : public ::testing::Test {
     options.worker.engine.kv_cache_bytes = kPoolBytes;
     options.worker.engine.num_threads = 1;
     options.worker.engine.max_batch_tokens = kChunk;
-    options.worker.reservation_timeout = absl::Milliseconds(500);
+    // Long enough for the test's own prefill under sanitizers; short
+    // enough that expiry tests end well before a Decode's 10 s deadline.
+    options.worker.reservation_timeout = absl::Seconds(3);
     options.worker.engine.tick_period = absl::Milliseconds(20);
     options.shutdown_grace = absl::Milliseconds(200);
     return options;
@@ -332,10 +328,11 @@ class DecodeWorkerTest : public ::testing::Test {
     return out;
   }
 
-  // Waits until every block is free and nothing runs or is reserved.
+  // Waits (up to 10 s) until every block is free and nothing runs or is
+  // reserved.
   void ExpectIdle() {
     wire::LoadReport load;
-    for (int i = 0; i < 250; ++i) {
+    for (int i = 0; i < 500; ++i) {
       load = Load();
       if (load.free_blocks() == idle_ && load.running() == 0 &&
           load.waiting() == 0 && load.reservations() == 0) {
@@ -376,7 +373,7 @@ TEST_F(DecodeWorkerTest, LocalPrefillStreamsWhatTheEngineProduces) {
   uint64_t id = 1;
   for (int len : {1, 40, 150}) {
     for (const SamplingParams& sp : {Greedy(24), Seeded(24, len)}) {
-      const GenerationRequest r{RequestId(id++), Prompt(len, len), sp};
+      const GenerationRequest r{RequestId(id++), RandomPrompt(len, len), sp};
       Stream s = Decode(MakeDecode(r));
       ASSERT_TRUE(s.status.ok()) << s.status.error_message();
       EXPECT_FALSE(s.malformed);
@@ -389,7 +386,7 @@ TEST_F(DecodeWorkerTest, LocalPrefillStreamsWhatTheEngineProduces) {
   SamplingParams eos = Greedy(200);
   eos.ignore_eos = false;
   eos.stop_token_ids = {'e', 't'};
-  const GenerationRequest r{RequestId(id++), Prompt(20, 3), eos};
+  const GenerationRequest r{RequestId(id++), RandomPrompt(20, 3), eos};
   Stream s = Decode(MakeDecode(r));
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
   ExpectSameTokens(s.output, RunOnEngine(r));
@@ -401,7 +398,7 @@ TEST_F(DecodeWorkerTest, KvLandedOverTcpDecodesToTheColocatedOutput) {
   // 100 tokens: two prefill chunks, so each layer arrives in two writes.
   for (int len : {1, 17, 100}) {
     for (const SamplingParams& sp : {Greedy(20), Seeded(20, 7)}) {
-      const GenerationRequest r{RequestId(id++), Prompt(len, len + 1), sp};
+      const GenerationRequest r{RequestId(id++), RandomPrompt(len, len + 1), sp};
       ExpectSameTokens(Disaggregated(prefill, r), RunOnEngine(r));
       ExpectIdle();
     }
@@ -410,7 +407,7 @@ TEST_F(DecodeWorkerTest, KvLandedOverTcpDecodesToTheColocatedOutput) {
 
 TEST_F(DecodeWorkerTest, DecodeThatComesBeforeItsKvWaitsForIt) {
   TestPrefill prefill;
-  const GenerationRequest r{RequestId(5), Prompt(70, 5), Seeded(16, 3)};
+  const GenerationRequest r{RequestId(5), RandomPrompt(70, 5), Seeded(16, 3)};
   wire::Landing landing;
   ASSERT_TRUE(Reserve(5, 70 + 16, &landing).ok());
   wire::DecodeRequest d = MakeDecode(r);
@@ -427,7 +424,7 @@ TEST_F(DecodeWorkerTest, DecodeThatComesBeforeItsKvWaitsForIt) {
 }
 
 TEST_F(DecodeWorkerTest, CancelMidStreamFreesTheBlocks) {
-  const GenerationRequest r{RequestId(1), Prompt(8, 1), Greedy(1900)};
+  const GenerationRequest r{RequestId(1), RandomPrompt(8, 1), Greedy(1900)};
   Stream s = Decode(MakeDecode(r), absl::Seconds(10), /*cancel_after=*/1);
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_LT(s.output.tokens.size(), 1900u);
@@ -440,7 +437,7 @@ TEST_F(DecodeWorkerTest, CancelMidStreamFreesTheBlocks) {
   TestPrefill prefill;
   prefill.Notify(landing.endpoint(), RequestId(2), 8);
   wire::DecodeRequest d =
-      MakeDecode({RequestId(2), Prompt(8, 1), Greedy(1900)});
+      MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(1900)});
   d.mutable_first_token()->set_token_id(7);
   s = Decode(d, absl::Seconds(10), /*cancel_after=*/1);
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::CANCELLED);
@@ -448,7 +445,7 @@ TEST_F(DecodeWorkerTest, CancelMidStreamFreesTheBlocks) {
 }
 
 TEST_F(DecodeWorkerTest, DeadlineMidStreamFreesTheBlocks) {
-  const GenerationRequest r{RequestId(1), Prompt(8, 1), Greedy(1900)};
+  const GenerationRequest r{RequestId(1), RandomPrompt(8, 1), Greedy(1900)};
   Stream s = Decode(MakeDecode(r), absl::Milliseconds(300));
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_LT(s.output.tokens.size(), 1900u);
@@ -461,7 +458,7 @@ TEST_F(DecodeWorkerTest, DeadlineWhileWaitingForKvFreesTheReservation) {
   Start(options);
   wire::Landing landing;
   ASSERT_TRUE(Reserve(1, 40, &landing).ok());
-  wire::DecodeRequest d = MakeDecode({RequestId(1), Prompt(20, 1), Greedy(20)});
+  wire::DecodeRequest d = MakeDecode({RequestId(1), RandomPrompt(20, 1), Greedy(20)});
   d.mutable_first_token()->set_token_id(7);
   Stream s = Decode(d, absl::Milliseconds(200));
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
@@ -501,7 +498,7 @@ TEST_F(DecodeWorkerTest, UnusedReservationExpiresAndFreesItsBlocks) {
 TEST_F(DecodeWorkerTest, DecodeWhoseKvNeverArrivesEndsWithDeadlineExceeded) {
   wire::Landing landing;
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
-  wire::DecodeRequest d = MakeDecode({RequestId(1), Prompt(8, 1), Greedy(4)});
+  wire::DecodeRequest d = MakeDecode({RequestId(1), RandomPrompt(8, 1), Greedy(4)});
   d.mutable_first_token()->set_token_id(7);
   const absl::Time start = absl::Now();
   Stream s = Decode(d);
@@ -521,7 +518,7 @@ TEST_F(DecodeWorkerTest, ReleaseFreesAReservationAndEndsItsWaitingDecode) {
   EXPECT_TRUE(Release(0).ok());
 
   ASSERT_TRUE(Reserve(2, 12, &landing).ok());
-  wire::DecodeRequest d = MakeDecode({RequestId(2), Prompt(8, 1), Greedy(4)});
+  wire::DecodeRequest d = MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(4)});
   d.mutable_first_token()->set_token_id(7);
   std::thread release([&] {
     absl::SleepFor(absl::Milliseconds(100));
@@ -565,7 +562,7 @@ TEST_F(DecodeWorkerTest, BadDecodesAreRefused) {
     EXPECT_TRUE(s.output.tokens.empty());
     return s.status.error_code();
   };
-  const GenerationRequest good{RequestId(1), Prompt(8, 1), Greedy(4)};
+  const GenerationRequest good{RequestId(1), RandomPrompt(8, 1), Greedy(4)};
   wire::DecodeRequest d = MakeDecode(good);
   d.mutable_request()->set_request_id(0);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
@@ -633,7 +630,7 @@ TEST_F(DecodeWorkerTest, BadDecodesAreRefused) {
 
 TEST_F(DecodeWorkerTest, SecondDecodeOfAWaitingReservationIsRefused) {
   TestPrefill prefill;
-  const GenerationRequest r{RequestId(1), Prompt(30, 2), Greedy(10)};
+  const GenerationRequest r{RequestId(1), RandomPrompt(30, 2), Greedy(10)};
   wire::Landing landing;
   ASSERT_TRUE(Reserve(1, 40, &landing).ok());
   wire::DecodeRequest d = MakeDecode(r);
@@ -654,7 +651,7 @@ TEST_F(DecodeWorkerTest, SecondDecodeOfAWaitingReservationIsRefused) {
 
 TEST_F(DecodeWorkerTest, NotificationsThatAreNotOursAreIgnored) {
   TestPrefill prefill;
-  const GenerationRequest r{RequestId(1), Prompt(8, 1), Greedy(4)};
+  const GenerationRequest r{RequestId(1), RandomPrompt(8, 1), Greedy(4)};
   wire::Landing landing;
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
   kv::KvConnection& conn = prefill.ConnectionTo(landing.endpoint());
@@ -701,15 +698,15 @@ TEST_F(DecodeWorkerTest, CancelWhileWaitingForABatchSlotFreesBlocks) {
   options.worker.engine.max_running = 1;
   Start(options);
   std::thread busy([&] {
-    const GenerationRequest r{RequestId(1), Prompt(8, 1), Greedy(400)};
-    EXPECT_TRUE(Decode(MakeDecode(r)).status.ok());
+    const GenerationRequest r{RequestId(1), RandomPrompt(8, 1), Greedy(400)};
+    EXPECT_TRUE(Decode(MakeDecode(r), absl::Seconds(120)).status.ok());
   });
   absl::SleepFor(absl::Milliseconds(50));
   wire::Landing landing;
   ASSERT_TRUE(Reserve(2, 20, &landing).ok());
   TestPrefill prefill;
   prefill.Notify(landing.endpoint(), RequestId(2), 8);
-  wire::DecodeRequest d = MakeDecode({RequestId(2), Prompt(8, 1), Greedy(10)});
+  wire::DecodeRequest d = MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(10)});
   d.mutable_first_token()->set_token_id(7);
   EXPECT_EQ(Decode(d, absl::Milliseconds(100)).status.error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);

@@ -10,21 +10,17 @@
 #include "engine/builtin_tiny.h"
 #include "engine/generator.h"
 #include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
 
 namespace pdserve {
 namespace {
+
+using testing_util::RandomPrompt;
 
 std::unique_ptr<ModelRunner> MakeRunner(const std::shared_ptr<const Model>& m, int blocks) {
   auto r = CreateModelRunner(m, {.num_kv_blocks = blocks, .block_size = 16, .num_threads = 2});
   EXPECT_TRUE(r.ok()) << r.status();
   return *std::move(r);
-}
-
-std::vector<int32_t> Prompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p = {256};
-  while (static_cast<int>(p.size()) < n) p.push_back(static_cast<int32_t>(rng() % 256));
-  return p;
 }
 
 std::vector<int32_t> Colocated(ModelRunner& runner, const GenerationRequest& r) {
@@ -115,7 +111,7 @@ TEST_F(DisaggregationTest, OutputEqualsColocatedGreedyAndSeeded) {
          {SamplingParams{.temperature = 0.0f, .max_tokens = 20, .ignore_eos = true},
           SamplingParams{.temperature = 0.9f, .top_p = 0.9f, .seed = 5, .max_tokens = 20,
                          .ignore_eos = true}}) {
-      GenerationRequest r{RequestId(id++), Prompt(len, len), sp};
+      GenerationRequest r{RequestId(id++), RandomPrompt(len, len), sp};
       const std::vector<int32_t> want = Colocated(*reference_runner, r);
       EXPECT_EQ(Disaggregated(r), want) << "prompt length " << len;
     }
@@ -132,7 +128,7 @@ TEST_F(DisaggregationTest, OutputEqualsColocatedGreedyAndSeeded) {
 TEST_F(DisaggregationTest, PrefixCacheHitsOnThePrefillSideAreShippedToo) {
   auto reference_runner = MakeRunner(model_, 64);
   const SamplingParams sp{.temperature = 0.0f, .max_tokens = 10, .ignore_eos = true};
-  std::vector<int32_t> prompt = Prompt(70, 3);
+  std::vector<int32_t> prompt = RandomPrompt(70, 3);
   ASSERT_EQ(Disaggregated({RequestId(1), prompt, sp}),
             Colocated(*reference_runner, {RequestId(1), prompt, sp}));
   prompt.push_back(42);  // Same 64-token prefix: four blocks come from the cache.
@@ -144,7 +140,7 @@ TEST_F(DisaggregationTest, PrefixCacheHitsOnThePrefillSideAreShippedToo) {
 
 TEST_F(DisaggregationTest, ReservationsAreCheckedAndFreed) {
   const SamplingParams sp{.temperature = 0.0f, .max_tokens = 8};
-  const std::vector<int32_t> prompt = Prompt(20, 1);
+  const std::vector<int32_t> prompt = RandomPrompt(20, 1);
   EXPECT_EQ(decode_->AddPrefilled({RequestId(1), prompt, sp}, 5).code(),
             absl::StatusCode::kNotFound);
   ASSERT_TRUE(decode_->Reserve(RequestId(1), 10).ok());
@@ -164,7 +160,7 @@ TEST_F(DisaggregationTest, ReservationsAreCheckedAndFreed) {
 TEST_F(DisaggregationTest, CancelledHoldKvRequestKeepsItsBlocksUntilReleased) {
   landing_[7] = {};
   const SamplingParams sp{.temperature = 0.0f, .max_tokens = 8};
-  ASSERT_TRUE(prefill_->Add({RequestId(7), Prompt(100, 2), sp, /*hold_kv=*/true}).ok());
+  ASSERT_TRUE(prefill_->Add({RequestId(7), RandomPrompt(100, 2), sp, /*hold_kv=*/true}).ok());
   std::vector<GenerationEvent> events;
   prefill_->set_kv_layer_observer(nullptr);
   ASSERT_TRUE(prefill_->Step(events).ok());  // First 64-token chunk.
@@ -183,12 +179,12 @@ TEST(GeneratorPrefilledTest, CancelWhileWaitingForASlotFreesItsBlocks) {
   auto g = Generator::Create(runner.get(), {.max_batch_tokens = 64, .max_running = 1});
   ASSERT_TRUE(g.ok());
   const SamplingParams sp{.temperature = 0.0f, .max_tokens = 8};
-  ASSERT_TRUE((*g)->Add({RequestId(1), Prompt(8, 1), sp}).ok());
+  ASSERT_TRUE((*g)->Add({RequestId(1), RandomPrompt(8, 1), sp}).ok());
   std::vector<GenerationEvent> events;
   ASSERT_TRUE((*g)->Step(events).ok());  // Request 1 takes the only slot.
   const int32_t free_before = (*g)->block_pool().num_free();
   ASSERT_TRUE((*g)->Reserve(RequestId(2), 16).ok());
-  ASSERT_TRUE((*g)->AddPrefilled({RequestId(2), Prompt(8, 2), sp}, 7).ok());
+  ASSERT_TRUE((*g)->AddPrefilled({RequestId(2), RandomPrompt(8, 2), sp}, 7).ok());
   ASSERT_TRUE((*g)->Step(events).ok());  // Still waiting: no slot.
   EXPECT_LT((*g)->block_pool().num_free(), free_before);
   (*g)->Cancel(RequestId(2));

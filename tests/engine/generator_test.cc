@@ -7,9 +7,12 @@
 
 #include "engine/builtin_tiny.h"
 #include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
 
 namespace pdserve {
 namespace {
+
+using testing_util::RandomPrompt;
 
 struct Output {
   std::vector<int32_t> tokens;
@@ -50,20 +53,13 @@ std::map<uint64_t, Output> RunAll(Generator& g, std::map<int, std::vector<Genera
   return out;
 }
 
-std::vector<int32_t> Prompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p = {256};  // BOS
-  while (static_cast<int>(p.size()) < n) p.push_back(static_cast<int32_t>(rng() % 256));
-  return p;
-}
-
 TEST(GeneratorTest, GreedyMatchesArgmaxOfFullRecompute) {
   auto model = Tiny();
   auto runner = MakeRunner(model, 64);
   auto g = Generator::Create(runner.get(), {});
   ASSERT_TRUE(g.ok());
   SamplingParams sp{.temperature = 0.0f, .max_tokens = 12, .ignore_eos = true};
-  const auto prompt = Prompt(9, 1);
+  const auto prompt = RandomPrompt(9, 1);
   auto out = RunAll(**g, {{0, {{RequestId(1), prompt, sp}}}});
   ASSERT_EQ(out[1].tokens.size(), 12u);
   EXPECT_EQ(out[1].finish, FinishReason::kLength);
@@ -101,7 +97,7 @@ TEST(GeneratorTest, OutputsDoNotDependOnBatchComposition) {
       sp.seed = 1000 + i;
     }
     // Prompts from 3 to 300 tokens; the long ones take several prefill chunks.
-    reqs.push_back({RequestId(i + 1), Prompt(3 + i * 33, i), sp});
+    reqs.push_back({RequestId(i + 1), RandomPrompt(3 + i * 33, i), sp});
   }
   // Each alone, in a fresh generator.
   std::map<uint64_t, Output> alone;
@@ -132,8 +128,8 @@ TEST(GeneratorTest, CancelFreesBlocksAndEndsTheStream) {
   auto g = Generator::Create(runner.get(), {});
   ASSERT_TRUE(g.ok());
   SamplingParams sp{.temperature = 0.0f, .max_tokens = 100, .ignore_eos = true};
-  ASSERT_TRUE((*g)->Add({RequestId(1), Prompt(20, 1), sp}).ok());
-  ASSERT_TRUE((*g)->Add({RequestId(2), Prompt(20, 2), sp}).ok());
+  ASSERT_TRUE((*g)->Add({RequestId(1), RandomPrompt(20, 1), sp}).ok());
+  ASSERT_TRUE((*g)->Add({RequestId(2), RandomPrompt(20, 2), sp}).ok());
   std::vector<GenerationEvent> events;
   for (int i = 0; i < 3; ++i) ASSERT_TRUE((*g)->Step(events).ok());
   EXPECT_LT((*g)->block_pool().num_free(), 32);
@@ -157,12 +153,12 @@ TEST(GeneratorTest, StopTokenEndsWithStopAndMaxTokensWithLength) {
   auto g = Generator::Create(runner.get(), {});
   ASSERT_TRUE(g.ok());
   SamplingParams greedy{.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true};
-  auto first = RunAll(**g, {{0, {{RequestId(1), Prompt(5, 3), greedy}}}});
+  auto first = RunAll(**g, {{0, {{RequestId(1), RandomPrompt(5, 3), greedy}}}});
   ASSERT_EQ(first[1].tokens.size(), 8u);
   // Stop on the third token the model would produce.
   SamplingParams stop = greedy;
   stop.stop_token_ids = {first[1].tokens[2]};
-  auto second = RunAll(**g, {{0, {{RequestId(2), Prompt(5, 3), stop}}}});
+  auto second = RunAll(**g, {{0, {{RequestId(2), RandomPrompt(5, 3), stop}}}});
   EXPECT_EQ(second[2].finish, FinishReason::kStop);
   const auto pos = std::find(first[1].tokens.begin(), first[1].tokens.end(), first[1].tokens[2]);
   EXPECT_EQ(second[2].tokens, std::vector<int32_t>(first[1].tokens.begin(), pos + 1));
@@ -175,7 +171,7 @@ TEST(GeneratorTest, RequestsWaitForBlocksThenRun) {
   ASSERT_TRUE(g.ok());
   SamplingParams sp{.temperature = 0.0f, .max_tokens = 20, .ignore_eos = true};
   std::map<int, std::vector<GenerationRequest>> arrivals;
-  for (int i = 0; i < 3; ++i) arrivals[0].push_back({RequestId(i + 1), Prompt(30, i), sp});
+  for (int i = 0; i < 3; ++i) arrivals[0].push_back({RequestId(i + 1), RandomPrompt(30, i), sp});
   auto out = RunAll(**g, arrivals);  // 50 tokens each: one at a time fits.
   for (int i = 1; i <= 3; ++i) EXPECT_EQ(out[i].tokens.size(), 20u);
   EXPECT_EQ((*g)->block_pool().num_free(), 4);
@@ -197,10 +193,10 @@ TEST(GeneratorTest, PrefixCacheReusesComputedBlocksWithTheSameOutput) {
   auto g = Generator::Create(runner.get(), {});
   ASSERT_TRUE(g.ok());
   SamplingParams sp{.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true};
-  const std::vector<int32_t> shared = Prompt(50, 7);  // 3 full blocks of 16, and 2 tokens.
+  const std::vector<int32_t> shared = RandomPrompt(50, 7);  // 3 full blocks of 16, and 2 tokens.
   std::vector<int32_t> other = shared;
   other.resize(48);
-  for (int32_t t : Prompt(20, 8)) other.push_back(t % 256);
+  for (int32_t t : RandomPrompt(20, 8)) other.push_back(t % 256);
 
   auto first = RunAll(**g, {{0, {{RequestId(1), shared, sp}}}});
   EXPECT_EQ((*g)->prefix_cached_tokens(), 0);
@@ -220,12 +216,12 @@ TEST(GeneratorTest, PrefixCacheSurvivesBlockReuseUnderPressure) {
   auto g = Generator::Create(runner.get(), {});
   ASSERT_TRUE(g.ok());
   SamplingParams sp{.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true};
-  const std::vector<int32_t> a = Prompt(40, 1);
+  const std::vector<int32_t> a = RandomPrompt(40, 1);
   const auto want = Uncached(model, a, 8);
   EXPECT_EQ(RunAll(**g, {{0, {{RequestId(1), a, sp}}}})[1].tokens, want);
   // Other prompts recycle every block, overwriting the cached prefix...
   for (int i = 0; i < 6; ++i) {
-    RunAll(**g, {{0, {{RequestId(10 + i), Prompt(40, 100 + i), sp}}}});
+    RunAll(**g, {{0, {{RequestId(10 + i), RandomPrompt(40, 100 + i), sp}}}});
   }
   // ...and `a` still comes out right, from whatever survived.
   EXPECT_EQ(RunAll(**g, {{0, {{RequestId(2), a, sp}}}})[2].tokens, want);

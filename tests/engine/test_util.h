@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,15 @@ namespace pdserve::testing_util {
 inline std::string ReadFileOrEmpty(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A prompt for builtin:tiny: its BOS (256), then n - 1 random byte tokens
+// drawn from `seed`.
+inline std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p = {256};
+  while (static_cast<int>(p.size()) < n) p.push_back(static_cast<int32_t>(rng() % 256));
+  return p;
 }
 
 // Greedy-decodes `max_tokens` tokens (EOS ignored) for one prompt.

@@ -19,12 +19,15 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
 #include "kv_transfer/transport.h"
 #include "prefill_worker/prefill_server.h"
 #include "proto/convert.h"
 
 namespace pdserve {
 namespace {
+
+using testing_util::RandomPrompt;
 
 using ::pdserve::internal::v1::KvComplete;
 using ::pdserve::internal::v1::Landing;
@@ -34,14 +37,6 @@ using ::pdserve::internal::v1::PrefillRequest;
 using ::pdserve::internal::v1::PrefillResponse;
 
 constexpr int32_t kChunk = 64;  // The prefill worker's max_batch_tokens.
-
-std::vector<int32_t> Prompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p = {256};  // builtin:tiny's BOS.
-  while (static_cast<int>(p.size()) < n)
-    p.push_back(static_cast<int32_t>(rng() % 256));
-  return p;
-}
 
 SamplingParams Greedy(int max_tokens) {
   return {.temperature = 0.0f, .max_tokens = max_tokens, .ignore_eos = true};
@@ -256,7 +251,7 @@ class PrefillWorkerTest : public ::testing::Test {
                          absl::Duration deadline = absl::Seconds(20)) {
     PrefillResponse resp;
     return Prefill(
-        MakeRequest({RequestId(next_id_++), Prompt(prompt_len, 1), Greedy(8)},
+        MakeRequest({RequestId(next_id_++), RandomPrompt(prompt_len, 1), Greedy(8)},
                     landing),
         &resp, deadline);
   }
@@ -284,7 +279,7 @@ TEST_F(PrefillWorkerTest, OutputEqualsColocatedGreedyAndSeeded) {
   // Up to 200 tokens: up to four chunks of 64, each reporting every layer.
   for (int len : {1, 15, 16, 17, 100, 200}) {
     for (const SamplingParams& sp : {Greedy(12), Seeded(12, 5)}) {
-      const GenerationRequest r{RequestId(id++), Prompt(len, len), sp};
+      const GenerationRequest r{RequestId(id++), RandomPrompt(len, len), sp};
       EXPECT_EQ(Disaggregated(r), Colocated(r)) << "prompt length " << len;
     }
   }
@@ -297,7 +292,7 @@ TEST_F(PrefillWorkerTest, RepeatedPromptFromThePrefixCacheIsShippedToo) {
   // The second prompt shares 128 tokens (8 full blocks) with the first: the
   // prefill worker takes them from its prefix cache, and must still ship
   // their KV, which the decode pool does not have.
-  std::vector<int32_t> prompt = Prompt(150, 3);
+  std::vector<int32_t> prompt = RandomPrompt(150, 3);
   const GenerationRequest first{RequestId(1), prompt, Greedy(10)};
   EXPECT_EQ(Disaggregated(first), Colocated(first));
   prompt.resize(140);
@@ -315,7 +310,7 @@ TEST_F(PrefillWorkerTest,
   std::vector<PrefillRequest> wire_requests;
   for (uint64_t i = 0; i < 6; ++i) {
     GenerationRequest r{RequestId(10 + i),
-                        Prompt(20 + 37 * static_cast<int>(i), 100 + i),
+                        RandomPrompt(20 + 37 * static_cast<int>(i), 100 + i),
                         i % 2 ? Seeded(8, i) : Greedy(8)};
     wire_requests.push_back(MakeRequest(r, Reserve(r.id, r.prompt.size() + 8)));
     requests.push_back(std::move(r));
@@ -339,7 +334,7 @@ TEST_F(PrefillWorkerTest,
 
 TEST_F(PrefillWorkerTest, FinishReasonOfTheFirstToken) {
   StartServer();
-  const std::vector<int32_t> prompt = Prompt(40, 9);
+  const std::vector<int32_t> prompt = RandomPrompt(40, 9);
   const int32_t first = Colocated({RequestId(1), prompt, Greedy(1)})[0];
   struct Case {
     SamplingParams sampling;
@@ -398,18 +393,18 @@ TEST_F(PrefillWorkerTest, BadRequestsAreInvalidArgument) {
       << "empty prompt";
   EXPECT_EQ(code({RequestId(2), {256, 999}, Greedy(4)}, landing), kInvalid)
       << "outside vocab";
-  EXPECT_EQ(code({RequestId(3), Prompt(10, 1), Greedy(0)}, landing), kInvalid)
+  EXPECT_EQ(code({RequestId(3), RandomPrompt(10, 1), Greedy(0)}, landing), kInvalid)
       << "max_tokens 0";
   EXPECT_EQ(
-      code({RequestId(4), Prompt(10, 1), {.temperature = -1.0f}}, landing),
+      code({RequestId(4), RandomPrompt(10, 1), {.temperature = -1.0f}}, landing),
       kInvalid);
-  EXPECT_EQ(code({RequestId(5), Prompt(10, 1), {.top_p = 0.0f}}, landing),
+  EXPECT_EQ(code({RequestId(5), RandomPrompt(10, 1), {.top_p = 0.0f}}, landing),
             kInvalid);
-  EXPECT_EQ(code({RequestId(6), Prompt(100, 1), Greedy(4000)}, landing),
+  EXPECT_EQ(code({RequestId(6), RandomPrompt(100, 1), Greedy(4000)}, landing),
             kInvalid)
       << "beyond the context";
 
-  const GenerationRequest ok{RequestId(7), Prompt(100, 1),
+  const GenerationRequest ok{RequestId(7), RandomPrompt(100, 1),
                              Greedy(4)};  // Needs 7 blocks.
   Landing short_landing = landing;
   short_landing.mutable_block_ids()->Truncate(6);
@@ -448,7 +443,7 @@ TEST_F(PrefillWorkerTest, UnreachableLandingIsUnavailableAndFreesTheBlocks) {
     EXPECT_EQ(load.free_blocks(), load.total_blocks());
   }
   // The worker still serves a good landing afterwards.
-  const GenerationRequest r{RequestId(1), Prompt(70, 2), Greedy(6)};
+  const GenerationRequest r{RequestId(1), RandomPrompt(70, 2), Greedy(6)};
   EXPECT_EQ(Disaggregated(r), Colocated(r));
 }
 
@@ -470,7 +465,7 @@ TEST_F(PrefillWorkerTest, RangesThePeerRefusesFailWithItsCode) {
   const LoadReport load = WaitForIdle();
   EXPECT_EQ(load.free_blocks(), load.total_blocks());
   // A connection dropped after an error is made anew for the next request.
-  const GenerationRequest r{RequestId(1), Prompt(70, 2), Greedy(6)};
+  const GenerationRequest r{RequestId(1), RandomPrompt(70, 2), Greedy(6)};
   EXPECT_EQ(Disaggregated(r), Colocated(r));
 }
 
@@ -510,7 +505,7 @@ TEST_F(PrefillWorkerTest, ClientDeadlineReleasesTheBlocksOnceThePusherLetsGo) {
 TEST_F(PrefillWorkerTest, DeadlineDuringALongPromptStopsTheEngine) {
   StartServer();
   // 4000 tokens in 64-token chunks: the deadline comes mid-prompt.
-  const GenerationRequest r{RequestId(1), Prompt(4000, 8), Greedy(8)};
+  const GenerationRequest r{RequestId(1), RandomPrompt(4000, 8), Greedy(8)};
   PrefillResponse resp;
   const grpc::Status s = Prefill(MakeRequest(r, Reserve(r.id, 4008)), &resp,
                                  absl::Milliseconds(50));
@@ -531,7 +526,7 @@ TEST_F(PrefillWorkerTest, ClientCancelReleasesTheBlocksAndTheIdCanBeUsedAgain) {
   BlackHole hole;
   Landing landing = ScratchLanding();
   landing.set_endpoint(hole.endpoint());
-  const GenerationRequest r{RequestId(1), Prompt(150, 4), Greedy(8)};
+  const GenerationRequest r{RequestId(1), RandomPrompt(150, 4), Greedy(8)};
   grpc::ClientContext ctx;
   PrefillResponse resp;
   std::promise<grpc::Status> done;
