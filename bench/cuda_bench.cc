@@ -31,6 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/model_cost.h"
+#include "engine/cuda/cublas_api.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/cuda_model_runner.h"
 #include "engine/model.h"
@@ -160,8 +161,10 @@ double MeasureGemmTflops(int reps) {
   }
   cudaMemset(x, 0x3c, n * n * 2);  // 0x3c3c: about 0.0115 in bf16.
   cudaMemset(w, 0x3c, n * n * 2);
+  const cuda::CublasApi* blas = cuda::Cublas();
+  if (blas == nullptr) return 0.0;
   cublasHandle_t h;
-  cublasCreate(&h);
+  blas->create(&h);
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -177,7 +180,7 @@ double MeasureGemmTflops(int reps) {
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  cublasDestroy(h);
+  blas->destroy(h);
   cudaFree(x);
   cudaFree(w);
   cudaFree(y);

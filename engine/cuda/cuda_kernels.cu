@@ -628,17 +628,4 @@ cudaError_t PagedAttention(const AttentionParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cublasStatus_t Gemm(cublasHandle_t handle, const uint16_t* x, int64_t m,
-                    const uint16_t* w, int64_t n, int64_t k, float* y,
-                    float beta) {
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  const float alpha = 1.0f;
-  // Column-major view: y^T [n][m] = w [k][n]^T . x^T [k][m].
-  return cublasGemmEx(
-      handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
-      static_cast<int>(m), static_cast<int>(k), &alpha, w, CUDA_R_16BF,
-      static_cast<int>(k), x, CUDA_R_16BF, static_cast<int>(k), &beta, y,
-      CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-}
-
 }  // namespace pdserve::cuda

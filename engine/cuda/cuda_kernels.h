@@ -161,7 +161,9 @@ bool AttentionTensorCoresSupported(int head_dim);
 cudaError_t PrepareAttention(int max_head_dim);
 
 // y[m][n] = beta * y + x[m][k] . w[n][k]^T: bf16 x and w (row-major, as
-// the checkpoint stores [out][in]), fp32 y, fp32 accumulation, cuBLAS.
+// the checkpoint stores [out][in]), fp32 y, fp32 accumulation, cuBLAS
+// (through cublas_api.h; CUBLAS_STATUS_NOT_INITIALIZED when it cannot be
+// loaded). Defined in cublas_api.cc.
 cublasStatus_t Gemm(cublasHandle_t handle, const uint16_t* x, int64_t m,
                     const uint16_t* w, int64_t n, int64_t k, float* y,
                     float beta);

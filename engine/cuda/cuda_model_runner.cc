@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_kernels.h"
+#include "engine/cuda/cublas_api.h"
 #include "engine/cuda/cuda_kernels.h"
 
 namespace pdserve {
@@ -31,8 +32,10 @@ absl::Status CudaStatus(cudaError_t err, const char* what) {
 
 absl::Status BlasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cublasGetStatusString(s)));
+  const cuda::CublasApi* blas = cuda::Cublas();
+  return absl::InternalError(absl::StrCat(
+      what, ": ",
+      blas != nullptr ? blas->status_string(s) : "cuBLAS not loaded"));
 }
 
 struct CudaFree {
@@ -291,7 +294,7 @@ constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 
 CudaModelRunner::~CudaModelRunner() {
   graphs_.clear();
-  if (blas_ != nullptr) cublasDestroy(blas_);
+  if (blas_ != nullptr) cuda::Cublas()->destroy(blas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -337,14 +340,20 @@ absl::Status CudaModelRunner::Init() {
       "SM count"));
   PD_RETURN_IF_ERROR(CudaStatus(
       cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream"));
-  PD_RETURN_IF_ERROR(BlasStatus(cublasCreate(&blas_), "cublasCreate"));
+  std::string blas_error;
+  const cuda::CublasApi* blas = cuda::Cublas(&blas_error);
+  if (blas == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot load cuBLAS: ", blas_error));
+  }
+  PD_RETURN_IF_ERROR(BlasStatus(blas->create(&blas_), "cublasCreate"));
   PD_RETURN_IF_ERROR(
-      BlasStatus(cublasSetStream(blas_, stream_), "cublasSetStream"));
+      BlasStatus(blas->set_stream(blas_, stream_), "cublasSetStream"));
   PD_ASSIGN_OR_RETURN(
       blas_workspace_,
       DeviceAlloc<std::byte>(kBlasWorkspaceBytes, "cuBLAS workspace"));
   PD_RETURN_IF_ERROR(BlasStatus(
-      cublasSetWorkspace(blas_, blas_workspace_.get(), kBlasWorkspaceBytes),
+      blas->set_workspace(blas_, blas_workspace_.get(), kBlasWorkspaceBytes),
       "cuBLAS workspace"));
   PD_RETURN_IF_ERROR(
       CudaStatus(cuda::PrepareAttention(c.head_dim), "attention setup"));

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/cpu_kernels.h"
+#include "engine/cuda/cublas_api.h"
 #include "gtest/gtest.h"
 #include "tests/engine/cuda/cuda_test_util.h"
 
@@ -425,12 +426,14 @@ TEST_P(GemmTest, MatchesCpuMatMul) {
   const std::vector<uint16_t> x_bits = ToBf16Bits(x), w_bits = ToBf16Bits(wf);
   DeviceVector<uint16_t> d_x(x_bits), d_w(w_bits);
   DeviceVector<float> d_y(y0);
+  const CublasApi* blas = Cublas();
+  ASSERT_NE(blas, nullptr);
   cublasHandle_t handle;
-  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(blas->create(&handle), CUBLAS_STATUS_SUCCESS);
   ASSERT_EQ(Gemm(handle, d_x.get(), m, d_w.get(), n, k, d_y.get(), beta),
             CUBLAS_STATUS_SUCCESS);
   const std::vector<float> got = d_y.Download();
-  cublasDestroy(handle);
+  blas->destroy(handle);
 
   const WeightMatrix w{DType::kBF16, static_cast<int32_t>(n),
                        static_cast<int32_t>(k),

@@ -342,8 +342,7 @@ TEST(CudaBackendTest, DecodeGraphsMatchEagerSteps) {
     ExpectLogitsClose(got, want, vocab, 0.005, what, stats);
   };
   for (int s = 0; s < kSeqs; ++s) {
-    const std::vector<int32_t> prompt =
-        BytePrompt(10 + 37 * s, s);
+    const std::vector<int32_t> prompt = BytePrompt(10 + 37 * s, s);
     ForwardBatch batch;
     batch.sequences.push_back({.tokens = prompt, .block_table = tables[s]});
     step(batch, "prefill");
