@@ -260,6 +260,7 @@ class CudaModelRunner final : public ModelRunner {
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  int device_ = 0;  // The creating thread's device; Forward selects it.
   int num_sms_ = 1;
   bool tensor_cores_ = false;   // Prefill attention on tensor cores.
   bool graphs_broken_ = false;  // A capture failed; stay eager.
@@ -333,8 +334,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
 absl::Status CudaModelRunner::Init() {
   const ModelConfig& c = model_->config();
   const ModelWeights& w = model_->weights();
-  int device = 0;
-  PD_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  PD_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device_), "cudaGetDevice"));
+  const int device = device_;
   PD_RETURN_IF_ERROR(CudaStatus(
       cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device),
       "SM count"));
@@ -425,6 +426,8 @@ absl::Status CudaModelRunner::ReserveScratch(int64_t T, int64_t R,
 absl::Status CudaModelRunner::Forward(const ForwardBatch& batch,
                                       std::span<float> logits) {
   PD_RETURN_IF_ERROR(ValidateBatch(batch, logits));
+  // The engine thread may not be the one that created the runner.
+  PD_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   bool done = false;
   absl::Status s = GraphForward(batch, logits, &done);
   if (s.ok() && !done) s = EagerForward(batch, logits);
