@@ -13,6 +13,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev     # config.json, tokenizer.json, safetensors headers
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler  # RPC
   libgtest-dev libgmock-dev googletest  # unit tests
+  libucx-dev             # kv_transfer "ucx" transport (built when found)
   python3
 )
 

@@ -14,11 +14,20 @@ absl::StatusOr<std::unique_ptr<KvTransport>> CreateKvTransport(std::string_view 
   }
   if (name == "tcp") return CreateTcpTransport(options);
   if (name == "inproc") return CreateInprocTransport(options);
+#ifdef PDSERVE_HAVE_UCX
+  if (name == "ucx" || name.starts_with("ucx:")) return CreateUcxTransport(name, options);
+#endif
   return absl::NotFoundError(absl::StrCat("KV transport '", std::string(name),
                                           "' is not built into this binary (available: ",
                                           absl::StrJoin(AvailableKvTransports(), ", "), ")"));
 }
 
-std::vector<std::string> AvailableKvTransports() { return {"tcp", "inproc"}; }
+std::vector<std::string> AvailableKvTransports() {
+  std::vector<std::string> names = {"tcp", "inproc"};
+#ifdef PDSERVE_HAVE_UCX
+  names.insert(names.end(), {"ucx", "ucx:shm", "ucx:tcp"});
+#endif
+  return names;
+}
 
 }  // namespace pdserve::kv

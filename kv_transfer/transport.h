@@ -44,7 +44,7 @@ struct WriteOp {
 };
 
 struct TransportCapabilities {
-  std::string name;            // "tcp", "inproc".
+  std::string name;            // "tcp", "inproc", "ucx:shm", ...
   bool device_memory = false;  // Can register GPU memory directly.
   bool one_sided = false;      // Writes land without the receiver's CPU.
   bool cross_host = false;     // Reaches other machines.
@@ -111,10 +111,13 @@ class KvTransport {
   virtual absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) = 0;
 };
 
-// "tcp" or "inproc". NOT_FOUND for a transport not built into this binary.
+// "tcp", "inproc", or, when built with UCX, "ucx" (UCX_TLS from the
+// environment), "ucx:shm", "ucx:tcp" or "ucx:TLS-LIST". NOT_FOUND for a
+// transport not built into this binary.
 absl::StatusOr<std::unique_ptr<KvTransport>> CreateKvTransport(std::string_view name,
                                                                const TransportOptions& options);
 
+// The names CreateKvTransport accepts here ("ucx:TLS-LIST" aside).
 std::vector<std::string> AvailableKvTransports();
 
 }  // namespace pdserve::kv

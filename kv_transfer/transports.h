@@ -4,6 +4,7 @@
 #define PDSERVE_KV_TRANSFER_TRANSPORTS_H_
 
 #include <memory>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "kv_transfer/transport.h"
@@ -12,6 +13,9 @@ namespace pdserve::kv {
 
 std::unique_ptr<KvTransport> CreateInprocTransport(const TransportOptions& options);
 absl::StatusOr<std::unique_ptr<KvTransport>> CreateTcpTransport(const TransportOptions& options);
+// `name` is "ucx" or "ucx:MODE" (ucx_transport.cc). Built with UCX only.
+absl::StatusOr<std::unique_ptr<KvTransport>> CreateUcxTransport(std::string_view name,
+                                                                const TransportOptions& options);
 
 }  // namespace pdserve::kv
 

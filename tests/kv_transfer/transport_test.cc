@@ -134,7 +134,18 @@ TEST_P(TransportTest, NotificationQueueIsBounded) {
   EXPECT_EQ((*conn)->Notify("n").code(), absl::StatusCode::kResourceExhausted);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("tcp", "inproc"));
+// Every transport built into this binary ("ucx" alone takes UCX_TLS from
+// the environment, so the suite pins both UCX modes explicitly).
+std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::ValuesIn(AvailableKvTransports()),
+                         TestName);
 
 TEST(TransportRegistryTest, UnknownTransportAndBadOptions) {
   EXPECT_EQ(CreateKvTransport("carrier-pigeon", {}).status().code(), absl::StatusCode::kNotFound);
