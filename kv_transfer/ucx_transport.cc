@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -43,6 +44,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "kv_transfer/region_table.h"
@@ -140,6 +142,37 @@ absl::StatusOr<std::string> TlsFor(std::string_view name) {
   return std::string(mode);
 }
 
+// The TLS list in effect: the configured one, else UCX_TLS, else "all".
+std::string EffectiveTls(const std::string& tls) {
+  if (!tls.empty()) return tls;
+  const char* env = std::getenv("UCX_TLS");
+  return env != nullptr && *env != '\0' ? env : "all";
+}
+
+bool HasTl(const std::string& tls, std::initializer_list<std::string_view> names) {
+  const std::vector<std::string> items = absl::StrSplit(EffectiveTls(tls), ',');
+  for (const std::string& item : items) {
+    for (std::string_view n : names) {
+      if (item == n || item.starts_with(std::string(n) + "_")) return true;
+    }
+  }
+  return false;
+}
+
+// Shared-memory transports have no peer failure detection in UCX 1.13:
+// endpoints over them go without it (peer loss is then found by BYE, by
+// the peer's pid, or by the timeout).
+bool SharedMemoryOnly(const std::string& tls) {
+  return !HasTl(tls, {"all", "tcp", "rc", "dc", "ud", "ib", "rc_x", "dc_x", "ud_x"});
+}
+
+// Puts into memory the application allocated are one-sided (no receiver
+// CPU) only over RDMA: UCX 1.13 emulates them with active messages over
+// TCP, and over shared memory for memory it did not allocate itself.
+bool PutsAreOneSided(const std::string& tls) {
+  return HasTl(tls, {"rc", "dc", "ib"}) && !HasTl(tls, {"all"});
+}
+
 // A registered local region.
 struct LocalRegion {
   std::span<std::byte> memory;
@@ -225,8 +258,7 @@ class UcxTransport final : public KvTransport {
   static absl::StatusOr<std::unique_ptr<KvTransport>> Create(
       std::string_view name, const TransportOptions& options) {
     PD_ASSIGN_OR_RETURN(const std::string tls, TlsFor(name));
-    auto t = std::unique_ptr<UcxTransport>(new UcxTransport(name, options));
-    t->peer_failure_detection_ = tls != "sm,self" && tls != "sm" && tls != "posix,cma,self";
+    auto t = std::unique_ptr<UcxTransport>(new UcxTransport(name, tls, options));
     PD_RETURN_IF_ERROR(t->Init(tls));
     t->progress_thread_ = std::thread([p = t.get()] { p->ProgressLoop(); });
     return std::unique_ptr<KvTransport>(std::move(t));
@@ -450,6 +482,10 @@ class UcxTransport final : public KvTransport {
       if (req != nullptr) ucp_request_free(req);  // The flush reports its completion.
     }
     if (status.ok()) status = FlushLocked(lock, c, deadline, "writing KV");
+    // Over shared memory the bytes may "land" in a dead peer's segment.
+    if (status.ok() && PeerExited(c)) {
+      status = absl::UnavailableError("writing KV: the peer process has exited");
+    }
     for (const WriteOp& op : ops) --local_[op.local_region.value].writers;
     c.writing = false;
     AckPendingRevokes(c);
@@ -488,9 +524,10 @@ class UcxTransport final : public KvTransport {
   }
 
  private:
-  UcxTransport(std::string_view name, const TransportOptions& options)
+  UcxTransport(std::string_view name, const std::string& tls, const TransportOptions& options)
       : options_(options),
-        caps_{std::string(name), false, true, true},
+        caps_{std::string(name), false, PutsAreOneSided(tls), true},
+        peer_failure_detection_(!SharedMemoryOnly(tls)),
         notifications_(options.max_pending_notifications) {
     std::random_device rd;
     conn_salt_ = (uint64_t{rd()} << 32) ^ rd();
@@ -628,12 +665,16 @@ class UcxTransport final : public KvTransport {
     return absl::OkStatus();
   }
 
+  static bool PeerExited(const ConnState& c) {
+    return c.peer_same_host && c.peer_pid != 0 &&
+           ::kill(static_cast<pid_t>(c.peer_pid), 0) != 0 && errno == ESRCH;
+  }
+
   // DEADLINE_EXCEEDED, or UNAVAILABLE when the peer's process is known to
   // have exited (shared memory has no connection to break).
   static absl::Status TimeoutStatus(const ConnState& c, absl::string_view what) {
     if (c.failed) return absl::UnavailableError(absl::StrCat(what, ": ", c.failure));
-    if (c.peer_same_host && c.peer_pid != 0 && ::kill(static_cast<pid_t>(c.peer_pid), 0) != 0 &&
-        errno == ESRCH) {
+    if (PeerExited(c)) {
       return absl::UnavailableError(absl::StrCat(what, ": the peer process has exited"));
     }
     return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
@@ -718,10 +759,7 @@ class UcxTransport final : public KvTransport {
     }
   }
 
-  // An endpoint to a worker address. Shared-memory transports have no peer
-  // failure detection in UCX 1.13, so when the TLS list is shared memory
-  // only, endpoints go without it (peer loss is then found by BYE, by the
-  // peer's pid, or by the timeout).
+  // An endpoint to a worker address (see SharedMemoryOnly).
   ucs_status_t CreateEndpoint(const std::string& address, ucp_err_handler_cb_t on_error,
                               void* arg, ucp_ep_h* ep) {
     ucp_ep_params_t p{};
@@ -946,6 +984,7 @@ class UcxTransport final : public KvTransport {
 
   const TransportOptions options_;
   const TransportCapabilities caps_;
+  const bool peer_failure_detection_;
   NotificationQueue notifications_;
   std::atomic<bool> stop_{false};
 
@@ -955,7 +994,6 @@ class UcxTransport final : public KvTransport {
   int efd_ = -1;
   std::string address_;   // This worker's address.
   std::string endpoint_;  // "ucx://" + hex(address_); fixed after Init.
-  bool peer_failure_detection_ = true;  // Fixed after Create.
   uint64_t conn_salt_ = 0;
   uint64_t next_conn_ = 0;
   uint32_t next_region_ = 1;

@@ -1,12 +1,28 @@
 // The conformance suite every KV transport passes: byte-exact transfer of
 // scattered block sets, notifications after their writes, refused ranges,
-// and a peer that goes away.
+// regions that come and go, and a peer that goes away. The cross-process
+// half runs the receiver in its own process (kv-transfer-peer) and stops
+// or kills it mid-transfer.
 #include "kv_transfer/transport.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstring>
+#include <numeric>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "kv_transfer/tcp_frame.h"
 
 namespace pdserve::kv {
 namespace {
@@ -67,7 +83,9 @@ TEST_P(TransportTest, ScatteredBlocksArriveByteExactBeforeTheirNotification) {
     }
   }
   for (size_t b = 0; b < written.size(); ++b) {
-    if (!written[b]) EXPECT_EQ(dst[b * kBlock], std::byte{0}) << "untouched block " << b;
+    if (!written[b]) {
+      EXPECT_EQ(dst[b * kBlock], std::byte{0}) << "untouched block " << b;
+    }
   }
   EXPECT_EQ(receiver_->WaitNotification(absl::Milliseconds(50)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
@@ -134,6 +152,129 @@ TEST_P(TransportTest, NotificationQueueIsBounded) {
   EXPECT_EQ((*conn)->Notify("n").code(), absl::StatusCode::kResourceExhausted);
 }
 
+TEST_P(TransportTest, RandomBlockSetsOverManyLayersArriveByteExact) {
+  // 32 layers of a 96-block pool; every post carries a random, non-contiguous
+  // set of blocks (some of them two adjacent blocks in one op), each landing
+  // at a random free block of the peer.
+  constexpr size_t kBlock = 1536, kBlocks = 96, kLayers = 32;
+  std::vector<std::byte> src(kBlock * kBlocks * kLayers), dst(src.size(), std::byte{0});
+  std::mt19937 rng(7);
+  for (auto& b : src) b = static_cast<std::byte>(rng());
+  auto local = sender_->RegisterMemory(src);
+  auto remote = receiver_->RegisterMemory(dst);
+  ASSERT_TRUE(local.ok() && remote.ok());
+  auto conn = sender_->Connect(receiver_->endpoint());
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  std::vector<size_t> order(kBlocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<uint8_t> expected_owner(kBlocks * kLayers, 0);  // 1: written.
+  std::vector<std::pair<size_t, size_t>> landed;              // (dst byte, src byte)
+  for (size_t layer = 0; layer < kLayers; ++layer) {
+    std::shuffle(order.begin(), order.end(), rng);
+    const size_t count = 1 + rng() % 40;
+    std::vector<WriteOp> ops;
+    for (size_t i = 0; i + 1 < count * 2 && i + 1 < kBlocks; i += 2) {
+      const size_t s = order[i], d = order[i + 1];
+      const size_t len = (s + 1 < kBlocks && d + 1 < kBlocks && rng() % 4 == 0) ? 2 : 1;
+      const uint64_t so = (layer * kBlocks + s) * kBlock, dof = (layer * kBlocks + d) * kBlock;
+      bool clash = false;
+      for (size_t k = 0; k < len; ++k) clash |= expected_owner[layer * kBlocks + d + k] != 0;
+      if (clash) continue;
+      for (size_t k = 0; k < len; ++k) {
+        expected_owner[layer * kBlocks + d + k] = 1;
+        landed.push_back({dof + k * kBlock, so + k * kBlock});
+      }
+      ops.push_back({*local, so, *remote, dof, len * kBlock});
+    }
+    ASSERT_TRUE((*conn)->Write(ops).ok()) << "layer " << layer;
+    ASSERT_TRUE((*conn)->Notify("layer " + std::to_string(layer)).ok());
+  }
+  for (size_t layer = 0; layer < kLayers; ++layer) {
+    auto n = receiver_->WaitNotification(absl::Seconds(5));
+    ASSERT_TRUE(n.ok()) << n.status();
+    ASSERT_EQ(n->message, "layer " + std::to_string(layer));
+  }
+  for (auto [d, s] : landed) ASSERT_EQ(0, std::memcmp(&dst[d], &src[s], kBlock)) << d;
+  for (size_t b = 0; b < expected_owner.size(); ++b) {
+    if (expected_owner[b] == 0) {
+      ASSERT_TRUE(std::all_of(&dst[b * kBlock], &dst[b * kBlock] + kBlock,
+                              [](std::byte x) { return x == std::byte{0}; }))
+          << "untouched block " << b;
+    }
+  }
+}
+
+TEST_P(TransportTest, RegionsRegisteredAfterConnectingAndDeregisteredAreSeen) {
+  std::vector<std::byte> src(4096, std::byte{5}), first(4096), second(4096);
+  auto local = sender_->RegisterMemory(src);
+  auto r1 = receiver_->RegisterMemory(first);
+  ASSERT_TRUE(local.ok() && r1.ok());
+  auto conn = sender_->Connect(receiver_->endpoint());
+  ASSERT_TRUE(conn.ok());
+  auto r2 = receiver_->RegisterMemory(second);  // After the connection.
+  ASSERT_TRUE(r2.ok());
+  const WriteOp op{*local, 0, *r2, 100, 200};
+  ASSERT_TRUE((*conn)->Write({&op, 1}).ok());
+  EXPECT_EQ(second[100], std::byte{5});
+  EXPECT_EQ(second[299], std::byte{5});
+  EXPECT_EQ(second[300], std::byte{0});
+  // Deregistered while the connection holds its key: the next write into
+  // it is refused, and nothing lands.
+  ASSERT_TRUE(receiver_->DeregisterMemory(*r1).ok());
+  const WriteOp stale{*local, 0, *r1, 0, 64};
+  EXPECT_EQ((*conn)->Write({&stale, 1}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(first[0], std::byte{0});
+  EXPECT_EQ(receiver_->DeregisterMemory(*r1).code(), absl::StatusCode::kNotFound);
+  // A deregistered local region is refused before anything is sent.
+  auto conn2 = sender_->Connect(receiver_->endpoint());
+  ASSERT_TRUE(conn2.ok());
+  ASSERT_TRUE(sender_->DeregisterMemory(*local).ok());
+  const WriteOp gone{*local, 0, *r2, 0, 64};
+  EXPECT_EQ((*conn2)->Write({&gone, 1}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(TransportTest, ConcurrentSendersToOneReceiver) {
+  constexpr size_t kSenders = 3, kChunk = 8192, kRounds = 20;
+  std::vector<std::byte> dst(kSenders * kChunk);
+  auto remote = receiver_->RegisterMemory(dst);
+  ASSERT_TRUE(remote.ok());
+  std::vector<std::unique_ptr<KvTransport>> senders;
+  std::vector<std::vector<std::byte>> srcs(kSenders);
+  for (size_t i = 0; i < kSenders; ++i) {
+    auto t = CreateKvTransport(GetParam(), SmallLimits());
+    ASSERT_TRUE(t.ok());
+    senders.push_back(*std::move(t));
+    srcs[i].assign(kChunk, static_cast<std::byte>(i + 1));
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (size_t i = 0; i < kSenders; ++i) {
+    threads.emplace_back([&, i] {
+      auto local = senders[i]->RegisterMemory(srcs[i]);
+      auto conn = senders[i]->Connect(receiver_->endpoint());
+      if (!local.ok() || !conn.ok()) return void(++failures);
+      const WriteOp op{*local, 0, *remote, i * kChunk, kChunk};
+      for (size_t r = 0; r < kRounds; ++r) {
+        if (!(*conn)->Write({&op, 1}).ok()) ++failures;
+        if (!(*conn)->Notify(std::to_string(i)).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(failures.load(), 0);
+  std::vector<int> per_sender(kSenders, 0);
+  for (size_t n = 0; n < kSenders * kRounds; ++n) {
+    auto note = receiver_->WaitNotification(absl::Seconds(5));
+    ASSERT_TRUE(note.ok()) << note.status();
+    ++per_sender[std::stoi(note->message)];
+  }
+  for (size_t i = 0; i < kSenders; ++i) {
+    EXPECT_EQ(per_sender[i], kRounds);
+    EXPECT_EQ(dst[i * kChunk], static_cast<std::byte>(i + 1));
+    EXPECT_EQ(dst[(i + 1) * kChunk - 1], static_cast<std::byte>(i + 1));
+  }
+}
+
 // Every transport built into this binary ("ucx" alone takes UCX_TLS from
 // the environment, so the suite pins both UCX modes explicitly).
 std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
@@ -145,6 +286,204 @@ std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::ValuesIn(AvailableKvTransports()),
+                         TestName);
+
+// A receiving transport in a child process (kv-transfer-peer).
+class PeerProcess {
+ public:
+  static std::unique_ptr<PeerProcess> Start(const std::string& transport, size_t bytes,
+                                            int io_timeout_ms) {
+    int to_child[2], from_child[2];
+    if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) return nullptr;
+    const std::string size = std::to_string(bytes), timeout = std::to_string(io_timeout_ms);
+    const pid_t pid = ::fork();
+    if (pid == 0) {  // Only async-signal-safe calls until exec.
+      ::dup2(to_child[0], 0);
+      ::dup2(from_child[1], 1);
+      ::execl(KV_TRANSFER_PEER, KV_TRANSFER_PEER, transport.c_str(), size.c_str(),
+              timeout.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    auto p = std::unique_ptr<PeerProcess>(new PeerProcess(pid, to_child[1], from_child[0]));
+    std::istringstream hello(p->ReadLine());
+    hello >> p->endpoint >> p->region >> p->peer_pid;
+    if (p->endpoint.empty() || p->peer_pid != pid) return nullptr;
+    return p;
+  }
+  ~PeerProcess() {
+    Kill();
+    ::close(in_);
+    ::close(out_);
+  }
+
+  // One command, one answer line ("" when the peer is gone or silent 10 s).
+  std::string Command(const std::string& line) {
+    const std::string l = line + "\n";
+    if (::write(in_, l.data(), l.size()) != static_cast<ssize_t>(l.size())) return "";
+    return ReadLine();
+  }
+  void Signal(int sig) { ::kill(pid_, sig); }
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  std::string endpoint;
+  uint32_t region = 0;
+  pid_t peer_pid = 0;
+
+ private:
+  PeerProcess(pid_t pid, int in, int out) : pid_(pid), in_(in), out_(out) {}
+  std::string ReadLine() {
+    std::string line;
+    while (true) {
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, 10000) <= 0) return "";
+      char c;
+      if (::read(out_, &c, 1) != 1) return "";
+      if (c == '\n') return line;
+      line.push_back(c);
+    }
+  }
+  pid_t pid_;
+  const int in_, out_;
+};
+
+class CrossProcessTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CrossProcessTest, ScatteredLayersLandByteExactInAnotherProcess) {
+  constexpr size_t kBlock = 4096, kBlocks = 48, kLayers = 12;
+  auto peer = PeerProcess::Start(GetParam(), kBlock * kBlocks * kLayers, 5000);
+  ASSERT_NE(peer, nullptr);
+  auto sender = CreateKvTransport(GetParam(), SmallLimits());
+  ASSERT_TRUE(sender.ok());
+  std::vector<std::byte> src(kBlock * kBlocks * kLayers);
+  std::mt19937 rng(11);
+  for (auto& b : src) b = static_cast<std::byte>(rng());
+  auto local = (*sender)->RegisterMemory(src);
+  auto conn = (*sender)->Connect(peer->endpoint);
+  ASSERT_TRUE(local.ok() && conn.ok()) << conn.status();
+  std::vector<size_t> order(kBlocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<std::pair<uint64_t, uint64_t>> landed;  // (dst, src) byte offsets
+  std::vector<bool> written(kBlocks * kLayers, false);
+  for (size_t layer = 0; layer < kLayers; ++layer) {
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<WriteOp> ops;
+    for (size_t i = 0; i < 10; ++i) {  // Blocks order[2i] -> order[2i+1].
+      const uint64_t so = (layer * kBlocks + order[2 * i]) * kBlock;
+      const uint64_t dof = (layer * kBlocks + order[2 * i + 1]) * kBlock;
+      ops.push_back({*local, so, RegionId(peer->region), dof, kBlock});
+      landed.push_back({dof, so});
+      written[layer * kBlocks + order[2 * i + 1]] = true;
+    }
+    ASSERT_TRUE((*conn)->Write(ops).ok()) << layer;
+    ASSERT_TRUE((*conn)->Notify("layer " + std::to_string(layer)).ok());
+  }
+  for (size_t layer = 0; layer < kLayers; ++layer) {
+    EXPECT_EQ(peer->Command("notify 5000"), "layer " + std::to_string(layer));
+  }
+  EXPECT_EQ(peer->Command("notify 10"), "TIMEOUT");
+  for (auto [d, s] : landed) {
+    ASSERT_EQ(peer->Command("crc " + std::to_string(d) + " " + std::to_string(kBlock)),
+              std::to_string(Crc32c(std::span(src).subspan(s, kBlock))))
+        << "block at " << d;
+  }
+  const std::vector<std::byte> zeros(kBlock);
+  const std::string zero_crc = std::to_string(Crc32c(zeros));
+  for (size_t b = 0; b < written.size(); ++b) {
+    if (!written[b]) {
+      ASSERT_EQ(peer->Command("crc " + std::to_string(b * kBlock) + " 4096"), zero_crc);
+    }
+  }
+}
+
+TEST_P(CrossProcessTest, StoppedPeerTimesOutAndTheConnectionCloses) {
+  auto peer = PeerProcess::Start(GetParam(), 8 << 20, 5000);
+  ASSERT_NE(peer, nullptr);
+  TransportOptions o = SmallLimits();
+  o.io_timeout = absl::Milliseconds(500);
+  auto sender = CreateKvTransport(GetParam(), o);
+  ASSERT_TRUE(sender.ok());
+  std::vector<std::byte> src(8 << 20, std::byte{9});
+  auto local = (*sender)->RegisterMemory(src);
+  auto conn = (*sender)->Connect(peer->endpoint);
+  ASSERT_TRUE(local.ok() && conn.ok()) << conn.status();
+  peer->Signal(SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  const WriteOp op{*local, 0, RegionId(peer->region), 0, src.size()};
+  const absl::Status write = (*conn)->Write({&op, 1});
+  // A transport whose writes need no receiver CPU may finish the write;
+  // the notification needs the receiver and must time out.
+  const absl::Status notify = write.ok() ? (*conn)->Notify("x") : write;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(write.ok() || absl::IsDeadlineExceeded(write)) << write;
+  if (write.ok()) {
+    EXPECT_TRUE((*sender)->capabilities().one_sided) << "a write finished without the receiver";
+  }
+  EXPECT_TRUE(absl::IsDeadlineExceeded(notify)) << notify;
+  EXPECT_LT(secs, 3.0);
+  EXPECT_FALSE((*conn)->Notify("y").ok()) << "closed after a timeout";
+  peer->Signal(SIGCONT);
+  // The peer serves new connections once it runs again.
+  auto again = (*sender)->Connect(peer->endpoint);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)->Notify("after").ok());
+  std::string seen;
+  for (int i = 0; i < 3 && seen != "after"; ++i) seen = peer->Command("notify 2000");
+  EXPECT_EQ(seen, "after");
+}
+
+TEST_P(CrossProcessTest, PeerKilledMidTransferIsUnavailable) {
+  constexpr size_t kBytes = 32 << 20, kOp = 256 << 10;
+  auto peer = PeerProcess::Start(GetParam(), kBytes, 5000);
+  ASSERT_NE(peer, nullptr);
+  TransportOptions o;
+  o.io_timeout = absl::Seconds(2);
+  auto sender = CreateKvTransport(GetParam(), o);
+  ASSERT_TRUE(sender.ok());
+  std::vector<std::byte> src(kBytes, std::byte{3});
+  auto local = (*sender)->RegisterMemory(src);
+  auto conn = (*sender)->Connect(peer->endpoint);
+  ASSERT_TRUE(local.ok() && conn.ok()) << conn.status();
+  std::vector<WriteOp> ops;  // Many ops per post, in reverse order.
+  for (size_t off = 0; off < kBytes; off += kOp) {
+    ops.push_back({*local, off, RegionId(peer->region), kBytes - kOp - off, kOp});
+  }
+  ASSERT_TRUE((*conn)->Write(ops).ok());
+  std::atomic<int> writes{0};
+  absl::Status last;
+  std::thread writer([&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+      last = (*conn)->Write(ops);
+      if (!last.ok()) return;
+      ++writes;
+    }
+  });
+  while (writes.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto killed = std::chrono::steady_clock::now();
+  peer->Kill();
+  writer.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_TRUE(absl::IsUnavailable(last)) << last;
+  EXPECT_LT(secs, 5.0) << "found within the io timeout";
+  EXPECT_TRUE(absl::IsUnavailable((*conn)->Notify("x")));
+}
+
+std::vector<std::string> CrossProcessTransports() {
+  std::vector<std::string> names;
+  for (const std::string& n : AvailableKvTransports()) {
+    if (n != "inproc") names.push_back(n);  // One process only.
+  }
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CrossProcessTest, ::testing::ValuesIn(CrossProcessTransports()),
                          TestName);
 
 TEST(TransportRegistryTest, UnknownTransportAndBadOptions) {
