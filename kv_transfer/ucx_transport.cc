@@ -54,6 +54,9 @@ namespace pdserve::kv {
 namespace {
 
 constexpr std::string_view kEndpointPrefix = "ucx://";
+// Connections a receiver serves at once: a peer cannot make it hold
+// endpoints without limit.
+constexpr size_t kMaxPeers = 4096;
 // How often the progress thread looks at the stop flag.
 constexpr int kStopPollMs = 50;
 
@@ -279,14 +282,14 @@ class UcxTransport final : public KvTransport {
         if (!peer->failed) SendAm(peer->ep, kBye, {conn}, {});
         eps.push_back(peer->ep);
       }
-      peers_.clear();
       for (auto& [id, c] : conns_) {
         c->failed = true;
         eps.push_back(c->ep);
         c->ep = nullptr;
       }
+      CloseEndpoints(eps);  // Before the error handlers' arguments go.
+      peers_.clear();
       conns_.clear();
-      CloseEndpoints(eps);
     }
     stop_.store(true);
     if (progress_thread_.joinable()) {
@@ -354,20 +357,23 @@ class UcxTransport final : public KvTransport {
       return true;
     };
     bool ok = WaitLocked(lock, settled, deadline);
-    // A peer that does not answer in time is dropped: its endpoint is
-    // closed, so nothing more of its can land after the unmap.
+    // A peer that does not answer in time is dropped. Over RDMA the unmap
+    // below revokes its access in hardware; over transports where UCX
+    // emulates puts with messages, a peer frozen past the timeout that
+    // later resumes a put it posted before could still write: deregister
+    // only memory whose senders have finished or died.
     if (!ok) {
       std::vector<ucp_ep_h> eps;
-      for (auto pit = peers_.begin(); pit != peers_.end();) {
-        auto& w = pit->second->revokes_waiting;
+      std::vector<uint64_t> dropped;
+      for (auto& [conn, peer] : peers_) {
+        auto& w = peer->revokes_waiting;
         if (std::find(w.begin(), w.end(), region.value) != w.end()) {
-          eps.push_back(pit->second->ep);
-          pit = peers_.erase(pit);
-        } else {
-          ++pit;
+          eps.push_back(peer->ep);
+          dropped.push_back(conn);
         }
       }
       CloseEndpoints(eps);
+      for (uint64_t conn : dropped) peers_.erase(conn);
       WaitLocked(lock, [&] { return local_[region.value].writers == 0; }, absl::InfiniteFuture());
     }
     ucp_mem_unmap(context_, local_[region.value].memh);
@@ -417,49 +423,19 @@ class UcxTransport final : public KvTransport {
     std::unique_lock lock(mu_);
     Progress();  // Learn of a peer's BYE or REVOKE before posting.
     if (c.failed) return absl::UnavailableError(absl::StrCat("connection is closed: ", c.failure));
-    // Every local range first: that error leaves the connection open.
-    for (const WriteOp& op : ops) {
-      auto it = local_.find(op.local_region.value);
-      if (it == local_.end() || it->second.leaving) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("local memory region ", op.local_region.value, " is unknown"));
+    // Every range before anything is posted. A remote region the table
+    // lacks (registered after the handshake) makes us ask the peer once
+    // and check everything again (the wait lets other threads in).
+    for (bool refreshed = false;; refreshed = true) {
+      bool unknown_remote = false;
+      PD_RETURN_IF_ERROR(CheckRanges(c, ops, refreshed, unknown_remote));
+      if (!unknown_remote) break;
+      const uint64_t version = c.regions_version;
+      SendAm(c.ep, kGetRegions, {c.id}, {});
+      if (!WaitLocked(lock, [&] { return c.regions_version != version || c.failed; }, deadline)) {
+        return FailLocked(c, TimeoutStatus(c, "asking the peer for its regions"));
       }
-      const uint64_t size = it->second.memory.size();
-      if (op.local_offset > size || op.length > size - op.local_offset) {
-        return absl::InvalidArgumentError(absl::StrCat("local range [", op.local_offset, ", +",
-                                                       op.length, ") outside region ",
-                                                       op.local_region.value, " of ", size,
-                                                       " bytes"));
-      }
-    }
-    // Then every remote range against the peer's table, asked again once
-    // if a region is unknown (registered after the handshake).
-    bool refreshed = false;
-    for (const WriteOp& op : ops) {
-      auto it = c.regions.find(op.remote_region.value);
-      if (it == c.regions.end() && !refreshed) {
-        refreshed = true;
-        const uint64_t version = c.regions_version;
-        SendAm(c.ep, kGetRegions, {c.id}, {});
-        if (!WaitLocked(lock, [&] { return c.regions_version != version || c.failed; },
-                        deadline)) {
-          return FailLocked(c, TimeoutStatus(c, "asking the peer for its regions"));
-        }
-        if (c.failed) return absl::UnavailableError(absl::StrCat("ucx peer: ", c.failure));
-        it = c.regions.find(op.remote_region.value);
-      }
-      if (it == c.regions.end()) {
-        return FailLocked(c, absl::NotFoundError(absl::StrCat(
-                                 "peer refused the transfer: unknown memory region ",
-                                 op.remote_region.value)));
-      }
-      const uint64_t size = it->second.size;
-      if (op.remote_offset > size || op.length > size - op.remote_offset) {
-        return FailLocked(c, absl::OutOfRangeError(absl::StrCat(
-                                 "peer refused the transfer: range [", op.remote_offset, ", +",
-                                 op.length, ") outside region ", op.remote_region.value, " of ",
-                                 size, " bytes")));
-      }
+      if (c.failed) return absl::UnavailableError(absl::StrCat("ucx peer: ", c.failure));
     }
     // Post every put, then one flush.
     for (const WriteOp& op : ops) ++local_[op.local_region.value].writers;
@@ -490,6 +466,48 @@ class UcxTransport final : public KvTransport {
     c.writing = false;
     AckPendingRevokes(c);
     if (!status.ok()) return FailLocked(c, status);
+    return absl::OkStatus();
+  }
+
+  // INVALID_ARGUMENT for a local range outside its region (the connection
+  // stays open); NOT_FOUND / OUT_OF_RANGE for a remote one (it closes).
+  // An unknown remote region sets `unknown_remote` instead, unless
+  // `final`. Requires mu_.
+  absl::Status CheckRanges(ConnState& c, std::span<const WriteOp> ops, bool final,
+                           bool& unknown_remote) {
+    for (const WriteOp& op : ops) {
+      auto it = local_.find(op.local_region.value);
+      if (it == local_.end() || it->second.leaving) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("local memory region ", op.local_region.value, " is unknown"));
+      }
+      const uint64_t size = it->second.memory.size();
+      if (op.local_offset > size || op.length > size - op.local_offset) {
+        return absl::InvalidArgumentError(absl::StrCat("local range [", op.local_offset, ", +",
+                                                       op.length, ") outside region ",
+                                                       op.local_region.value, " of ", size,
+                                                       " bytes"));
+      }
+    }
+    for (const WriteOp& op : ops) {
+      auto it = c.regions.find(op.remote_region.value);
+      if (it == c.regions.end() && !final) {
+        unknown_remote = true;
+        return absl::OkStatus();
+      }
+      if (it == c.regions.end()) {
+        return FailLocked(c, absl::NotFoundError(absl::StrCat(
+                                 "peer refused the transfer: unknown memory region ",
+                                 op.remote_region.value)));
+      }
+      const uint64_t size = it->second.size;
+      if (op.remote_offset > size || op.length > size - op.remote_offset) {
+        return FailLocked(c, absl::OutOfRangeError(absl::StrCat(
+                                 "peer refused the transfer: range [", op.remote_offset, ", +",
+                                 op.length, ") outside region ", op.remote_region.value, " of ",
+                                 size, " bytes")));
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -831,10 +849,14 @@ class UcxTransport final : public KvTransport {
   void Handle(AmId id, const AmHeader& h, std::span<const std::byte> payload) {
     switch (id) {
       case kHello: {
-        if (peers_.contains(h.conn) || payload.empty() || payload.size() > 64 * 1024) return;
+        if (peers_.contains(h.conn) || peers_.size() >= kMaxPeers || payload.empty() ||
+            payload.size() > 64 * 1024) {
+          return;
+        }
         // Opening an endpoint is a UCX call: after the progress round.
         std::string address(reinterpret_cast<const char*>(payload.data()), payload.size());
         deferred_.push_back([this, conn = h.conn, address = std::move(address)] {
+          if (peers_.contains(conn)) return;
           auto peer = std::make_unique<Peer>();
           if (CreateEndpoint(address, &OnReceiverEpError, peer.get(), &peer->ep) != UCS_OK) {
             return;
@@ -909,9 +931,8 @@ class UcxTransport final : public KvTransport {
           deferred_.push_back([this, conn = h.conn] {
             auto it = peers_.find(conn);
             if (it == peers_.end()) return;
-            ucp_ep_h ep = it->second->ep;
-            peers_.erase(it);
-            CloseEndpoints({ep});
+            CloseEndpoints({it->second->ep});
+            peers_.erase(conn);
           });
         }
         return;
@@ -935,6 +956,7 @@ class UcxTransport final : public KvTransport {
   // Replaces the connection's table with a REGIONS message. A malformed
   // one fails the connection.
   void ParseRegions(ConnState& c, std::span<const std::byte> payload) {
+    if (c.writing) return;  // Only answers a Write's own GET_REGIONS.
     Reader r(payload.data(), payload.size());
     uint32_t pid = 0, count = 0;
     std::span<const std::byte> host;
