@@ -1,7 +1,12 @@
-// pd-kv-transfer-bench: bandwidth of one KV write of 4 KiB ... 64 MiB over
-// each transport built here, next to the limit measured in the same run: a
-// plain loopback TCP stream (send the bytes, wait for a 1-byte reply) for
-// "tcp", memcpy for "inproc". Medians of --reps runs.
+// pd-kv-transfer-bench: over each transport built here (tcp, inproc,
+// ucx:shm, ucx:tcp), two tables of medians of --reps runs:
+//  1. one KV write of 4 KiB ... 64 MiB: time (the latency at small sizes)
+//     and bandwidth, next to the limit measured in the same run: a plain
+//     loopback TCP stream (send the bytes, wait for a 1-byte reply) for the
+//     TCP paths, memcpy for the in-memory and shared-memory paths;
+//  2. 16 MiB in one post cut into 1 ... 4096 scattered blocks (every other
+//     block of the pool): what many writes per post cost.
+// Plus the round trip of a notification on its own.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -18,10 +23,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kv_transfer/transport.h"
 
 ABSL_FLAG(int32_t, reps, 9, "Repetitions per size (median reported)");
 ABSL_FLAG(int32_t, max_frame_kib, 0, "Frame size of the tcp transport in KiB (0: its default)");
+ABSL_FLAG(std::vector<std::string>, transports, {},
+          "Transports to measure (default: every one built, 'ucx' aside)");
 
 namespace pdserve::kv {
 namespace {
@@ -89,41 +97,93 @@ double MemcpySeconds(size_t bytes, int reps) {
   return Median(secs);
 }
 
+bool OverTcp(const std::string& name) { return name == "tcp" || name == "ucx:tcp"; }
+
+struct Pair {
+  std::unique_ptr<KvTransport> sender, receiver;
+  std::unique_ptr<KvConnection> conn;
+  RegionId local, remote;
+};
+
+// Seconds of the median post of `ops` (one warm-up post first).
+double PostSeconds(KvConnection& conn, const std::vector<WriteOp>& ops, int reps) {
+  std::vector<double> secs;
+  for (int r = 0; r < reps + 1; ++r) {
+    const auto t0 = Clock::now();
+    if (absl::Status s = conn.Write(ops); !s.ok()) {
+      std::cerr << s << "\n";
+      std::exit(1);
+    }
+    if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return Median(secs);
+}
+
 int Run() {
   const int reps = absl::GetFlag(FLAGS_reps);
-  std::cout << "| transport | bytes | median time | GB/s | limit (same run) | limit GB/s | share of limit |\n"
-               "|---|---|---|---|---|---|---|\n";
-  for (const char* name : {"tcp", "inproc"}) {
+  std::vector<std::string> names = absl::GetFlag(FLAGS_transports);
+  if (names.empty()) {
+    for (const std::string& n : AvailableKvTransports()) {
+      if (n != "ucx") names.push_back(n);  // "ucx" is the environment's mix.
+    }
+  }
+  const size_t max_bytes = size_t{64} << 20;
+  std::vector<std::byte> src(max_bytes, std::byte{1}), dst(max_bytes);
+  std::vector<std::string> sizes_table, blocks_table, notify_table;
+  for (const std::string& name : names) {
     TransportOptions options;
     if (absl::GetFlag(FLAGS_max_frame_kib) > 0) options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_kib) << 10;
     auto sender = CreateKvTransport(name, options);
     auto receiver = CreateKvTransport(name, options);
-    if (!sender.ok() || !receiver.ok()) return 1;
-    const size_t max_bytes = size_t{64} << 20;
-    std::vector<std::byte> src(max_bytes, std::byte{1}), dst(max_bytes);
+    if (!sender.ok() || !receiver.ok()) {
+      std::cerr << name << ": " << (sender.ok() ? receiver.status() : sender.status()) << "\n";
+      return 1;
+    }
     auto local = (*sender)->RegisterMemory(src);
     auto remote = (*receiver)->RegisterMemory(dst);
     auto conn = (*sender)->Connect((*receiver)->endpoint());
     if (!local.ok() || !remote.ok() || !conn.ok()) return 1;
+    const bool tcp = OverTcp(name);
     for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
-      const WriteOp op{*local, 0, *remote, 0, bytes};
-      std::vector<double> secs;
-      for (int r = 0; r < reps + 1; ++r) {
-        const auto t0 = Clock::now();
-        if (absl::Status s = (*conn)->Write({&op, 1}); !s.ok()) {
-          std::cerr << s << "\n";
-          return 1;
-        }
-        if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-      const double t = Median(secs);
-      const bool tcp = std::string(name) == "tcp";
+      const double t = PostSeconds(**conn, {{*local, 0, *remote, 0, bytes}}, reps);
       const double limit = tcp ? PlainTcpSeconds(bytes, reps) : MemcpySeconds(bytes, reps);
-      std::cout << absl::StrFormat("| %s | %d | %.1f us | %.2f | %s | %.2f | %.0f%% |\n", name, bytes,
-                                   t * 1e6, bytes / t / 1e9, tcp ? "plain TCP stream" : "memcpy",
-                                   bytes / limit / 1e9, 100.0 * limit / t);
+      sizes_table.push_back(absl::StrFormat(
+          "| %s | %d | %.1f us | %.2f | %s | %.2f | %.0f%% |", name, bytes, t * 1e6,
+          bytes / t / 1e9, tcp ? "plain TCP stream" : "memcpy", bytes / limit / 1e9,
+          100.0 * limit / t));
     }
+    const size_t total = size_t{16} << 20;
+    for (size_t blocks : {1, 16, 256, 4096}) {
+      const size_t block = total / blocks;
+      std::vector<WriteOp> ops;
+      for (size_t b = 0; b < blocks; ++b) {  // Every other block of a 32 MiB pool.
+        ops.push_back({*local, 2 * b * block, *remote, (2 * (blocks - 1 - b)) * block, block});
+      }
+      const double t = PostSeconds(**conn, ops, reps);
+      blocks_table.push_back(absl::StrFormat("| %s | %d | %d | %.1f us | %.2f | %.2f us |", name,
+                                             blocks, block, t * 1e6, total / t / 1e9,
+                                             t * 1e6 / blocks));
+    }
+    std::vector<double> secs;
+    for (int r = 0; r < 10 * reps + 1; ++r) {
+      const auto t0 = Clock::now();
+      if (!(*conn)->Notify("kv complete").ok()) return 1;
+      if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (!(*receiver)->WaitNotification(absl::Seconds(5)).ok()) return 1;
+    }
+    notify_table.push_back(absl::StrFormat("| %s | %.1f us |", name, Median(secs) * 1e6));
   }
+  std::cout << "One write of N bytes\n\n"
+               "| transport | bytes | median time | GB/s | limit (same run) | limit GB/s | share of limit |\n"
+               "|---|---|---|---|---|---|---|\n"
+            << absl::StrJoin(sizes_table, "\n") << "\n\n";
+  std::cout << "16 MiB in one post, cut into scattered blocks\n\n"
+               "| transport | blocks per post | block bytes | median time | GB/s | per block |\n"
+               "|---|---|---|---|---|---|\n"
+            << absl::StrJoin(blocks_table, "\n") << "\n\n";
+  std::cout << "Notification round trip (queued at the peer)\n\n"
+               "| transport | median |\n|---|---|\n"
+            << absl::StrJoin(notify_table, "\n") << "\n";
   return 0;
 }
 
