@@ -277,11 +277,15 @@ class UcxTransport final : public KvTransport {
     {
       std::lock_guard lock(mu_);
       // Tell every sender we are gone, then close the endpoints.
-      std::vector<ucp_ep_h> eps;
+      std::vector<ucp_ep_h> eps, told;
       for (auto& [conn, peer] : peers_) {
-        if (!peer->failed) SendAm(peer->ep, kBye, {conn}, {});
+        if (!peer->failed) {
+          SendAm(peer->ep, kBye, {conn}, {});
+          told.push_back(peer->ep);
+        }
         eps.push_back(peer->ep);
       }
+      FlushBriefly(told);
       for (auto& [id, c] : conns_) {
         c->failed = true;
         eps.push_back(c->ep);
@@ -717,7 +721,7 @@ class UcxTransport final : public KvTransport {
     c.regions.clear();
     if (c.ep != nullptr && c.peer_reachable()) {
       SendAm(c.ep, kBye, {c.id}, {});
-      FlushBriefly(c.ep);
+      FlushBriefly({c.ep});
     }
     c.failed = true;
     if (c.failure.empty()) c.failure = "closed";
@@ -726,24 +730,37 @@ class UcxTransport final : public KvTransport {
     conns_.erase(c.id);
   }
 
-  // Waits up to 200 ms for what was sent on `ep` to leave. Requires mu_.
-  void FlushBriefly(ucp_ep_h ep) {
-    auto* done = new Completion;
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.cb.send = &OnComplete;
-    p.user_data = done;
-    ucs_status_ptr_t req = ucp_ep_flush_nbx(ep, &p);
-    if (req == nullptr || UCS_PTR_IS_ERR(req)) {
-      delete done;
-      return;
+  // Waits up to 200 ms in all for what was sent on `eps` to leave.
+  // Requires mu_.
+  void FlushBriefly(const std::vector<ucp_ep_h>& eps) {
+    std::vector<Completion*> pending;
+    for (ucp_ep_h ep : eps) {
+      auto* done = new Completion;
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = &OnComplete;
+      p.user_data = done;
+      ucs_status_ptr_t req = ucp_ep_flush_nbx(ep, &p);
+      if (req == nullptr || UCS_PTR_IS_ERR(req)) {
+        delete done;
+      } else {
+        pending.push_back(done);
+      }
     }
-    const absl::Time deadline = absl::Now() + absl::Milliseconds(200);
-    while (!done->done && absl::Now() < deadline) ucp_worker_progress(worker_);
-    if (done->done) {
-      delete done;
-    } else {
-      done->abandoned = true;
+    AwaitBriefly(pending, absl::Milliseconds(200));
+  }
+
+  // Progresses until every completion is done or `limit` passed; frees the
+  // done ones and leaves the others to their callbacks.
+  void AwaitBriefly(const std::vector<Completion*>& pending, absl::Duration limit) {
+    const absl::Time deadline = absl::Now() + limit;
+    for (Completion* done : pending) {
+      while (!done->done && absl::Now() < deadline) ucp_worker_progress(worker_);
+      if (done->done) {
+        delete done;
+      } else {
+        done->abandoned = true;
+      }
     }
   }
 
@@ -766,15 +783,7 @@ class UcxTransport final : public KvTransport {
         pending.push_back(done);
       }
     }
-    const absl::Time deadline = absl::Now() + absl::Seconds(1);
-    for (Completion* done : pending) {
-      while (!done->done && absl::Now() < deadline) ucp_worker_progress(worker_);
-      if (done->done) {
-        delete done;
-      } else {
-        done->abandoned = true;
-      }
-    }
+    AwaitBriefly(pending, absl::Seconds(1));
   }
 
   // An endpoint to a worker address (see SharedMemoryOnly).
