@@ -215,6 +215,9 @@ TEST_P(TransportTest, RegionsRegisteredAfterConnectingAndDeregisteredAreSeen) {
   ASSERT_TRUE(r2.ok());
   const WriteOp op{*local, 0, *r2, 100, 200};
   ASSERT_TRUE((*conn)->Write({&op, 1}).ok());
+  // Read after the notification, as the decode worker does.
+  ASSERT_TRUE((*conn)->Notify("written").ok());
+  ASSERT_TRUE(receiver_->WaitNotification(absl::Seconds(5)).ok());
   EXPECT_EQ(second[100], std::byte{5});
   EXPECT_EQ(second[299], std::byte{5});
   EXPECT_EQ(second[300], std::byte{0});
@@ -439,11 +442,11 @@ TEST_P(CrossProcessTest, StoppedPeerTimesOutAndTheConnectionCloses) {
 }
 
 TEST_P(CrossProcessTest, PeerKilledMidTransferIsUnavailable) {
-  constexpr size_t kBytes = 32 << 20, kOp = 256 << 10;
+  constexpr size_t kBytes = 8 << 20, kOp = 64 << 10;
   auto peer = PeerProcess::Start(GetParam(), kBytes, 5000);
   ASSERT_NE(peer, nullptr);
   TransportOptions o;
-  o.io_timeout = absl::Seconds(2);
+  o.io_timeout = absl::Seconds(4);  // Room for sanitizer builds.
   auto sender = CreateKvTransport(GetParam(), o);
   ASSERT_TRUE(sender.ok());
   std::vector<std::byte> src(kBytes, std::byte{3});
@@ -454,7 +457,8 @@ TEST_P(CrossProcessTest, PeerKilledMidTransferIsUnavailable) {
   for (size_t off = 0; off < kBytes; off += kOp) {
     ops.push_back({*local, off, RegionId(peer->region), kBytes - kOp - off, kOp});
   }
-  ASSERT_TRUE((*conn)->Write(ops).ok());
+  const absl::Status first = (*conn)->Write(ops);
+  ASSERT_TRUE(first.ok()) << first;
   std::atomic<int> writes{0};
   absl::Status last;
   std::thread writer([&] {
@@ -471,7 +475,7 @@ TEST_P(CrossProcessTest, PeerKilledMidTransferIsUnavailable) {
   writer.join();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
   EXPECT_TRUE(absl::IsUnavailable(last)) << last;
-  EXPECT_LT(secs, 5.0) << "found within the io timeout";
+  EXPECT_LT(secs, 7.0) << "found within the io timeout";
   EXPECT_TRUE(absl::IsUnavailable((*conn)->Notify("x")));
 }
 
