@@ -2,11 +2,25 @@
 // purpose: CI compiles it on two cores, so the kernels take the head size
 // at run time instead of being instantiated per shape.
 #include <cuda_bf16.h>
-#include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/cuda/cuda_kernels.h"
+
+// The kernels also compile as plain C++ against a CPU emulation of the CUDA
+// execution model (tests/engine/cuda/cuda_emulation.h, included first), so
+// that CI without a GPU runs them; launches and shared memory go through
+// these macros for that.
+#ifndef PDSERVE_CUDA_EMULATION
+#include <mma.h>
+#define PD_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define PD_LAUNCH_ERROR() cudaGetLastError()
+#define PD_SHARED_ARRAY(type, name, n) __shared__ type name[n]
+#define PD_DYNAMIC_SHARED(type, name) \
+  extern __shared__ __align__(128) type name[]
+#endif
 
 namespace pdserve::cuda {
 namespace {
@@ -57,7 +71,7 @@ __global__ void EmbeddingKernel(const uint16_t* table, int64_t hidden,
 
 __global__ void RmsNormKernel(const float* x, const int32_t* rows, int64_t n,
                               const float* weight, float eps, uint16_t* out) {
-  __shared__ float scratch[32];
+  PD_SHARED_ARRAY(float, scratch, 32);
   const int64_t r = rows != nullptr ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + r * n;
   float ss = 0.0f;
@@ -140,7 +154,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 __global__ void __launch_bounds__(kAttentionWarps * 32)
     PagedAttentionKernel(AttentionParams p) {
-  extern __shared__ float smem[];
+  PD_DYNAMIC_SHARED(float, smem);
   const int D = p.kv.head_dim;
   constexpr int R = kAttentionTileRows, BK = kAttentionKeyTile;
   float* qs = smem;               // [R][D], pre-scaled by scale * log2(e).
@@ -319,7 +333,7 @@ struct MmaSmem {
 
 __global__ void __launch_bounds__(kMmaWarps * 32)
     PagedAttentionMmaKernel(AttentionParams p) {
-  extern __shared__ __align__(128) unsigned char mma_smem[];
+  PD_DYNAMIC_SHARED(unsigned char, mma_smem);
   const int D = p.kv.head_dim;
   const MmaSmem layout(D);
   const int ld = layout.kv_ld, old = layout.o_ld;
@@ -530,24 +544,25 @@ int GridFor(int64_t n, int threads) {
 cudaError_t Embedding(const uint16_t* table, int64_t hidden, const int32_t* ids,
                       int64_t n, float* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  EmbeddingKernel<<<n, 256, 0, stream>>>(table, hidden, ids, out);
-  return cudaGetLastError();
+  PD_LAUNCH(EmbeddingKernel, n, 256, 0, stream, table, hidden, ids, out);
+  return PD_LAUNCH_ERROR();
 }
 
 cudaError_t RmsNorm(const float* x, const int32_t* rows, int64_t n_rows,
                     int64_t n, const float* weight, float eps, uint16_t* out,
                     cudaStream_t stream) {
   if (n_rows == 0) return cudaSuccess;
-  RmsNormKernel<<<n_rows, 256, 0, stream>>>(x, rows, n, weight, eps, out);
-  return cudaGetLastError();
+  PD_LAUNCH(RmsNormKernel, n_rows, 256, 0, stream, x, rows, n, weight, eps,
+            out);
+  return PD_LAUNCH_ERROR();
 }
 
 cudaError_t SiluMul(const float* gate_up, int64_t n_rows, int64_t n,
                     uint16_t* out, cudaStream_t stream) {
   if (n_rows * n == 0) return cudaSuccess;
-  SiluMulKernel<<<GridFor(n_rows * n, 256), 256, 0, stream>>>(gate_up, n_rows,
-                                                              n, out);
-  return cudaGetLastError();
+  PD_LAUNCH(SiluMulKernel, GridFor(n_rows * n, 256), 256, 0, stream, gate_up,
+            n_rows, n, out);
+  return PD_LAUNCH_ERROR();
 }
 
 cudaError_t BiasRope(float* qkv, int64_t row_stride, int64_t row_width,
@@ -556,19 +571,19 @@ cudaError_t BiasRope(float* qkv, int64_t row_stride, int64_t row_width,
                      int head_dim, const float* bias, RopeStyle style,
                      cudaStream_t stream) {
   if (n_tokens == 0) return cudaSuccess;
-  BiasRopeKernel<<<n_tokens, 128, 0, stream>>>(
-      qkv, row_stride, row_width, positions, inv_freq, num_heads + num_kv_heads,
-      head_dim, bias, style == RopeStyle::kAdjacentPairs);
-  return cudaGetLastError();
+  PD_LAUNCH(BiasRopeKernel, n_tokens, 128, 0, stream, qkv, row_stride,
+            row_width, positions, inv_freq, num_heads + num_kv_heads, head_dim,
+            bias, style == RopeStyle::kAdjacentPairs);
+  return PD_LAUNCH_ERROR();
 }
 
 cudaError_t WriteKv(const float* qkv, int64_t row_stride, int64_t k_offset,
                     int64_t v_offset, int64_t n_tokens, const int64_t* slots,
                     const PagedKvLayer& kv, cudaStream_t stream) {
   if (n_tokens == 0) return cudaSuccess;
-  WriteKvKernel<<<n_tokens, 128, 0, stream>>>(qkv, row_stride, k_offset,
-                                              v_offset, slots, kv);
-  return cudaGetLastError();
+  PD_LAUNCH(WriteKvKernel, n_tokens, 128, 0, stream, qkv, row_stride, k_offset,
+            v_offset, slots, kv);
+  return PD_LAUNCH_ERROR();
 }
 
 int ScalarAttentionSharedBytes(int head_dim) {
@@ -577,6 +592,12 @@ int ScalarAttentionSharedBytes(int head_dim) {
           kAttentionKeyTile * head_dim);
 }
 
+#ifdef PDSERVE_CUDA_EMULATION
+cudaError_t PrepareAttention(int) { return cudaSuccess; }
+bool AttentionTensorCoresSupported(int head_dim) {
+  return head_dim % 16 == 0 && head_dim <= kMaxHeadDim;
+}
+#else
 cudaError_t PrepareAttention(int max_head_dim) {
   cudaError_t err = cudaFuncSetAttribute(
       PagedAttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -601,6 +622,7 @@ bool AttentionTensorCoresSupported(int head_dim) {
   }
   return major >= 8 && static_cast<size_t>(smem) >= MmaSmem(head_dim).bytes;
 }
+#endif  // PDSERVE_CUDA_EMULATION
 
 cudaError_t PagedAttention(const AttentionParams& p, cudaStream_t stream) {
   const int D = p.kv.head_dim;
@@ -611,21 +633,21 @@ cudaError_t PagedAttention(const AttentionParams& p, cudaStream_t stream) {
   }
   if (p.num_tiles > 0) {
     const dim3 grid(p.num_tiles, p.kv.num_kv_heads, p.num_splits);
-    PagedAttentionKernel<<<grid, kAttentionWarps * 32,
-                           ScalarAttentionSharedBytes(D), stream>>>(p);
-    const cudaError_t err = cudaGetLastError();
+    PD_LAUNCH(PagedAttentionKernel, grid, kAttentionWarps * 32,
+              ScalarAttentionSharedBytes(D), stream, p);
+    const cudaError_t err = PD_LAUNCH_ERROR();
     if (err != cudaSuccess) return err;
   }
   if (p.num_mma_tiles > 0) {
     const dim3 grid(p.num_mma_tiles, p.kv.num_kv_heads, p.num_splits);
-    PagedAttentionMmaKernel<<<grid, kMmaWarps * 32, MmaSmem(D).bytes, stream>>>(
-        p);
-    const cudaError_t err = cudaGetLastError();
+    PD_LAUNCH(PagedAttentionMmaKernel, grid, kMmaWarps * 32, MmaSmem(D).bytes,
+              stream, p);
+    const cudaError_t err = PD_LAUNCH_ERROR();
     if (err != cudaSuccess) return err;
   }
   if (p.num_splits == 1 || p.num_tokens == 0) return cudaSuccess;
-  CombineSplitsKernel<<<p.num_tokens * p.num_heads, 128, 0, stream>>>(p);
-  return cudaGetLastError();
+  PD_LAUNCH(CombineSplitsKernel, p.num_tokens * p.num_heads, 128, 0, stream, p);
+  return PD_LAUNCH_ERROR();
 }
 
 }  // namespace pdserve::cuda

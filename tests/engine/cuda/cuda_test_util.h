@@ -1,17 +1,25 @@
 // Helpers for the cuda backend's tests: the device check every test starts
-// with and small typed device buffers.
+// with and small typed device buffers. With PDSERVE_CUDA_EMULATION (the
+// kernels emulated on the CPU, cuda_emulation.h) there is no device: the
+// check passes and "device" buffers are host memory.
 #ifndef PDSERVE_TESTS_ENGINE_CUDA_CUDA_TEST_UTIL_H_
 #define PDSERVE_TESTS_ENGINE_CUDA_CUDA_TEST_UTIL_H_
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
-#include "engine/cuda/cuda_model_runner.h"
 #include "engine/dtype.h"
 #include "gtest/gtest.h"
 
+#ifdef PDSERVE_CUDA_EMULATION
+#define PD_REQUIRE_CUDA_DEVICE() \
+  do {                           \
+  } while (0)
+#else
+#include "engine/cuda/cuda_model_runner.h"
 // Skips the test (GTEST_SKIP) when this machine has no CUDA device.
 #define PD_REQUIRE_CUDA_DEVICE()                                    \
   do {                                                              \
@@ -19,9 +27,30 @@
       GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount() == 0)"; \
     }                                                               \
   } while (0)
+#endif
 
 namespace pdserve::testing_util {
 
+#ifdef PDSERVE_CUDA_EMULATION
+// Emulated kernels run on the host: a "device" vector is host memory.
+template <typename T>
+class DeviceVector {
+ public:
+  explicit DeviceVector(size_t n) : data_(std::max<size_t>(n, 1)), size_(n) {}
+  explicit DeviceVector(const std::vector<T>& host)
+      : DeviceVector(host.size()) {
+    std::copy(host.begin(), host.end(), data_.begin());
+  }
+  T* get() { return data_.data(); }
+  std::vector<T> Download() const {
+    return std::vector<T>(data_.begin(), data_.begin() + size_);
+  }
+
+ private:
+  std::vector<T> data_;
+  size_t size_;
+};
+#else
 // A device copy of a host vector; Download() brings it back.
 template <typename T>
 class DeviceVector {
@@ -56,6 +85,7 @@ class DeviceVector {
   T* ptr_ = nullptr;
   size_t size_;
 };
+#endif
 
 inline std::vector<uint16_t> ToBf16Bits(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());

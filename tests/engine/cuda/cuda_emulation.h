@@ -1,0 +1,217 @@
+// A CPU emulation of the part of the CUDA execution model that
+// engine/cuda/cuda_kernels.cu uses, so that its kernels run, unchanged, in
+// CI without a GPU (cuda_kernels_emulated_test): every thread of a block is
+// a std::thread; __syncthreads and __syncwarp are barriers; warp shuffles
+// go through per-warp slots between two barriers; WMMA fragments hold the
+// whole 16x16 tile in every lane (load and mma per lane, store by lane 0);
+// blocks of a grid run one after another.
+//
+// What it checks: the kernels' index arithmetic, masking, tiling, online
+// softmax, context splits and combine, and the WMMA operand layouts as
+// documented. What it cannot: timing, memory-model subtleties, the real
+// fragment layouts, and anything the hardware does differently from the
+// documentation. Include it before the .cu file, with
+// PDSERVE_CUDA_EMULATION defined.
+#ifndef PDSERVE_TESTS_ENGINE_CUDA_CUDA_EMULATION_H_
+#define PDSERVE_TESTS_ENGINE_CUDA_CUDA_EMULATION_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace pdserve::emu {
+
+struct Block {
+  Block(int threads, size_t dynamic_bytes)
+      : barrier(threads), dynamic(dynamic_bytes + 128) {
+    for (int w = 0; w < threads / 32; ++w) {
+      warp_barriers.push_back(std::make_unique<std::barrier<>>(32));
+    }
+    slots.resize(threads);
+  }
+  std::barrier<> barrier;
+  std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+  std::vector<float> slots;  // One per thread, for shuffles.
+  std::vector<std::byte> dynamic;
+  std::mutex statics_mu;
+  std::map<int, std::vector<std::byte>> statics;  // By source line.
+};
+
+struct ThreadState {
+  uint3 thread{}, block{};
+  dim3 block_dim, grid_dim;
+  Block* ctx = nullptr;
+};
+inline thread_local ThreadState tls;
+
+inline void SyncThreads() { tls.ctx->barrier.arrive_and_wait(); }
+inline void SyncWarp() {
+  tls.ctx->warp_barriers[tls.thread.x / 32]->arrive_and_wait();
+}
+inline float Shuffle(float v, int src_lane) {
+  const int warp_base = tls.thread.x / 32 * 32;
+  tls.ctx->slots[tls.thread.x] = v;
+  SyncWarp();
+  const float r = tls.ctx->slots[warp_base + (src_lane & 31)];
+  SyncWarp();
+  return r;
+}
+
+template <typename T>
+T* DynamicShared() {
+  auto addr = reinterpret_cast<uintptr_t>(tls.ctx->dynamic.data());
+  return reinterpret_cast<T*>((addr + 127) / 128 * 128);
+}
+
+template <typename T>
+T* StaticShared(int key, size_t n) {
+  std::lock_guard<std::mutex> lock(tls.ctx->statics_mu);
+  std::vector<std::byte>& v = tls.ctx->statics[key];
+  if (v.empty()) v.resize(n * sizeof(T));
+  return reinterpret_cast<T*>(v.data());
+}
+
+template <typename... KArgs, typename... Args>
+void Launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+            Args&&... args) {
+  const int threads = static_cast<int>(block.x);
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        Block ctx(threads, smem);
+        std::vector<std::thread> pool;
+        pool.reserve(threads);
+        for (int t = 0; t < threads; ++t) {
+          pool.emplace_back([&, t] {
+            tls.thread = {static_cast<unsigned>(t), 0, 0};
+            tls.block = {x, y, z};
+            tls.block_dim = block;
+            tls.grid_dim = grid;
+            tls.ctx = &ctx;
+            kernel(args...);
+          });
+        }
+        for (std::thread& th : pool) th.join();
+      }
+    }
+  }
+}
+
+}  // namespace pdserve::emu
+
+// The built-ins the kernels use.
+#undef threadIdx
+#undef blockIdx
+#undef blockDim
+#undef gridDim
+#define threadIdx (::pdserve::emu::tls.thread)
+#define blockIdx (::pdserve::emu::tls.block)
+#define blockDim (::pdserve::emu::tls.block_dim)
+#define gridDim (::pdserve::emu::tls.grid_dim)
+inline void __syncthreads() { ::pdserve::emu::SyncThreads(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ::pdserve::emu::SyncWarp(); }
+inline float __shfl_xor_sync(unsigned, float v, int mask) {
+  return ::pdserve::emu::Shuffle(v, (::pdserve::emu::tls.thread.x % 32) ^ mask);
+}
+inline float __shfl_sync(unsigned, float v, int src) {
+  return ::pdserve::emu::Shuffle(v, src);
+}
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+inline float EmuRsqrt(float x) { return 1.0f / std::sqrt(x); }
+#define rsqrtf EmuRsqrt
+using std::max;
+using std::min;
+
+#define PD_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  ::pdserve::emu::Launch(kernel, dim3(grid), dim3(block), smem, __VA_ARGS__)
+#define PD_LAUNCH_ERROR() cudaSuccess
+#define PD_SHARED_ARRAY(type, name, n) \
+  type* name = ::pdserve::emu::StaticShared<type>(__LINE__, n)
+#define PD_DYNAMIC_SHARED(type, name) \
+  type* name = ::pdserve::emu::DynamicShared<type>()
+
+// WMMA, 16x16x16 only, as documented: matrix_a is M x K, matrix_b K x N;
+// row_major element (r, c) at p[r * ldm + c], col_major at p[r + c * ldm].
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  float x[16 * 16];  // Element (r, c) at x[r * 16 + c].
+};
+
+template <typename Use, typename T, typename Layout, typename P>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const P* p,
+                      unsigned ldm) {
+  constexpr bool kRow = std::is_same_v<Layout, row_major>;
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 16; ++c) {
+      f.x[r * 16 + c] =
+          static_cast<float>(kRow ? p[r * ldm + c] : p[r + c * ldm]);
+    }
+  }
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f,
+                             const float* p, unsigned ldm, layout_t layout) {
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 16; ++c) {
+      f.x[r * 16 + c] =
+          layout == mem_row_major ? p[r * ldm + c] : p[r + c * ldm];
+    }
+  }
+}
+inline void store_matrix_sync(float* p,
+                              const fragment<accumulator, 16, 16, 16, float>& f,
+                              unsigned ldm, layout_t layout) {
+  // Every lane holds the whole tile; one writes it. Readers sync first.
+  if (::pdserve::emu::tls.thread.x % 32 != 0) return;
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 16; ++c) {
+      (layout == mem_row_major ? p[r * ldm + c] : p[r + c * ldm]) =
+          f.x[r * 16 + c];
+    }
+  }
+}
+inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f,
+                          float v) {
+  std::fill(std::begin(f.x), std::end(f.x), v);
+}
+template <typename LA, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+              const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA>& a,
+              const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB>& b,
+              const fragment<accumulator, 16, 16, 16, float>& c) {
+  float out[16 * 16];
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 16; ++n) {
+      float s = c.x[m * 16 + n];
+      for (int k = 0; k < 16; ++k) s += a.x[m * 16 + k] * b.x[k * 16 + n];
+      out[m * 16 + n] = s;
+    }
+  }
+  std::copy(std::begin(out), std::end(out), d.x);
+}
+}  // namespace nvcuda::wmma
+
+#endif  // PDSERVE_TESTS_ENGINE_CUDA_CUDA_EMULATION_H_
