@@ -216,6 +216,9 @@ struct ConnState {
   bool peer_same_host = false;
   bool writing = false;
   std::vector<uint32_t> revokes_pending;  // Acked once `writing` ends.
+  // Local regions a failed Write's puts may still read: their `writers`
+  // counts are released only once the endpoint's close has completed.
+  std::vector<uint32_t> pinned;
   uint64_t notify_seq = 0;
   uint64_t notify_reply_seq = 0;
   absl::StatusCode notify_reply_code = absl::StatusCode::kOk;
@@ -227,11 +230,13 @@ struct Completion {
   bool done = false;
   bool abandoned = false;
   ucs_status_t status = UCS_OK;
+  std::function<void()> then;  // Run once done (under the worker's lock).
 };
 
 void OnComplete(void* request, ucs_status_t status, void* user_data) {
   auto* c = static_cast<Completion*>(user_data);
   if (c->abandoned) {
+    if (c->then) c->then();
     delete c;
   } else {
     c->done = true;
@@ -304,6 +309,7 @@ class UcxTransport final : public KvTransport {
       progress_thread_.join();
     }
     if (worker_) ucp_worker_destroy(worker_);
+    for (auto& [id, r] : local_) ucp_mem_unmap(context_, r.memh);  // Still pinned ones.
     if (context_) ucp_cleanup(context_);
   }
 
@@ -378,7 +384,15 @@ class UcxTransport final : public KvTransport {
       }
       CloseEndpoints(eps);
       for (uint64_t conn : dropped) peers_.erase(conn);
-      WaitLocked(lock, [&] { return local_[region.value].writers == 0; }, absl::InfiniteFuture());
+      // Our own failed writes to a stalled peer may still read the region
+      // until their endpoints' closes complete.
+      if (!WaitLocked(lock, [&] { return local_[region.value].writers == 0; },
+                      absl::Now() + options_.io_timeout)) {
+        local_[region.value].leaving = false;
+        return absl::DeadlineExceededError(absl::StrCat(
+            "memory region ", region.value,
+            " is still read by a write to a stalled peer; deregister it later"));
+      }
     }
     ucp_mem_unmap(context_, local_[region.value].memh);
     local_.erase(region.value);
@@ -466,7 +480,13 @@ class UcxTransport final : public KvTransport {
     if (status.ok() && PeerExited(c)) {
       status = absl::UnavailableError("writing KV: the peer process has exited");
     }
-    for (const WriteOp& op : ops) --local_[op.local_region.value].writers;
+    for (const WriteOp& op : ops) {
+      if (status.ok()) {
+        --local_[op.local_region.value].writers;
+      } else {
+        c.pinned.push_back(op.local_region.value);
+      }
+    }
     c.writing = false;
     AckPendingRevokes(c);
     if (!status.ok()) return FailLocked(c, status);
@@ -725,7 +745,17 @@ class UcxTransport final : public KvTransport {
     }
     c.failed = true;
     if (c.failure.empty()) c.failure = "closed";
-    if (c.ep != nullptr) CloseEndpoints({c.ep});
+    auto unpin = [this, pins = std::move(c.pinned)] {
+      for (uint32_t r : pins) {
+        if (auto it = local_.find(r); it != local_.end()) --it->second.writers;
+      }
+    };
+    c.pinned.clear();
+    if (c.ep != nullptr) {
+      CloseEndpoints({c.ep}, std::move(unpin));
+    } else {
+      unpin();
+    }
     c.ep = nullptr;
     conns_.erase(c.id);
   }
@@ -757,6 +787,7 @@ class UcxTransport final : public KvTransport {
     for (Completion* done : pending) {
       while (!done->done && absl::Now() < deadline) ucp_worker_progress(worker_);
       if (done->done) {
+        if (done->then) done->then();
         delete done;
       } else {
         done->abandoned = true;
@@ -765,7 +796,9 @@ class UcxTransport final : public KvTransport {
   }
 
   // Force-closes endpoints and waits (bounded) for the closes. Requires mu_.
-  void CloseEndpoints(const std::vector<ucp_ep_h>& eps) {
+  // `then` runs once every close has completed: now, or later from the
+  // progress thread when a stalled peer keeps one pending.
+  void CloseEndpoints(const std::vector<ucp_ep_h>& eps, std::function<void()> then = {}) {
     std::vector<Completion*> pending;
     for (ucp_ep_h ep : eps) {
       if (ep == nullptr) continue;
@@ -782,6 +815,17 @@ class UcxTransport final : public KvTransport {
       } else {
         pending.push_back(done);
       }
+    }
+    if (pending.empty()) {
+      if (then) then();
+      return;
+    }
+    // The last close to complete runs `then`.
+    auto left = std::make_shared<size_t>(pending.size());
+    for (Completion* done : pending) {
+      done->then = [left, then] {
+        if (--*left == 0 && then) then();
+      };
     }
     AwaitBriefly(pending, absl::Seconds(1));
   }

@@ -24,6 +24,14 @@
 #include "gtest/gtest.h"
 #include "kv_transfer/tcp_frame.h"
 
+// UCX 1.13 leaks a shared-memory endpoint whose creation fails (the peer
+// is gone): uct_mm_ep_t_new's error path. Its allocations are seen only as
+// far as UCX's own allocator (UCX has no frame pointers), so everything
+// UCX allocates for itself is left out; nothing of ours is.
+extern "C" const char* __lsan_default_suppressions() {
+  return "leak:uct_mm_ep_t_new\nleak:libuct.so\nleak:ucs_malloc\n";
+}
+
 namespace pdserve::kv {
 namespace {
 
@@ -408,11 +416,11 @@ TEST_P(CrossProcessTest, ScatteredLayersLandByteExactInAnotherProcess) {
 TEST_P(CrossProcessTest, StoppedPeerTimesOutAndTheConnectionCloses) {
   auto peer = PeerProcess::Start(GetParam(), 8 << 20, 5000);
   ASSERT_NE(peer, nullptr);
+  std::vector<std::byte> src(8 << 20, std::byte{9});  // Outlives the sender.
   TransportOptions o = SmallLimits();
   o.io_timeout = absl::Milliseconds(500);
   auto sender = CreateKvTransport(GetParam(), o);
   ASSERT_TRUE(sender.ok());
-  std::vector<std::byte> src(8 << 20, std::byte{9});
   auto local = (*sender)->RegisterMemory(src);
   auto conn = (*sender)->Connect(peer->endpoint);
   ASSERT_TRUE(local.ok() && conn.ok()) << conn.status();
@@ -445,11 +453,11 @@ TEST_P(CrossProcessTest, PeerKilledMidTransferIsUnavailable) {
   constexpr size_t kBytes = 8 << 20, kOp = 64 << 10;
   auto peer = PeerProcess::Start(GetParam(), kBytes, 5000);
   ASSERT_NE(peer, nullptr);
+  std::vector<std::byte> src(kBytes, std::byte{3});  // Outlives the sender.
   TransportOptions o;
   o.io_timeout = absl::Seconds(4);  // Room for sanitizer builds.
   auto sender = CreateKvTransport(GetParam(), o);
   ASSERT_TRUE(sender.ok());
-  std::vector<std::byte> src(kBytes, std::byte{3});
   auto local = (*sender)->RegisterMemory(src);
   auto conn = (*sender)->Connect(peer->endpoint);
   ASSERT_TRUE(local.ok() && conn.ok()) << conn.status();
