@@ -27,7 +27,8 @@
 #include "kv_transfer/transport.h"
 
 ABSL_FLAG(int32_t, reps, 9, "Repetitions per size (median reported)");
-ABSL_FLAG(int32_t, max_frame_kib, 0, "Frame size of the tcp transport in KiB (0: its default)");
+ABSL_FLAG(int32_t, max_frame_kib, 0,
+          "Frame size of the tcp transport in KiB (0: its default)");
 ABSL_FLAG(std::vector<std::string>, transports, {},
           "Transports to measure (default: every one built, 'ucx' aside)");
 
@@ -58,7 +59,8 @@ double PlainTcpSeconds(size_t bytes, int reps) {
     std::vector<char> buf(1 << 20);
     for (int r = 0; r < reps; ++r) {
       for (size_t got = 0; got < bytes;) {
-        const ssize_t n = ::recv(fd, buf.data(), std::min(buf.size(), bytes - got), 0);
+        const ssize_t n =
+            ::recv(fd, buf.data(), std::min(buf.size(), bytes - got), 0);
         if (n <= 0) return;
         got += static_cast<size_t>(n);
       }
@@ -75,7 +77,9 @@ double PlainTcpSeconds(size_t bytes, int reps) {
   std::vector<double> secs;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
-    for (size_t sent = 0; sent < bytes;) sent += static_cast<size_t>(::send(fd, data.data() + sent, bytes - sent, 0));
+    for (size_t sent = 0; sent < bytes;)
+      sent +=
+          static_cast<size_t>(::send(fd, data.data() + sent, bytes - sent, 0));
     char ack;
     ::recv(fd, &ack, 1, 0);
     secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -97,7 +101,9 @@ double MemcpySeconds(size_t bytes, int reps) {
   return Median(secs);
 }
 
-bool OverTcp(const std::string& name) { return name == "tcp" || name == "ucx:tcp"; }
+bool OverTcp(const std::string& name) {
+  return name == "tcp" || name == "ucx:tcp";
+}
 
 struct Pair {
   std::unique_ptr<KvTransport> sender, receiver;
@@ -106,7 +112,8 @@ struct Pair {
 };
 
 // Seconds of the median post of `ops` (one warm-up post first).
-double PostSeconds(KvConnection& conn, const std::vector<WriteOp>& ops, int reps) {
+double PostSeconds(KvConnection& conn, const std::vector<WriteOp>& ops,
+                   int reps) {
   std::vector<double> secs;
   for (int r = 0; r < reps + 1; ++r) {
     const auto t0 = Clock::now();
@@ -114,7 +121,8 @@ double PostSeconds(KvConnection& conn, const std::vector<WriteOp>& ops, int reps
       std::cerr << s << "\n";
       std::exit(1);
     }
-    if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (r > 0)
+      secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   return Median(secs);
 }
@@ -132,11 +140,13 @@ int Run() {
   std::vector<std::string> sizes_table, blocks_table, notify_table;
   for (const std::string& name : names) {
     TransportOptions options;
-    if (absl::GetFlag(FLAGS_max_frame_kib) > 0) options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_kib) << 10;
+    if (absl::GetFlag(FLAGS_max_frame_kib) > 0)
+      options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_kib) << 10;
     auto sender = CreateKvTransport(name, options);
     auto receiver = CreateKvTransport(name, options);
     if (!sender.ok() || !receiver.ok()) {
-      std::cerr << name << ": " << (sender.ok() ? receiver.status() : sender.status()) << "\n";
+      std::cerr << name << ": "
+                << (sender.ok() ? receiver.status() : sender.status()) << "\n";
       return 1;
     }
     auto local = (*sender)->RegisterMemory(src);
@@ -145,40 +155,49 @@ int Run() {
     if (!local.ok() || !remote.ok() || !conn.ok()) return 1;
     const bool tcp = OverTcp(name);
     for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
-      const double t = PostSeconds(**conn, {{*local, 0, *remote, 0, bytes}}, reps);
-      const double limit = tcp ? PlainTcpSeconds(bytes, reps) : MemcpySeconds(bytes, reps);
+      const double t =
+          PostSeconds(**conn, {{*local, 0, *remote, 0, bytes}}, reps);
+      const double limit =
+          tcp ? PlainTcpSeconds(bytes, reps) : MemcpySeconds(bytes, reps);
       sizes_table.push_back(absl::StrFormat(
-          "| %s | %d | %.1f us | %.2f | %s | %.2f | %.0f%% |", name, bytes, t * 1e6,
-          bytes / t / 1e9, tcp ? "plain TCP stream" : "memcpy", bytes / limit / 1e9,
-          100.0 * limit / t));
+          "| %s | %d | %.1f us | %.2f | %s | %.2f | %.0f%% |", name, bytes,
+          t * 1e6, bytes / t / 1e9, tcp ? "plain TCP stream" : "memcpy",
+          bytes / limit / 1e9, 100.0 * limit / t));
     }
     const size_t total = size_t{16} << 20;
     for (size_t blocks : {1, 16, 256, 4096}) {
       const size_t block = total / blocks;
       std::vector<WriteOp> ops;
-      for (size_t b = 0; b < blocks; ++b) {  // Every other block of a 32 MiB pool.
-        ops.push_back({*local, 2 * b * block, *remote, (2 * (blocks - 1 - b)) * block, block});
+      for (size_t b = 0; b < blocks;
+           ++b) {  // Every other block of a 32 MiB pool.
+        ops.push_back({*local, 2 * b * block, *remote,
+                       (2 * (blocks - 1 - b)) * block, block});
       }
       const double t = PostSeconds(**conn, ops, reps);
-      blocks_table.push_back(absl::StrFormat("| %s | %d | %d | %.1f us | %.2f | %.2f us |", name,
-                                             blocks, block, t * 1e6, total / t / 1e9,
-                                             t * 1e6 / blocks));
+      blocks_table.push_back(absl::StrFormat(
+          "| %s | %d | %d | %.1f us | %.2f | %.2f us |", name, blocks, block,
+          t * 1e6, total / t / 1e9, t * 1e6 / blocks));
     }
     std::vector<double> secs;
     for (int r = 0; r < 10 * reps + 1; ++r) {
       const auto t0 = Clock::now();
       if (!(*conn)->Notify("kv complete").ok()) return 1;
-      if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (r > 0)
+        secs.push_back(
+            std::chrono::duration<double>(Clock::now() - t0).count());
       if (!(*receiver)->WaitNotification(absl::Seconds(5)).ok()) return 1;
     }
-    notify_table.push_back(absl::StrFormat("| %s | %.1f us |", name, Median(secs) * 1e6));
+    notify_table.push_back(
+        absl::StrFormat("| %s | %.1f us |", name, Median(secs) * 1e6));
   }
   std::cout << "One write of N bytes\n\n"
-               "| transport | bytes | median time | GB/s | limit (same run) | limit GB/s | share of limit |\n"
+               "| transport | bytes | median time | GB/s | limit (same run) | "
+               "limit GB/s | share of limit |\n"
                "|---|---|---|---|---|---|---|\n"
             << absl::StrJoin(sizes_table, "\n") << "\n\n";
   std::cout << "16 MiB in one post, cut into scattered blocks\n\n"
-               "| transport | blocks per post | block bytes | median time | GB/s | per block |\n"
+               "| transport | blocks per post | block bytes | median time | "
+               "GB/s | per block |\n"
                "|---|---|---|---|---|---|\n"
             << absl::StrJoin(blocks_table, "\n") << "\n\n";
   std::cout << "Notification round trip (queued at the peer)\n\n"

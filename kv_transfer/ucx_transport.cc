@@ -26,8 +26,8 @@
 // for its own operation progresses the worker itself.
 #include <poll.h>
 #include <signal.h>
-#include <unistd.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -137,7 +137,8 @@ std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
 absl::StatusOr<std::string> TlsFor(std::string_view name) {
   if (name == "ucx") return std::string();
   if (!name.starts_with("ucx:") || name.size() == 4) {
-    return absl::NotFoundError(absl::StrCat("not a ucx transport name: ", std::string(name)));
+    return absl::NotFoundError(
+        absl::StrCat("not a ucx transport name: ", std::string(name)));
   }
   const std::string_view mode = name.substr(4);
   if (mode == "shm") return std::string("sm,self");
@@ -152,7 +153,8 @@ std::string EffectiveTls(const std::string& tls) {
   return env != nullptr && *env != '\0' ? env : "all";
 }
 
-bool HasTl(const std::string& tls, std::initializer_list<std::string_view> names) {
+bool HasTl(const std::string& tls,
+           std::initializer_list<std::string_view> names) {
   const std::vector<std::string> items = absl::StrSplit(EffectiveTls(tls), ',');
   for (const std::string& item : items) {
     for (std::string_view n : names) {
@@ -166,7 +168,8 @@ bool HasTl(const std::string& tls, std::initializer_list<std::string_view> names
 // endpoints over them go without it (peer loss is then found by BYE, by
 // the peer's pid, or by the timeout).
 bool SharedMemoryOnly(const std::string& tls) {
-  return !HasTl(tls, {"all", "tcp", "rc", "dc", "ud", "ib", "rc_x", "dc_x", "ud_x"});
+  return !HasTl(tls,
+                {"all", "tcp", "rc", "dc", "ud", "ib", "rc_x", "dc_x", "ud_x"});
 }
 
 // Puts into memory the application allocated are one-sided (no receiver
@@ -206,7 +209,7 @@ struct ConnState {
   uint64_t id = 0;
   ucp_ep_h ep = nullptr;
   bool failed = false;
-  std::string failure;  // Why, once failed.
+  std::string failure;     // Why, once failed.
   bool peer_gone = false;  // BYE or an endpoint error: nothing more to send.
   bool peer_reachable() const { return !peer_gone; }
   bool regions_known = false;
@@ -266,7 +269,8 @@ class UcxTransport final : public KvTransport {
   static absl::StatusOr<std::unique_ptr<KvTransport>> Create(
       std::string_view name, const TransportOptions& options) {
     PD_ASSIGN_OR_RETURN(const std::string tls, TlsFor(name));
-    auto t = std::unique_ptr<UcxTransport>(new UcxTransport(name, tls, options));
+    auto t =
+        std::unique_ptr<UcxTransport>(new UcxTransport(name, tls, options));
     PD_RETURN_IF_ERROR(t->Init(tls));
     t->progress_thread_ = std::thread([p = t.get()] { p->ProgressLoop(); });
     return std::unique_ptr<KvTransport>(std::move(t));
@@ -309,17 +313,21 @@ class UcxTransport final : public KvTransport {
       progress_thread_.join();
     }
     if (worker_) ucp_worker_destroy(worker_);
-    for (auto& [id, r] : local_) ucp_mem_unmap(context_, r.memh);  // Still pinned ones.
+    for (auto& [id, r] : local_)
+      ucp_mem_unmap(context_, r.memh);  // Still pinned ones.
     if (context_) ucp_cleanup(context_);
   }
 
   const TransportCapabilities& capabilities() const override { return caps_; }
   std::string endpoint() const override { return endpoint_; }
 
-  absl::StatusOr<RegionId> RegisterMemory(std::span<std::byte> memory) override {
-    if (memory.empty()) return absl::InvalidArgumentError("cannot register empty memory");
+  absl::StatusOr<RegionId> RegisterMemory(
+      std::span<std::byte> memory) override {
+    if (memory.empty())
+      return absl::InvalidArgumentError("cannot register empty memory");
     ucp_mem_map_params_t mp{};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.field_mask =
+        UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = memory.data();
     mp.length = memory.size();
     std::lock_guard lock(mu_);
@@ -329,7 +337,8 @@ class UcxTransport final : public KvTransport {
     }
     void* packed = nullptr;
     size_t packed_len = 0;
-    if (ucs_status_t s = ucp_rkey_pack(context_, memh, &packed, &packed_len); s != UCS_OK) {
+    if (ucs_status_t s = ucp_rkey_pack(context_, memh, &packed, &packed_len);
+        s != UCS_OK) {
       ucp_mem_unmap(context_, memh);
       return absl::InternalError(absl::StrCat("ucp_rkey_pack: ", UcsError(s)));
     }
@@ -337,7 +346,8 @@ class UcxTransport final : public KvTransport {
     LocalRegion& r = local_[id];
     r.memory = memory;
     r.memh = memh;
-    r.rkey.assign(static_cast<std::byte*>(packed), static_cast<std::byte*>(packed) + packed_len);
+    r.rkey.assign(static_cast<std::byte*>(packed),
+                  static_cast<std::byte*>(packed) + packed_len);
     ucp_rkey_buffer_release(packed);
     return RegionId(id);
   }
@@ -347,7 +357,8 @@ class UcxTransport final : public KvTransport {
     std::unique_lock lock(mu_);
     auto it = local_.find(region.value);
     if (it == local_.end() || it->second.leaving) {
-      return absl::NotFoundError(absl::StrCat("unknown memory region ", region.value));
+      return absl::NotFoundError(
+          absl::StrCat("unknown memory region ", region.value));
     }
     it->second.leaving = true;
     // Every sender that may hold its key drops it once its writes are done.
@@ -386,12 +397,14 @@ class UcxTransport final : public KvTransport {
       for (uint64_t conn : dropped) peers_.erase(conn);
       // Our own failed writes to a stalled peer may still read the region
       // until their endpoints' closes complete.
-      if (!WaitLocked(lock, [&] { return local_[region.value].writers == 0; },
-                      absl::Now() + options_.io_timeout)) {
+      if (!WaitLocked(
+              lock, [&] { return local_[region.value].writers == 0; },
+              absl::Now() + options_.io_timeout)) {
         local_[region.value].leaving = false;
-        return absl::DeadlineExceededError(absl::StrCat(
-            "memory region ", region.value,
-            " is still read by a write to a stalled peer; deregister it later"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("memory region ", region.value,
+                         " is still read by a write to a stalled peer; "
+                         "deregister it later"));
       }
     }
     ucp_mem_unmap(context_, local_[region.value].memh);
@@ -399,9 +412,11 @@ class UcxTransport final : public KvTransport {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::unique_ptr<KvConnection>> Connect(std::string_view endpoint) override {
+  absl::StatusOr<std::unique_ptr<KvConnection>> Connect(
+      std::string_view endpoint) override {
     if (!endpoint.starts_with(kEndpointPrefix)) {
-      return absl::InvalidArgumentError(absl::StrCat("not a ucx endpoint: '", std::string(endpoint), "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("not a ucx endpoint: '", std::string(endpoint), "'"));
     }
     const std::string hex(endpoint.substr(kEndpointPrefix.size()));
     if (hex.empty() || hex.size() % 2 != 0 ||
@@ -413,24 +428,32 @@ class UcxTransport final : public KvTransport {
     auto state = std::make_shared<ConnState>();
     std::unique_lock lock(mu_);
     state->id = (conn_salt_ << 20) ^ ++next_conn_;
-    if (ucs_status_t s = CreateEndpoint(address, &OnSenderEpError, state.get(), &state->ep);
+    if (ucs_status_t s =
+            CreateEndpoint(address, &OnSenderEpError, state.get(), &state->ep);
         s != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("cannot reach ucx peer: ", UcsError(s)));
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach ucx peer: ", UcsError(s)));
     }
     conns_[state->id] = state;
     SendAm(state->ep, kHello, {state->id}, std::as_bytes(std::span(address_)));
-    if (!WaitLocked(lock, [&] { return state->regions_known || state->failed; }, deadline) ||
+    if (!WaitLocked(
+            lock, [&] { return state->regions_known || state->failed; },
+            deadline) ||
         state->failed) {
       const absl::Status s = state->failed
-                                 ? absl::UnavailableError(absl::StrCat("ucx peer: ", state->failure))
-                                 : absl::DeadlineExceededError("ucx peer did not answer the handshake");
+                                 ? absl::UnavailableError(absl::StrCat(
+                                       "ucx peer: ", state->failure))
+                                 : absl::DeadlineExceededError(
+                                       "ucx peer did not answer the handshake");
       DropConnection(*state);
       return s;
     }
-    return std::unique_ptr<KvConnection>(new UcxConnection(this, std::move(state)));
+    return std::unique_ptr<KvConnection>(
+        new UcxConnection(this, std::move(state)));
   }
 
-  absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) override {
+  absl::StatusOr<Notification> WaitNotification(
+      absl::Duration timeout) override {
     return notifications_.Wait(timeout);
   }
 
@@ -440,7 +463,9 @@ class UcxTransport final : public KvTransport {
     const absl::Time deadline = absl::Now() + options_.io_timeout;
     std::unique_lock lock(mu_);
     Progress();  // Learn of a peer's BYE or REVOKE before posting.
-    if (c.failed) return absl::UnavailableError(absl::StrCat("connection is closed: ", c.failure));
+    if (c.failed)
+      return absl::UnavailableError(
+          absl::StrCat("connection is closed: ", c.failure));
     // Every range before anything is posted. A remote region the table
     // lacks (registered after the handshake) makes us ask the peer once
     // and check everything again (the wait lets other threads in).
@@ -450,10 +475,14 @@ class UcxTransport final : public KvTransport {
       if (!unknown_remote) break;
       const uint64_t version = c.regions_version;
       SendAm(c.ep, kGetRegions, {c.id}, {});
-      if (!WaitLocked(lock, [&] { return c.regions_version != version || c.failed; }, deadline)) {
-        return FailLocked(c, TimeoutStatus(c, "asking the peer for its regions"));
+      if (!WaitLocked(
+              lock, [&] { return c.regions_version != version || c.failed; },
+              deadline)) {
+        return FailLocked(c,
+                          TimeoutStatus(c, "asking the peer for its regions"));
       }
-      if (c.failed) return absl::UnavailableError(absl::StrCat("ucx peer: ", c.failure));
+      if (c.failed)
+        return absl::UnavailableError(absl::StrCat("ucx peer: ", c.failure));
     }
     // Post every put, then one flush.
     for (const WriteOp& op : ops) ++local_[op.local_region.value].writers;
@@ -466,19 +495,22 @@ class UcxTransport final : public KvTransport {
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
       p.memh = l.memh;
-      ucs_status_ptr_t req = ucp_put_nbx(c.ep, l.memory.data() + op.local_offset, op.length,
-                                         r.base + op.remote_offset, r.rkey, &p);
+      ucs_status_ptr_t req =
+          ucp_put_nbx(c.ep, l.memory.data() + op.local_offset, op.length,
+                      r.base + op.remote_offset, r.rkey, &p);
       if (UCS_PTR_IS_ERR(req)) {
         status = absl::UnavailableError(
             absl::StrCat("ucp_put_nbx: ", UcsError(UCS_PTR_STATUS(req))));
         break;
       }
-      if (req != nullptr) ucp_request_free(req);  // The flush reports its completion.
+      if (req != nullptr)
+        ucp_request_free(req);  // The flush reports its completion.
     }
     if (status.ok()) status = FlushLocked(lock, c, deadline, "writing KV");
     // Over shared memory the bytes may "land" in a dead peer's segment.
     if (status.ok() && PeerExited(c)) {
-      status = absl::UnavailableError("writing KV: the peer process has exited");
+      status =
+          absl::UnavailableError("writing KV: the peer process has exited");
     }
     for (const WriteOp& op : ops) {
       if (status.ok()) {
@@ -497,20 +529,20 @@ class UcxTransport final : public KvTransport {
   // stays open); NOT_FOUND / OUT_OF_RANGE for a remote one (it closes).
   // An unknown remote region sets `unknown_remote` instead, unless
   // `final`. Requires mu_.
-  absl::Status CheckRanges(ConnState& c, std::span<const WriteOp> ops, bool final,
-                           bool& unknown_remote) {
+  absl::Status CheckRanges(ConnState& c, std::span<const WriteOp> ops,
+                           bool final, bool& unknown_remote) {
     for (const WriteOp& op : ops) {
       auto it = local_.find(op.local_region.value);
       if (it == local_.end() || it->second.leaving) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("local memory region ", op.local_region.value, " is unknown"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "local memory region ", op.local_region.value, " is unknown"));
       }
       const uint64_t size = it->second.memory.size();
       if (op.local_offset > size || op.length > size - op.local_offset) {
-        return absl::InvalidArgumentError(absl::StrCat("local range [", op.local_offset, ", +",
-                                                       op.length, ") outside region ",
-                                                       op.local_region.value, " of ", size,
-                                                       " bytes"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("local range [", op.local_offset, ", +", op.length,
+                         ") outside region ", op.local_region.value, " of ",
+                         size, " bytes"));
       }
     }
     for (const WriteOp& op : ops) {
@@ -520,16 +552,18 @@ class UcxTransport final : public KvTransport {
         return absl::OkStatus();
       }
       if (it == c.regions.end()) {
-        return FailLocked(c, absl::NotFoundError(absl::StrCat(
-                                 "peer refused the transfer: unknown memory region ",
-                                 op.remote_region.value)));
+        return FailLocked(
+            c, absl::NotFoundError(absl::StrCat(
+                   "peer refused the transfer: unknown memory region ",
+                   op.remote_region.value)));
       }
       const uint64_t size = it->second.size;
       if (op.remote_offset > size || op.length > size - op.remote_offset) {
-        return FailLocked(c, absl::OutOfRangeError(absl::StrCat(
-                                 "peer refused the transfer: range [", op.remote_offset, ", +",
-                                 op.length, ") outside region ", op.remote_region.value, " of ",
-                                 size, " bytes")));
+        return FailLocked(
+            c, absl::OutOfRangeError(absl::StrCat(
+                   "peer refused the transfer: range [", op.remote_offset,
+                   ", +", op.length, ") outside region ",
+                   op.remote_region.value, " of ", size, " bytes")));
       }
     }
     return absl::OkStatus();
@@ -537,19 +571,24 @@ class UcxTransport final : public KvTransport {
 
   absl::Status Notify(ConnState& c, std::string_view message) {
     if (message.size() > options_.max_message_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat("notification of ", message.size(),
-                                                       " bytes exceeds the limit of ",
-                                                       options_.max_message_bytes));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "notification of ", message.size(), " bytes exceeds the limit of ",
+          options_.max_message_bytes));
     }
     const absl::Time deadline = absl::Now() + options_.io_timeout;
     std::unique_lock lock(mu_);
     Progress();
-    if (c.failed) return absl::UnavailableError(absl::StrCat("connection is closed: ", c.failure));
+    if (c.failed)
+      return absl::UnavailableError(
+          absl::StrCat("connection is closed: ", c.failure));
     const uint64_t seq = ++c.notify_seq;
     SendAm(c.ep, kNotify, {c.id, seq},
            std::as_bytes(std::span(message.data(), message.size())));
-    if (!WaitLocked(lock, [&] { return c.notify_reply_seq == seq || c.failed; }, deadline)) {
-      return FailLocked(c, TimeoutStatus(c, "waiting for the peer to queue a notification"));
+    if (!WaitLocked(
+            lock, [&] { return c.notify_reply_seq == seq || c.failed; },
+            deadline)) {
+      return FailLocked(
+          c, TimeoutStatus(c, "waiting for the peer to queue a notification"));
     }
     if (c.failed && c.notify_reply_seq != seq) {
       return absl::UnavailableError(absl::StrCat("ucx peer: ", c.failure));
@@ -566,7 +605,8 @@ class UcxTransport final : public KvTransport {
   }
 
  private:
-  UcxTransport(std::string_view name, const std::string& tls, const TransportOptions& options)
+  UcxTransport(std::string_view name, const std::string& tls,
+               const TransportOptions& options)
       : options_(options),
         caps_{std::string(name), false, PutsAreOneSided(tls), true},
         peer_failure_detection_(!SharedMemoryOnly(tls)),
@@ -577,54 +617,70 @@ class UcxTransport final : public KvTransport {
 
   absl::Status Init(const std::string& tls) {
     ucp_config_t* config = nullptr;
-    if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
-      return absl::InternalError(absl::StrCat("ucp_config_read: ", UcsError(s)));
+    if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+        s != UCS_OK) {
+      return absl::InternalError(
+          absl::StrCat("ucp_config_read: ", UcsError(s)));
     }
     if (!tls.empty()) {
-      if (ucs_status_t s = ucp_config_modify(config, "TLS", tls.c_str()); s != UCS_OK) {
+      if (ucs_status_t s = ucp_config_modify(config, "TLS", tls.c_str());
+          s != UCS_OK) {
         ucp_config_release(config);
-        return absl::InvalidArgumentError(absl::StrCat("UCX TLS '", tls, "': ", UcsError(s)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("UCX TLS '", tls, "': ", UcsError(s)));
       }
     }
     ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.field_mask =
+        UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 0;
     ucs_status_t s = ucp_init(&params, config, &context_);
     ucp_config_release(config);
-    if (s != UCS_OK) return absl::UnavailableError(absl::StrCat("ucp_init: ", UcsError(s)));
+    if (s != UCS_OK)
+      return absl::UnavailableError(absl::StrCat("ucp_init: ", UcsError(s)));
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     if (s = ucp_worker_create(context_, &wp, &worker_); s != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("ucp_worker_create: ", UcsError(s)));
+      return absl::UnavailableError(
+          absl::StrCat("ucp_worker_create: ", UcsError(s)));
     }
     if (s = ucp_worker_get_efd(worker_, &efd_); s != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("ucp_worker_get_efd: ", UcsError(s)));
+      return absl::UnavailableError(
+          absl::StrCat("ucp_worker_get_efd: ", UcsError(s)));
     }
     ucp_address_t* addr = nullptr;
     size_t addr_len = 0;
     if (s = ucp_worker_get_address(worker_, &addr, &addr_len); s != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("ucp_worker_get_address: ", UcsError(s)));
+      return absl::UnavailableError(
+          absl::StrCat("ucp_worker_get_address: ", UcsError(s)));
     }
     address_.assign(reinterpret_cast<const char*>(addr), addr_len);
     ucp_worker_release_address(worker_, addr);
-    endpoint_ = absl::StrCat(std::string(kEndpointPrefix), absl::BytesToHexString(address_));
+    endpoint_ = absl::StrCat(std::string(kEndpointPrefix),
+                             absl::BytesToHexString(address_));
     constexpr std::pair<AmId, ucp_am_recv_callback_t> kHandlers[] = {
-        {kHello, &OnAmId<kHello>},           {kGetRegions, &OnAmId<kGetRegions>},
-        {kRegions, &OnAmId<kRegions>},       {kNotify, &OnAmId<kNotify>},
-        {kNotifyReply, &OnAmId<kNotifyReply>}, {kRevoke, &OnAmId<kRevoke>},
-        {kRevokeAck, &OnAmId<kRevokeAck>},   {kBye, &OnAmId<kBye>},
+        {kHello, &OnAmId<kHello>},
+        {kGetRegions, &OnAmId<kGetRegions>},
+        {kRegions, &OnAmId<kRegions>},
+        {kNotify, &OnAmId<kNotify>},
+        {kNotifyReply, &OnAmId<kNotifyReply>},
+        {kRevoke, &OnAmId<kRevoke>},
+        {kRevokeAck, &OnAmId<kRevokeAck>},
+        {kBye, &OnAmId<kBye>},
     };
     for (const auto& [id, cb] : kHandlers) {
       ucp_am_handler_param_t h{};
-      h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+      h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                     UCP_AM_HANDLER_PARAM_FIELD_CB |
                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
       h.id = id;
       h.cb = cb;
       h.arg = this;
       if (s = ucp_worker_set_am_recv_handler(worker_, &h); s != UCS_OK) {
-        return absl::UnavailableError(absl::StrCat("ucp_worker_set_am_recv_handler: ", UcsError(s)));
+        return absl::UnavailableError(
+            absl::StrCat("ucp_worker_set_am_recv_handler: ", UcsError(s)));
       }
     }
     return absl::OkStatus();
@@ -660,7 +716,8 @@ class UcxTransport final : public KvTransport {
   // Releases mu_ between rounds so the progress thread and other callers
   // get their turn.
   template <typename Pred>
-  bool WaitLocked(std::unique_lock<std::mutex>& lock, Pred done, absl::Time deadline) {
+  bool WaitLocked(std::unique_lock<std::mutex>& lock, Pred done,
+                  absl::Time deadline) {
     for (int round = 0;; ++round) {
       if (done()) return true;
       if (Progress() == 0) {
@@ -678,8 +735,8 @@ class UcxTransport final : public KvTransport {
 
   // A flush of the connection's endpoint, bounded by the deadline. On the
   // deadline the endpoint is force-closed, which cancels what is in flight.
-  absl::Status FlushLocked(std::unique_lock<std::mutex>& lock, ConnState& c, absl::Time deadline,
-                           absl::string_view what) {
+  absl::Status FlushLocked(std::unique_lock<std::mutex>& lock, ConnState& c,
+                           absl::Time deadline, absl::string_view what) {
     auto* done = new Completion;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -692,9 +749,11 @@ class UcxTransport final : public KvTransport {
     }
     if (UCS_PTR_IS_ERR(req)) {
       delete done;
-      return absl::UnavailableError(absl::StrCat(what, ": ", UcsError(UCS_PTR_STATUS(req))));
+      return absl::UnavailableError(
+          absl::StrCat(what, ": ", UcsError(UCS_PTR_STATUS(req))));
     }
-    if (!WaitLocked(lock, [&] { return done->done; }, deadline)) {
+    if (!WaitLocked(
+            lock, [&] { return done->done; }, deadline)) {
       done->abandoned = true;  // The callback frees it.
       return TimeoutStatus(c, what);
     }
@@ -714,10 +773,13 @@ class UcxTransport final : public KvTransport {
 
   // DEADLINE_EXCEEDED, or UNAVAILABLE when the peer's process is known to
   // have exited (shared memory has no connection to break).
-  static absl::Status TimeoutStatus(const ConnState& c, absl::string_view what) {
-    if (c.failed) return absl::UnavailableError(absl::StrCat(what, ": ", c.failure));
+  static absl::Status TimeoutStatus(const ConnState& c,
+                                    absl::string_view what) {
+    if (c.failed)
+      return absl::UnavailableError(absl::StrCat(what, ": ", c.failure));
     if (PeerExited(c)) {
-      return absl::UnavailableError(absl::StrCat(what, ": the peer process has exited"));
+      return absl::UnavailableError(
+          absl::StrCat(what, ": the peer process has exited"));
     }
     return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
   }
@@ -782,10 +844,12 @@ class UcxTransport final : public KvTransport {
 
   // Progresses until every completion is done or `limit` passed; frees the
   // done ones and leaves the others to their callbacks.
-  void AwaitBriefly(const std::vector<Completion*>& pending, absl::Duration limit) {
+  void AwaitBriefly(const std::vector<Completion*>& pending,
+                    absl::Duration limit) {
     const absl::Time deadline = absl::Now() + limit;
     for (Completion* done : pending) {
-      while (!done->done && absl::Now() < deadline) ucp_worker_progress(worker_);
+      while (!done->done && absl::Now() < deadline)
+        ucp_worker_progress(worker_);
       if (done->done) {
         if (done->then) done->then();
         delete done;
@@ -798,7 +862,8 @@ class UcxTransport final : public KvTransport {
   // Force-closes endpoints and waits (bounded) for the closes. Requires mu_.
   // `then` runs once every close has completed: now, or later from the
   // progress thread when a stalled peer keeps one pending.
-  void CloseEndpoints(const std::vector<ucp_ep_h>& eps, std::function<void()> then = {}) {
+  void CloseEndpoints(const std::vector<ucp_ep_h>& eps,
+                      std::function<void()> then = {}) {
     std::vector<Completion*> pending;
     for (ucp_ep_h ep : eps) {
       if (ep == nullptr) continue;
@@ -831,13 +896,16 @@ class UcxTransport final : public KvTransport {
   }
 
   // An endpoint to a worker address (see SharedMemoryOnly).
-  ucs_status_t CreateEndpoint(const std::string& address, ucp_err_handler_cb_t on_error,
-                              void* arg, ucp_ep_h* ep) {
+  ucs_status_t CreateEndpoint(const std::string& address,
+                              ucp_err_handler_cb_t on_error, void* arg,
+                              ucp_ep_h* ep) {
     ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
     p.address = reinterpret_cast<const ucp_address_t*>(address.data());
-    p.err_mode = peer_failure_detection_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    p.err_mode = peer_failure_detection_ ? UCP_ERR_HANDLING_MODE_PEER
+                                         : UCP_ERR_HANDLING_MODE_NONE;
     p.err_handler.cb = on_error;
     p.err_handler.arg = arg;
     return ucp_ep_create(worker_, &p, ep);
@@ -845,7 +913,8 @@ class UcxTransport final : public KvTransport {
 
   // Sends an eager active message; completion is not awaited (the reply,
   // or a flush, says it arrived). Requires mu_.
-  void SendAm(ucp_ep_h ep, AmId id, AmHeader header, std::span<const std::byte> payload) {
+  void SendAm(ucp_ep_h ep, AmId id, AmHeader header,
+              std::span<const std::byte> payload) {
     if (ep == nullptr) return;
     // UCX 1.13 reads the header and the payload until the send completes.
     struct Message {
@@ -862,8 +931,9 @@ class UcxTransport final : public KvTransport {
       ucp_request_free(request);
     };
     p.user_data = m;
-    ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, &m->header, sizeof(m->header),
-                                           m->payload.data(), m->payload.size(), &p);
+    ucs_status_ptr_t req =
+        ucp_am_send_nbx(ep, id, &m->header, sizeof(m->header),
+                        m->payload.data(), m->payload.size(), &p);
     if (req == nullptr || UCS_PTR_IS_ERR(req)) delete m;
   }
 
@@ -888,35 +958,41 @@ class UcxTransport final : public KvTransport {
 
   // Handlers, one per message. Called from progress under mu_.
   template <AmId kId>
-  static ucs_status_t OnAmId(void* arg, const void* header, size_t header_length, void* data,
-                             size_t length, const ucp_am_recv_param_t* param) {
+  static ucs_status_t OnAmId(void* arg, const void* header,
+                             size_t header_length, void* data, size_t length,
+                             const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxTransport*>(arg);
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_ERR_MESSAGE_TRUNCATED;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0)
+      return UCS_ERR_MESSAGE_TRUNCATED;
     if (header_length != sizeof(AmHeader)) return UCS_OK;
     AmHeader h;
     std::memcpy(&h, header, sizeof(h));
-    self->Handle(kId, h, std::span(static_cast<const std::byte*>(data), length));
+    self->Handle(kId, h,
+                 std::span(static_cast<const std::byte*>(data), length));
     return UCS_OK;
   }
 
   void Handle(AmId id, const AmHeader& h, std::span<const std::byte> payload) {
     switch (id) {
       case kHello: {
-        if (peers_.contains(h.conn) || peers_.size() >= kMaxPeers || payload.empty() ||
-            payload.size() > 64 * 1024) {
+        if (peers_.contains(h.conn) || peers_.size() >= kMaxPeers ||
+            payload.empty() || payload.size() > 64 * 1024) {
           return;
         }
         // Opening an endpoint is a UCX call: after the progress round.
-        std::string address(reinterpret_cast<const char*>(payload.data()), payload.size());
-        deferred_.push_back([this, conn = h.conn, address = std::move(address)] {
-          if (peers_.contains(conn)) return;
-          auto peer = std::make_unique<Peer>();
-          if (CreateEndpoint(address, &OnReceiverEpError, peer.get(), &peer->ep) != UCS_OK) {
-            return;
-          }
-          SendAm(peer->ep, kRegions, {conn}, RegionsPayload());
-          peers_[conn] = std::move(peer);
-        });
+        std::string address(reinterpret_cast<const char*>(payload.data()),
+                            payload.size());
+        deferred_.push_back(
+            [this, conn = h.conn, address = std::move(address)] {
+              if (peers_.contains(conn)) return;
+              auto peer = std::make_unique<Peer>();
+              if (CreateEndpoint(address, &OnReceiverEpError, peer.get(),
+                                 &peer->ep) != UCS_OK) {
+                return;
+              }
+              SendAm(peer->ep, kRegions, {conn}, RegionsPayload());
+              peers_[conn] = std::move(peer);
+            });
         return;
       }
       case kGetRegions: {
@@ -924,7 +1000,8 @@ class UcxTransport final : public KvTransport {
         if (it == peers_.end() || it->second->failed) return;
         deferred_.push_back([this, conn = h.conn] {
           auto it = peers_.find(conn);
-          if (it != peers_.end()) SendAm(it->second->ep, kRegions, {conn}, RegionsPayload());
+          if (it != peers_.end())
+            SendAm(it->second->ep, kRegions, {conn}, RegionsPayload());
         });
         return;
       }
@@ -937,16 +1014,20 @@ class UcxTransport final : public KvTransport {
       case kNotify: {
         auto it = peers_.find(h.conn);
         if (it == peers_.end() || it->second->failed) return;
-        absl::Status s = payload.size() > options_.max_message_bytes
-                             ? absl::ResourceExhaustedError("notification too long")
-                             : notifications_.Push({std::string(
-                                   reinterpret_cast<const char*>(payload.data()), payload.size())});
-        deferred_.push_back([this, conn = h.conn, seq = h.seq, code = s.code()] {
-          auto it = peers_.find(conn);
-          if (it != peers_.end()) {
-            SendAm(it->second->ep, kNotifyReply, {conn, seq, static_cast<uint32_t>(code)}, {});
-          }
-        });
+        absl::Status s =
+            payload.size() > options_.max_message_bytes
+                ? absl::ResourceExhaustedError("notification too long")
+                : notifications_.Push({std::string(
+                      reinterpret_cast<const char*>(payload.data()),
+                      payload.size())});
+        deferred_.push_back(
+            [this, conn = h.conn, seq = h.seq, code = s.code()] {
+              auto it = peers_.find(conn);
+              if (it != peers_.end()) {
+                SendAm(it->second->ep, kNotifyReply,
+                       {conn, seq, static_cast<uint32_t>(code)}, {});
+              }
+            });
         return;
       }
       case kNotifyReply: {
@@ -954,7 +1035,8 @@ class UcxTransport final : public KvTransport {
         if (it == conns_.end()) return;
         it->second->notify_reply_seq = h.seq;
         it->second->notify_reply_code =
-            h.value <= 16 ? static_cast<absl::StatusCode>(h.value) : absl::StatusCode::kUnknown;
+            h.value <= 16 ? static_cast<absl::StatusCode>(h.value)
+                          : absl::StatusCode::kUnknown;
         return;
       }
       case kRevoke: {
@@ -962,7 +1044,8 @@ class UcxTransport final : public KvTransport {
         if (it == conns_.end()) return;
         it->second->revokes_pending.push_back(h.value);
         if (!it->second->writing) {
-          deferred_.push_back([this, c = it->second] { AckPendingRevokes(*c); });
+          deferred_.push_back(
+              [this, c = it->second] { AckPendingRevokes(*c); });
         }
         return;
       }
@@ -1013,17 +1096,20 @@ class UcxTransport final : public KvTransport {
     Reader r(payload.data(), payload.size());
     uint32_t pid = 0, count = 0;
     std::span<const std::byte> host;
-    if (!r.Get(pid) || !r.GetBytes(host, 256) || !r.Get(count)) return FailMalformed(c);
+    if (!r.Get(pid) || !r.GetBytes(host, 256) || !r.Get(count))
+      return FailMalformed(c);
     std::map<uint32_t, RemoteRegion> regions;
     for (uint32_t i = 0; i < count; ++i) {
       uint32_t id = 0;
       RemoteRegion region;
       std::span<const std::byte> rkey;
-      if (!r.Get(id) || !r.Get(region.base) || !r.Get(region.size) || !r.GetBytes(rkey, 64 * 1024)) {
+      if (!r.Get(id) || !r.Get(region.base) || !r.Get(region.size) ||
+          !r.GetBytes(rkey, 64 * 1024)) {
         for (auto& [i, reg] : regions) ucp_rkey_destroy(reg.rkey);
         return FailMalformed(c);
       }
-      if (ucp_ep_rkey_unpack(c.ep, rkey.data(), &region.rkey) != UCS_OK) continue;
+      if (ucp_ep_rkey_unpack(c.ep, rkey.data(), &region.rkey) != UCS_OK)
+        continue;
       if (auto [it, inserted] = regions.emplace(id, region); !inserted) {
         ucp_rkey_destroy(region.rkey);
       }
@@ -1032,7 +1118,8 @@ class UcxTransport final : public KvTransport {
     c.regions = std::move(regions);
     c.peer_pid = pid;
     c.peer_same_host =
-        std::string_view(reinterpret_cast<const char*>(host.data()), host.size()) == HostName();
+        std::string_view(reinterpret_cast<const char*>(host.data()),
+                         host.size()) == HostName();
     c.regions_known = true;
     ++c.regions_version;
   }
@@ -1092,8 +1179,8 @@ absl::Status UcxConnection::Notify(std::string_view message) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvTransport>> CreateUcxTransport(std::string_view name,
-                                                                const TransportOptions& options) {
+absl::StatusOr<std::unique_ptr<KvTransport>> CreateUcxTransport(
+    std::string_view name, const TransportOptions& options) {
   return UcxTransport::Create(name, options);
 }
 

@@ -59,8 +59,8 @@ class DisaggregatedTransferTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<ModelRunner> MakeRunner(int blocks) {
-    auto r = CreateModelRunner(model_, {.num_kv_blocks = blocks, .block_size = 16,
-                                        .num_threads = 1});
+    auto r = CreateModelRunner(
+        model_, {.num_kv_blocks = blocks, .block_size = 16, .num_threads = 1});
     EXPECT_TRUE(r.ok()) << r.status();
     return *std::move(r);
   }
@@ -81,7 +81,8 @@ class DisaggregatedTransferTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::vector<int32_t> Colocated(const GenerationRequest& r) {
-    auto g = Generator::Create(reference_runner_.get(), {.max_batch_tokens = 64});
+    auto g =
+        Generator::Create(reference_runner_.get(), {.max_batch_tokens = 64});
     EXPECT_TRUE(g.ok());
     EXPECT_TRUE((*g)->Add(r).ok());
     std::vector<int32_t> out;
@@ -103,7 +104,8 @@ class DisaggregatedTransferTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<internal::v1::PrefillWorker::Stub> stub_;
 };
 
-TEST_P(DisaggregatedTransferTest, PrefilledElsewhereDecodesToTheColocatedTokens) {
+TEST_P(DisaggregatedTransferTest,
+       PrefilledElsewhereDecodesToTheColocatedTokens) {
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 4; ++i) {
     SamplingParams sampling{.max_tokens = 12, .ignore_eos = true};
@@ -114,15 +116,16 @@ TEST_P(DisaggregatedTransferTest, PrefilledElsewhereDecodesToTheColocatedTokens)
     } else {
       sampling.temperature = 0.0f;
     }
-    requests.push_back({RequestId(i + 1), RandomPrompt(40 + 57 * i, i + 3), sampling});
+    requests.push_back(
+        {RequestId(i + 1), RandomPrompt(40 + 57 * i, i + 3), sampling});
   }
   // All prompts at once: the worker batches them and pushes layer by layer.
   std::vector<std::future<std::pair<grpc::Status, PrefillResponse>>> calls;
   for (const GenerationRequest& r : requests) {
     PrefillRequest req;
     ToWire(r, req.mutable_request());
-    *req.mutable_landing() =
-        Reserve(r.id, static_cast<int32_t>(r.prompt.size()) + r.sampling.max_tokens);
+    *req.mutable_landing() = Reserve(
+        r.id, static_cast<int32_t>(r.prompt.size()) + r.sampling.max_tokens);
     calls.push_back(std::async(std::launch::async, [this, req] {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
@@ -151,7 +154,8 @@ TEST_P(DisaggregatedTransferTest, PrefilledElsewhereDecodesToTheColocatedTokens)
     ASSERT_TRUE(decode_->AddPrefilled(r, first_token[r.id.value]).ok());
   }
   std::map<uint64_t, std::vector<int32_t>> out;
-  for (const GenerationRequest& r : requests) out[r.id.value] = {first_token[r.id.value]};
+  for (const GenerationRequest& r : requests)
+    out[r.id.value] = {first_token[r.id.value]};
   std::vector<GenerationEvent> events;
   while (decode_->HasWork()) {
     events.clear();

@@ -37,8 +37,8 @@ int main(int argc, char** argv) {
     std::cerr << region.status() << "\n";
     return 1;
   }
-  std::cout << (*transport)->endpoint() << " " << region->value << " " << ::getpid()
-            << std::endl;
+  std::cout << (*transport)->endpoint() << " " << region->value << " "
+            << ::getpid() << std::endl;
   std::string command;
   while (std::cin >> command) {
     if (command == "notify") {
@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
         std::cout << "RANGE" << std::endl;
         continue;
       }
-      std::cout << Crc32c(std::span(memory).subspan(offset, length)) << std::endl;
+      std::cout << Crc32c(std::span(memory).subspan(offset, length))
+                << std::endl;
     } else {
       break;
     }

@@ -58,7 +58,8 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
 TEST_P(TransportTest, ScatteredBlocksArriveByteExactBeforeTheirNotification) {
   // A "KV pool" of 64 blocks x 4 layers on each side; blocks land at other ids.
   constexpr size_t kBlock = 3000, kBlocks = 64, kLayers = 4;
-  std::vector<std::byte> src(kBlock * kBlocks * kLayers), dst(src.size(), std::byte{0});
+  std::vector<std::byte> src(kBlock * kBlocks * kLayers),
+      dst(src.size(), std::byte{0});
   std::mt19937 rng(1);
   for (auto& b : src) b = static_cast<std::byte>(rng());
   auto local = sender_->RegisterMemory(src);
@@ -67,12 +68,15 @@ TEST_P(TransportTest, ScatteredBlocksArriveByteExactBeforeTheirNotification) {
   auto conn = sender_->Connect(receiver_->endpoint());
   ASSERT_TRUE(conn.ok()) << conn.status();
 
-  std::vector<std::pair<size_t, size_t>> moved;  // (source block, destination block)
-  for (size_t i = 0; i < 20; ++i) moved.push_back({(i * 7 + 3) % kBlocks, (i * 13 + 5) % kBlocks});
+  std::vector<std::pair<size_t, size_t>>
+      moved;  // (source block, destination block)
+  for (size_t i = 0; i < 20; ++i)
+    moved.push_back({(i * 7 + 3) % kBlocks, (i * 13 + 5) % kBlocks});
   for (size_t layer = 0; layer < kLayers; ++layer) {
     std::vector<WriteOp> ops;
     for (auto [s, d] : moved) {
-      ops.push_back({*local, (layer * kBlocks + s) * kBlock, *remote, (layer * kBlocks + d) * kBlock, kBlock});
+      ops.push_back({*local, (layer * kBlocks + s) * kBlock, *remote,
+                     (layer * kBlocks + d) * kBlock, kBlock});
     }
     ASSERT_TRUE((*conn)->Write(ops).ok());
     ASSERT_TRUE((*conn)->Notify("layer " + std::to_string(layer)).ok());
@@ -86,7 +90,8 @@ TEST_P(TransportTest, ScatteredBlocksArriveByteExactBeforeTheirNotification) {
   for (size_t layer = 0; layer < kLayers; ++layer) {
     for (auto [s, d] : moved) {
       written[layer * kBlocks + d] = true;
-      EXPECT_EQ(0, std::memcmp(&dst[(layer * kBlocks + d) * kBlock], &src[(layer * kBlocks + s) * kBlock], kBlock))
+      EXPECT_EQ(0, std::memcmp(&dst[(layer * kBlocks + d) * kBlock],
+                               &src[(layer * kBlocks + s) * kBlock], kBlock))
           << "layer " << layer << " block " << d;
     }
   }
@@ -106,9 +111,11 @@ TEST_P(TransportTest, RefusedRangesNameTheProblemAndWriteNothing) {
   ASSERT_TRUE(local.ok() && remote.ok());
   auto conn = sender_->Connect(receiver_->endpoint());
   ASSERT_TRUE(conn.ok());
-  // A bad local range is caught before anything is sent; the connection stays usable.
+  // A bad local range is caught before anything is sent; the connection stays
+  // usable.
   const WriteOp bad_local{*local, 1000, *remote, 0, 100};
-  EXPECT_EQ((*conn)->Write({&bad_local, 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*conn)->Write({&bad_local, 1}).code(),
+            absl::StatusCode::kInvalidArgument);
   const WriteOp ok{*local, 0, *remote, 0, 16};
   EXPECT_TRUE((*conn)->Write({&ok, 1}).ok());
   // The peer refuses an unknown region and an out-of-range offset.
@@ -123,12 +130,15 @@ TEST_P(TransportTest, RefusedRangesNameTheProblemAndWriteNothing) {
   const WriteOp overflow{*local, 0, *remote, ~uint64_t{0} - 4, 16};
   auto conn3 = sender_->Connect(receiver_->endpoint());
   ASSERT_TRUE(conn3.ok());
-  EXPECT_EQ((*conn3)->Write({&overflow, 1}).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*conn3)->Write({&overflow, 1}).code(),
+            absl::StatusCode::kOutOfRange);
   for (size_t i = 16; i < dst.size(); ++i) ASSERT_EQ(dst[i], std::byte{0}) << i;
   // A message over the limit is refused before it is sent.
   auto conn4 = sender_->Connect(receiver_->endpoint());
   ASSERT_TRUE(conn4.ok());
-  EXPECT_EQ((*conn4)->Notify(std::string(SmallLimits().max_message_bytes + 1, 'x')).code(),
+  EXPECT_EQ((*conn4)
+                ->Notify(std::string(SmallLimits().max_message_bytes + 1, 'x'))
+                .code(),
             absl::StatusCode::kResourceExhausted);
 }
 
@@ -165,7 +175,8 @@ TEST_P(TransportTest, RandomBlockSetsOverManyLayersArriveByteExact) {
   // set of blocks (some of them two adjacent blocks in one op), each landing
   // at a random free block of the peer.
   constexpr size_t kBlock = 1536, kBlocks = 96, kLayers = 32;
-  std::vector<std::byte> src(kBlock * kBlocks * kLayers), dst(src.size(), std::byte{0});
+  std::vector<std::byte> src(kBlock * kBlocks * kLayers),
+      dst(src.size(), std::byte{0});
   std::mt19937 rng(7);
   for (auto& b : src) b = static_cast<std::byte>(rng());
   auto local = sender_->RegisterMemory(src);
@@ -176,17 +187,20 @@ TEST_P(TransportTest, RandomBlockSetsOverManyLayersArriveByteExact) {
   std::vector<size_t> order(kBlocks);
   std::iota(order.begin(), order.end(), 0);
   std::vector<uint8_t> expected_owner(kBlocks * kLayers, 0);  // 1: written.
-  std::vector<std::pair<size_t, size_t>> landed;              // (dst byte, src byte)
+  std::vector<std::pair<size_t, size_t>> landed;  // (dst byte, src byte)
   for (size_t layer = 0; layer < kLayers; ++layer) {
     std::shuffle(order.begin(), order.end(), rng);
     const size_t count = 1 + rng() % 40;
     std::vector<WriteOp> ops;
     for (size_t i = 0; i + 1 < count * 2 && i + 1 < kBlocks; i += 2) {
       const size_t s = order[i], d = order[i + 1];
-      const size_t len = (s + 1 < kBlocks && d + 1 < kBlocks && rng() % 4 == 0) ? 2 : 1;
-      const uint64_t so = (layer * kBlocks + s) * kBlock, dof = (layer * kBlocks + d) * kBlock;
+      const size_t len =
+          (s + 1 < kBlocks && d + 1 < kBlocks && rng() % 4 == 0) ? 2 : 1;
+      const uint64_t so = (layer * kBlocks + s) * kBlock,
+                     dof = (layer * kBlocks + d) * kBlock;
       bool clash = false;
-      for (size_t k = 0; k < len; ++k) clash |= expected_owner[layer * kBlocks + d + k] != 0;
+      for (size_t k = 0; k < len; ++k)
+        clash |= expected_owner[layer * kBlocks + d + k] != 0;
       if (clash) continue;
       for (size_t k = 0; k < len; ++k) {
         expected_owner[layer * kBlocks + d + k] = 1;
@@ -202,7 +216,8 @@ TEST_P(TransportTest, RandomBlockSetsOverManyLayersArriveByteExact) {
     ASSERT_TRUE(n.ok()) << n.status();
     ASSERT_EQ(n->message, "layer " + std::to_string(layer));
   }
-  for (auto [d, s] : landed) ASSERT_EQ(0, std::memcmp(&dst[d], &src[s], kBlock)) << d;
+  for (auto [d, s] : landed)
+    ASSERT_EQ(0, std::memcmp(&dst[d], &src[s], kBlock)) << d;
   for (size_t b = 0; b < expected_owner.size(); ++b) {
     if (expected_owner[b] == 0) {
       ASSERT_TRUE(std::all_of(&dst[b * kBlock], &dst[b * kBlock] + kBlock,
@@ -235,13 +250,15 @@ TEST_P(TransportTest, RegionsRegisteredAfterConnectingAndDeregisteredAreSeen) {
   const WriteOp stale{*local, 0, *r1, 0, 64};
   EXPECT_EQ((*conn)->Write({&stale, 1}).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(first[0], std::byte{0});
-  EXPECT_EQ(receiver_->DeregisterMemory(*r1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(receiver_->DeregisterMemory(*r1).code(),
+            absl::StatusCode::kNotFound);
   // A deregistered local region is refused before anything is sent.
   auto conn2 = sender_->Connect(receiver_->endpoint());
   ASSERT_TRUE(conn2.ok());
   ASSERT_TRUE(sender_->DeregisterMemory(*local).ok());
   const WriteOp gone{*local, 0, *r2, 0, 64};
-  EXPECT_EQ((*conn2)->Write({&gone, 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*conn2)->Write({&gone, 1}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(TransportTest, ConcurrentSendersToOneReceiver) {
@@ -296,28 +313,33 @@ std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
   return name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::ValuesIn(AvailableKvTransports()),
+INSTANTIATE_TEST_SUITE_P(Transports, TransportTest,
+                         ::testing::ValuesIn(AvailableKvTransports()),
                          TestName);
 
 // A receiving transport in a child process (kv-transfer-peer).
 class PeerProcess {
  public:
-  static std::unique_ptr<PeerProcess> Start(const std::string& transport, size_t bytes,
-                                            int io_timeout_ms) {
+  static std::unique_ptr<PeerProcess> Start(const std::string& transport,
+                                            size_t bytes, int io_timeout_ms) {
     int to_child[2], from_child[2];
-    if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) return nullptr;
-    const std::string size = std::to_string(bytes), timeout = std::to_string(io_timeout_ms);
+    if (::pipe2(to_child, O_CLOEXEC) != 0 ||
+        ::pipe2(from_child, O_CLOEXEC) != 0)
+      return nullptr;
+    const std::string size = std::to_string(bytes),
+                      timeout = std::to_string(io_timeout_ms);
     const pid_t pid = ::fork();
     if (pid == 0) {  // Only async-signal-safe calls until exec.
       ::dup2(to_child[0], 0);
       ::dup2(from_child[1], 1);
-      ::execl(KV_TRANSFER_PEER, KV_TRANSFER_PEER, transport.c_str(), size.c_str(),
-              timeout.c_str(), static_cast<char*>(nullptr));
+      ::execl(KV_TRANSFER_PEER, KV_TRANSFER_PEER, transport.c_str(),
+              size.c_str(), timeout.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(to_child[0]);
     ::close(from_child[1]);
-    auto p = std::unique_ptr<PeerProcess>(new PeerProcess(pid, to_child[1], from_child[0]));
+    auto p = std::unique_ptr<PeerProcess>(
+        new PeerProcess(pid, to_child[1], from_child[0]));
     std::istringstream hello(p->ReadLine());
     hello >> p->endpoint >> p->region >> p->peer_pid;
     if (p->endpoint.empty() || p->peer_pid != pid) return nullptr;
@@ -332,7 +354,8 @@ class PeerProcess {
   // One command, one answer line ("" when the peer is gone or silent 10 s).
   std::string Command(const std::string& line) {
     const std::string l = line + "\n";
-    if (::write(in_, l.data(), l.size()) != static_cast<ssize_t>(l.size())) return "";
+    if (::write(in_, l.data(), l.size()) != static_cast<ssize_t>(l.size()))
+      return "";
     return ReadLine();
   }
   void Signal(int sig) { ::kill(pid_, sig); }
@@ -400,7 +423,8 @@ TEST_P(CrossProcessTest, ScatteredLayersLandByteExactInAnotherProcess) {
   }
   EXPECT_EQ(peer->Command("notify 10"), "TIMEOUT");
   for (auto [d, s] : landed) {
-    ASSERT_EQ(peer->Command("crc " + std::to_string(d) + " " + std::to_string(kBlock)),
+    ASSERT_EQ(peer->Command("crc " + std::to_string(d) + " " +
+                            std::to_string(kBlock)),
               std::to_string(Crc32c(std::span(src).subspan(s, kBlock))))
         << "block at " << d;
   }
@@ -408,7 +432,8 @@ TEST_P(CrossProcessTest, ScatteredLayersLandByteExactInAnotherProcess) {
   const std::string zero_crc = std::to_string(Crc32c(zeros));
   for (size_t b = 0; b < written.size(); ++b) {
     if (!written[b]) {
-      ASSERT_EQ(peer->Command("crc " + std::to_string(b * kBlock) + " 4096"), zero_crc);
+      ASSERT_EQ(peer->Command("crc " + std::to_string(b * kBlock) + " 4096"),
+                zero_crc);
     }
   }
 }
@@ -431,10 +456,13 @@ TEST_P(CrossProcessTest, StoppedPeerTimesOutAndTheConnectionCloses) {
   // A transport whose writes need no receiver CPU may finish the write;
   // the notification needs the receiver and must time out.
   const absl::Status notify = write.ok() ? (*conn)->Notify("x") : write;
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   EXPECT_TRUE(write.ok() || absl::IsDeadlineExceeded(write)) << write;
   if (write.ok()) {
-    EXPECT_TRUE((*sender)->capabilities().one_sided) << "a write finished without the receiver";
+    EXPECT_TRUE((*sender)->capabilities().one_sided)
+        << "a write finished without the receiver";
   }
   EXPECT_TRUE(absl::IsDeadlineExceeded(notify)) << notify;
   EXPECT_LT(secs, 3.0);
@@ -445,7 +473,8 @@ TEST_P(CrossProcessTest, StoppedPeerTimesOutAndTheConnectionCloses) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE((*again)->Notify("after").ok());
   std::string seen;
-  for (int i = 0; i < 3 && seen != "after"; ++i) seen = peer->Command("notify 2000");
+  for (int i = 0; i < 3 && seen != "after"; ++i)
+    seen = peer->Command("notify 2000");
   EXPECT_EQ(seen, "after");
 }
 
@@ -463,25 +492,30 @@ TEST_P(CrossProcessTest, PeerKilledMidTransferIsUnavailable) {
   ASSERT_TRUE(local.ok() && conn.ok()) << conn.status();
   std::vector<WriteOp> ops;  // Many ops per post, in reverse order.
   for (size_t off = 0; off < kBytes; off += kOp) {
-    ops.push_back({*local, off, RegionId(peer->region), kBytes - kOp - off, kOp});
+    ops.push_back(
+        {*local, off, RegionId(peer->region), kBytes - kOp - off, kOp});
   }
   const absl::Status first = (*conn)->Write(ops);
   ASSERT_TRUE(first.ok()) << first;
   std::atomic<int> writes{0};
   absl::Status last;
   std::thread writer([&] {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (std::chrono::steady_clock::now() < until) {
       last = (*conn)->Write(ops);
       if (!last.ok()) return;
       ++writes;
     }
   });
-  while (writes.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (writes.load() < 2)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const auto killed = std::chrono::steady_clock::now();
   peer->Kill();
   writer.join();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed)
+          .count();
   EXPECT_TRUE(absl::IsUnavailable(last)) << last;
   EXPECT_LT(secs, 7.0) << "found within the io timeout";
   EXPECT_TRUE(absl::IsUnavailable((*conn)->Notify("x")));
@@ -495,14 +529,17 @@ std::vector<std::string> CrossProcessTransports() {
   return names;
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, CrossProcessTest, ::testing::ValuesIn(CrossProcessTransports()),
+INSTANTIATE_TEST_SUITE_P(Transports, CrossProcessTest,
+                         ::testing::ValuesIn(CrossProcessTransports()),
                          TestName);
 
 TEST(TransportRegistryTest, UnknownTransportAndBadOptions) {
-  EXPECT_EQ(CreateKvTransport("carrier-pigeon", {}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CreateKvTransport("carrier-pigeon", {}).status().code(),
+            absl::StatusCode::kNotFound);
   TransportOptions o;
   o.max_frame_bytes = 0;
-  EXPECT_EQ(CreateKvTransport("tcp", o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateKvTransport("tcp", o).status().code(),
+            absl::StatusCode::kInvalidArgument);
   o = {};
   o.listen_address = "no-port";
   EXPECT_FALSE(CreateKvTransport("tcp", o).ok());
