@@ -57,6 +57,8 @@ constexpr std::string_view kEndpointPrefix = "ucx://";
 // Connections a receiver serves at once: a peer cannot make it hold
 // endpoints without limit.
 constexpr size_t kMaxPeers = 4096;
+// How long the progress thread keeps polling after the last message.
+constexpr auto kSpinAfterActivity = std::chrono::microseconds(500);
 // How often the progress thread looks at the stop flag.
 constexpr int kStopPollMs = 50;
 
@@ -630,6 +632,18 @@ class UcxTransport final : public KvTransport {
             absl::StrCat("UCX TLS '", tls, "': ", UcsError(s)));
       }
     }
+    // UCX's TCP transport carries puts as 8 KiB messages by default; KV
+    // blocks move at about twice the rate in 256 KiB segments
+    // (docs/benchmarks.md). UCX_TCP_{TX,RX}_SEG_SIZE still decide when set.
+    // UCX 1.13 applies transport keys given here without their TCP_ prefix.
+    if (HasTl(tls, {"tcp", "all"})) {
+      for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) {
+        if (std::getenv(absl::StrCat("UCX_TCP_", key).c_str()) == nullptr &&
+            std::getenv(absl::StrCat("UCX_", key).c_str()) == nullptr) {
+          ucp_config_modify(config, key, "256k");
+        }
+      }
+    }
     ucp_params_t params{};
     params.field_mask =
         UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -686,13 +700,24 @@ class UcxTransport final : public KvTransport {
     return absl::OkStatus();
   }
 
+  // Sleeps on the worker's event fd when idle. While traffic flows (puts
+  // that UCX emulates with messages land through this thread) it keeps
+  // polling for kSpinAfterActivity, yielding the core between rounds, so
+  // a stream of messages does not pay a wakeup each.
   void ProgressLoop() {
+    auto last_activity = std::chrono::steady_clock::now();
     while (!stop_.load()) {
+      bool spin = false;
       {
         std::lock_guard lock(mu_);
-        while (Progress() != 0) {
-        }
-        if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+        const auto now = std::chrono::steady_clock::now();
+        while (Progress() != 0) last_activity = now;
+        spin = now - last_activity < kSpinAfterActivity;
+        if (!spin && ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+      }
+      if (spin) {
+        std::this_thread::yield();  // The lock and the core go to others.
+        continue;
       }
       pollfd p{efd_, POLLIN, 0};
       ::poll(&p, 1, kStopPollMs);
