@@ -12,7 +12,8 @@
 // a byte is written. A peer cannot make a worker allocate without limit.
 //
 // Thread-safety: KvTransport methods may be called from any thread.
-// A KvConnection is used by one thread at a time.
+// A KvConnection is used by one thread at a time, and is destroyed before
+// the KvTransport that made it.
 #ifndef PDSERVE_KV_TRANSFER_TRANSPORT_H_
 #define PDSERVE_KV_TRANSFER_TRANSPORT_H_
 

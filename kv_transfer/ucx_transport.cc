@@ -1,8 +1,11 @@
-// "ucx": KV writes as one-sided UCX puts (ucp_put_nbx) into the peer's
-// registered memory; RDMA verbs on real NICs, shared memory (CMA / POSIX)
-// or TCP here. The UCX transport list comes from the name: "ucx" takes
-// UCX_TLS from the environment (UCX's own default when unset), "ucx:shm"
-// is "sm,self", "ucx:tcp" is "tcp,self", and "ucx:LIST" passes LIST as is.
+// "ucx": KV writes as UCX puts (ucp_put_nbx) into the peer's registered
+// memory: one-sided RDMA writes on InfiniBand/RoCE; over shared memory and
+// TCP (no NIC here) UCX 1.13 emulates them with active messages that the
+// receiver's progress thread lands. The UCX transport list comes from the
+// name: "ucx" takes UCX_TLS from the environment (UCX's own default when
+// unset), "ucx:shm" is "sm,self", "ucx:tcp" is "tcp,self", and "ucx:LIST"
+// passes LIST as is. The endpoint is "ucx://" + the worker's address in
+// hex; both sides must use the same name.
 //
 // Protocol (active messages, eager only, a 24-byte header each):
 //   HELLO         sender -> receiver: the sender's worker address; the
@@ -19,11 +22,15 @@
 // A Write checks every op against the local regions and the peer's region
 // table before posting anything, posts every put, then flushes the
 // endpoint: the flush completing means the bytes are in the peer's memory.
+// A Write that fails after posting keeps its local regions pinned
+// (DeregisterMemory waits) until its endpoint's close has completed, since
+// UCX may still read them. Connections must not outlive their transport.
 //
 // Threading: one UCX worker per transport in SERIALIZED mode behind one
 // std::mutex (mu_); every UCX call and every piece of state below is under
-// it. A progress thread sleeps on the worker's event fd; a thread waiting
-// for its own operation progresses the worker itself.
+// it. A progress thread polls while messages flow and sleeps on the
+// worker's event fd when idle; a thread waiting for its own operation
+// progresses the worker itself.
 #include <poll.h>
 #include <signal.h>
 #include <ucp/api/ucp.h>
