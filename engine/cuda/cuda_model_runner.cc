@@ -601,12 +601,15 @@ absl::Status CudaModelRunner::GraphForward(const ForwardBatch& batch,
     ap.tiles = m.At<cuda::AttentionTile>(g->tiles_at);
     ap.num_tiles = static_cast<int>(padded);
     ap.num_splits = splits;
-    PD_RETURN_IF_ERROR(CudaStatus(
-        cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
-        "capture"));
-    const absl::Status enqueued = EnqueueLayers(plan, nullptr);
+    const cudaError_t began =
+        cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+    absl::Status enqueued = absl::UnavailableError("capture did not begin");
     cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    cudaError_t ended = began;
+    if (began == cudaSuccess) {
+      enqueued = EnqueueLayers(plan, nullptr);
+      ended = cudaStreamEndCapture(stream_, &graph);
+    }
     cudaGraphExec_t exec = nullptr;
     cudaError_t made = cudaErrorStreamCaptureInvalidated;
     if (enqueued.ok() && ended == cudaSuccess)

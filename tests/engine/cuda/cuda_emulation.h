@@ -4,7 +4,7 @@
 // a std::thread; __syncthreads and __syncwarp are barriers; warp shuffles
 // go through per-warp slots between two barriers; WMMA fragments hold the
 // whole 16x16 tile in every lane (load and mma per lane, store by lane 0);
-// blocks of a grid run one after another.
+// blocks of a grid run one after another on one team of threads.
 //
 // What it checks: the kernels' index arithmetic, masking, tiling, online
 // softmax, context splits and combine, and the WMMA operand layouts as
@@ -81,30 +81,32 @@ T* StaticShared(int key, size_t n) {
   return reinterpret_cast<T*>(v.data());
 }
 
+// Runs the grid's blocks one after another on one team of blockDim.x
+// threads (started once per launch).
 template <typename... KArgs, typename... Args>
 void Launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
             Args&&... args) {
   const int threads = static_cast<int>(block.x);
-  for (unsigned z = 0; z < grid.z; ++z) {
-    for (unsigned y = 0; y < grid.y; ++y) {
-      for (unsigned x = 0; x < grid.x; ++x) {
-        Block ctx(threads, smem);
-        std::vector<std::thread> pool;
-        pool.reserve(threads);
-        for (int t = 0; t < threads; ++t) {
-          pool.emplace_back([&, t] {
-            tls.thread = {static_cast<unsigned>(t), 0, 0};
-            tls.block = {x, y, z};
-            tls.block_dim = block;
-            tls.grid_dim = grid;
-            tls.ctx = &ctx;
-            kernel(args...);
-          });
-        }
-        for (std::thread& th : pool) th.join();
+  const int64_t blocks = int64_t{grid.x} * grid.y * grid.z;
+  Block ctx(threads, smem);
+  std::vector<std::thread> team;
+  team.reserve(threads);
+  for (int t = 0; t < threads; ++t) {
+    team.emplace_back([&, t] {
+      tls.thread = {static_cast<unsigned>(t), 0, 0};
+      tls.block_dim = block;
+      tls.grid_dim = grid;
+      tls.ctx = &ctx;
+      for (int64_t b = 0; b < blocks; ++b) {
+        tls.block = {static_cast<unsigned>(b % grid.x),
+                     static_cast<unsigned>(b / grid.x % grid.y),
+                     static_cast<unsigned>(b / (int64_t{grid.x} * grid.y))};
+        kernel(args...);
+        ctx.barrier.arrive_and_wait();  // The block is done everywhere.
       }
-    }
+    });
   }
+  for (std::thread& th : team) th.join();
 }
 
 }  // namespace pdserve::emu

@@ -15,10 +15,17 @@
 #include "gtest/gtest.h"
 
 #ifdef PDSERVE_CUDA_EMULATION
+#include "tests/engine/cuda/cuda_emulation.h"
+#include "tests/engine/cuda/cuda_runtime_emulation.h"
 #define PD_REQUIRE_CUDA_DEVICE() \
   do {                           \
   } while (0)
+// Skips a test that the emulation would take minutes over.
+#define PD_SKIP_UNDER_EMULATION(why) GTEST_SKIP() << "emulated: " << why
 #else
+#define PD_SKIP_UNDER_EMULATION(why) \
+  do {                               \
+  } while (0)
 #include "engine/cuda/cuda_model_runner.h"
 // Skips the test (GTEST_SKIP) when this machine has no CUDA device.
 #define PD_REQUIRE_CUDA_DEVICE()                                    \
