@@ -347,9 +347,13 @@ TEST(ClusterTest, BadRequestsAreInvalidArgumentAndTheClusterKeepsServing) {
     EXPECT_FALSE(got.status.error_message().empty()) << what;
     EXPECT_EQ(got.messages, 0) << what;
   }
-  const StreamResult ok = Generate(cluster.router(), base());
+  // Greedy, so an end-of-sequence token cannot be drawn before the limit.
+  v1::GenerateRequest good = base();
+  good.mutable_sampling()->set_temperature(0);
+  const StreamResult ok = Generate(cluster.router(), good);
   EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
   EXPECT_EQ(ok.tokens.size(), 4u);
+  EXPECT_EQ(ok.finish, v1::FINISH_REASON_LENGTH);
 }
 
 TEST(ClusterTest, OverloadIsRefusedWithResourceExhaustedAndNothingLeaks) {
