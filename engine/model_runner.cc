@@ -26,6 +26,32 @@ constexpr BackendEntry kBackends[] = {
 
 }  // namespace
 
+absl::StatusOr<std::span<std::byte>> ModelRunner::KvHostStaging() {
+  if (kv_memory_kind() != KvMemoryKind::kHost) {
+    return absl::UnimplementedError("this backend has no host staging for its KV pool");
+  }
+  return kv_memory();
+}
+
+absl::Status ModelRunner::CopyKvToHostStaging(std::span<const KvByteRange> ranges) {
+  return ValidateKvRanges(ranges);  // The staging is the pool itself.
+}
+
+absl::Status ModelRunner::CopyKvFromHostStaging(std::span<const KvByteRange> ranges) {
+  return ValidateKvRanges(ranges);
+}
+
+absl::Status ModelRunner::ValidateKvRanges(std::span<const KvByteRange> ranges) {
+  const size_t pool = kv_memory().size();
+  for (const KvByteRange& r : ranges) {
+    if (r.offset > pool || r.length > pool - r.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("KV range [", r.offset, ", +", r.length,
+                                                     ") is outside the pool of ", pool, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 size_t ModelRunner::NumLogitsRows(const ForwardBatch& batch) {
   size_t rows = 0;
   for (const SequenceInput& s : batch.sequences) rows += s.all_logits ? s.tokens.size() : 1;

@@ -50,6 +50,12 @@ struct ForwardBatch {
 // transport must stage it through host memory or move it GPU to GPU).
 enum class KvMemoryKind { kHost, kCudaDevice };
 
+// Bytes [offset, offset + length) of a KV pool.
+struct KvByteRange {
+  size_t offset = 0;
+  size_t length = 0;
+};
+
 struct ModelRunnerOptions {
   // Backend name: "cpu" (always built) or "cuda". Default: "cpu".
   std::string backend = "cpu";
@@ -81,6 +87,24 @@ class ModelRunner {
   // check for kHost first.
   virtual KvMemoryKind kv_memory_kind() const { return KvMemoryKind::kHost; }
 
+  // Host memory laid out like kv_memory() (same size, same offsets), for
+  // moving a device pool with a transport that reads and writes host
+  // memory only: a worker registers this instead of kv_memory() and copies
+  // ranges through it with the two calls below. For a host pool it is
+  // kv_memory() itself and the copies only check their ranges; for cuda it
+  // is pinned memory, allocated on the first call (RESOURCE_EXHAUSTED when
+  // the host cannot pin that much). Call it from the runner's owner before
+  // any copy.
+  virtual absl::StatusOr<std::span<std::byte>> KvHostStaging();
+  // Copy `ranges` of kv_memory() to the same offsets of KvHostStaging(), or
+  // back, and return once the bytes are there. Unlike Forward, either may
+  // run on one other thread while Forward runs, for ranges that Forward
+  // neither writes nor (CopyKvFromHostStaging) reads. INVALID_ARGUMENT for
+  // a range outside the pool; FAILED_PRECONDITION before KvHostStaging.
+  virtual absl::Status CopyKvToHostStaging(std::span<const KvByteRange> ranges);
+  virtual absl::Status CopyKvFromHostStaging(
+      std::span<const KvByteRange> ranges);
+
   // Number of logits rows Forward produces for `batch`.
   static size_t NumLogitsRows(const ForwardBatch& batch);
 
@@ -95,6 +119,8 @@ class ModelRunner {
  protected:
   // The checks every backend shares; backends call it first.
   absl::Status ValidateBatch(const ForwardBatch& batch, std::span<const float> logits) const;
+  // INVALID_ARGUMENT unless every range lies inside kv_memory().
+  absl::Status ValidateKvRanges(std::span<const KvByteRange> ranges);
 };
 
 // Creates a runner for `options.backend`. NOT_FOUND for a backend that is

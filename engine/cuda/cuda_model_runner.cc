@@ -216,6 +216,16 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status Forward(const ForwardBatch& batch,
                        std::span<float> logits) override;
 
+  absl::StatusOr<std::span<std::byte>> KvHostStaging() override;
+  absl::Status CopyKvToHostStaging(
+      std::span<const KvByteRange> ranges) override {
+    return CopyStaging(ranges, cudaMemcpyDeviceToHost);
+  }
+  absl::Status CopyKvFromHostStaging(
+      std::span<const KvByteRange> ranges) override {
+    return CopyStaging(ranges, cudaMemcpyHostToDevice);
+  }
+
  private:
   // A decode step of `batch` sequences (padded up to a power of two)
   // captured once and replayed: its metadata lives at fixed addresses.
@@ -251,6 +261,10 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status EnqueueLayers(
       const ForwardPlan& plan,
       const std::function<void(int32_t)>& on_layer_kv_written);
+  // Copies `ranges` between the pool and the staging memory (same
+  // offsets) on copy_stream_, adjacent ranges as one copy, and waits.
+  absl::Status CopyStaging(std::span<const KvByteRange> ranges,
+                           cudaMemcpyKind direction);
 
   const std::shared_ptr<const Model> model_;
   const KvBlockLayout layout_;
@@ -259,6 +273,8 @@ class CudaModelRunner final : public ModelRunner {
   const bool use_graphs_;
 
   cudaStream_t stream_ = nullptr;
+  // KV staging copies, which may run on another thread during a forward.
+  cudaStream_t copy_stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   int device_ = 0;  // The creating thread's device; Forward selects it.
   int num_sms_ = 1;
@@ -266,6 +282,7 @@ class CudaModelRunner final : public ModelRunner {
   bool graphs_broken_ = false;  // A capture failed; stay eager.
 
   DevicePtr<std::byte> pool_;
+  std::unique_ptr<std::byte, CudaFreeHost> staging_;  // KvHostStaging().
   DevicePtr<std::byte> blas_workspace_;
   DevicePtr<uint16_t> embed_, lm_head_;  // lm_head_ null when tied.
   DevicePtr<float> final_norm_, inv_freq_;
@@ -297,6 +314,7 @@ CudaModelRunner::~CudaModelRunner() {
   graphs_.clear();
   if (blas_ != nullptr) cuda::Cublas()->destroy(blas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
 }
 
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
@@ -341,6 +359,9 @@ absl::Status CudaModelRunner::Init() {
       "SM count"));
   PD_RETURN_IF_ERROR(CudaStatus(
       cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream"));
+  PD_RETURN_IF_ERROR(CudaStatus(
+      cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+      "copy stream"));
   std::string blas_error;
   const cuda::CublasApi* blas = cuda::Cublas(&blas_error);
   if (blas == nullptr) {
@@ -421,6 +442,54 @@ absl::Status CudaModelRunner::ReserveScratch(int64_t T, int64_t R,
                            "attention workspace", &buffer_epoch_));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::span<std::byte>> CudaModelRunner::KvHostStaging() {
+  const size_t bytes = kv_memory().size();
+  if (staging_ == nullptr) {
+    PD_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    void* p = nullptr;
+    const cudaError_t err = cudaMallocHost(&p, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // Clear it: the device itself is fine.
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot pin ", bytes,
+                       " bytes of host memory to stage the KV pool: ",
+                       cudaGetErrorString(err)));
+    }
+    staging_.reset(static_cast<std::byte*>(p));
+  }
+  return std::span<std::byte>(staging_.get(), bytes);
+}
+
+absl::Status CudaModelRunner::CopyStaging(std::span<const KvByteRange> ranges,
+                                          cudaMemcpyKind direction) {
+  PD_RETURN_IF_ERROR(ValidateKvRanges(ranges));
+  if (staging_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "KV staging copy before KvHostStaging()");
+  }
+  PD_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  absl::Status status;
+  for (size_t i = 0; i < ranges.size() && status.ok();) {
+    const size_t offset = ranges[i].offset;
+    size_t length = ranges[i].length;
+    for (++i; i < ranges.size() && ranges[i].offset == offset + length; ++i) {
+      length += ranges[i].length;
+    }
+    if (length == 0) continue;
+    std::byte* device = pool_.get() + offset;
+    std::byte* host = staging_.get() + offset;
+    status = CudaStatus(
+        direction == cudaMemcpyDeviceToHost
+            ? cudaMemcpyAsync(host, device, length, direction, copy_stream_)
+            : cudaMemcpyAsync(device, host, length, direction, copy_stream_),
+        "KV staging copy");
+  }
+  // Wait even after a failed enqueue: no copy may outlive the call.
+  const absl::Status synced =
+      CudaStatus(cudaStreamSynchronize(copy_stream_), "KV staging copy");
+  return status.ok() ? synced : status;
 }
 
 absl::Status CudaModelRunner::Forward(const ForwardBatch& batch,

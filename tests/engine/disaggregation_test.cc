@@ -23,6 +23,26 @@ std::unique_ptr<ModelRunner> MakeRunner(const std::shared_ptr<const Model>& m, i
   return *std::move(r);
 }
 
+// A host pool needs no staging: a worker registers the pool itself, and the
+// copies a device pool would need only check their ranges.
+TEST(KvHostStagingTest, HostPoolIsItsOwnStaging) {
+  auto model = MakeTinyModel();
+  ASSERT_TRUE(model.ok());
+  std::unique_ptr<ModelRunner> runner = MakeRunner(*model, 4);
+  auto staging = runner->KvHostStaging();
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  EXPECT_EQ(staging->data(), runner->kv_memory().data());
+  EXPECT_EQ(staging->size(), runner->kv_memory().size());
+  const size_t pool = runner->kv_memory().size();
+  const std::vector<KvByteRange> inside = {{0, pool}, {pool, 0}};
+  EXPECT_TRUE(runner->CopyKvToHostStaging(inside).ok());
+  EXPECT_TRUE(runner->CopyKvFromHostStaging(inside).ok());
+  const std::vector<KvByteRange> outside = {{pool - 1, 2}};
+  EXPECT_EQ(runner->CopyKvToHostStaging(outside).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<KvByteRange> wraps = {{8, SIZE_MAX}};
+  EXPECT_EQ(runner->CopyKvFromHostStaging(wraps).code(), absl::StatusCode::kInvalidArgument);
+}
+
 std::vector<int32_t> Colocated(ModelRunner& runner, const GenerationRequest& r) {
   auto g = Generator::Create(&runner, {.max_batch_tokens = 64});
   EXPECT_TRUE(g.ok());

@@ -88,6 +88,66 @@ TEST(CudaBackendTest, IllFormedBatchIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(CudaBackendTest, KvHostStagingCopiesRangesBothWays) {
+  PD_REQUIRE_CUDA_DEVICE();
+  auto model = MakeTinyModel();
+  ASSERT_TRUE(model.ok());
+  auto created = CreateModelRunner(
+      *model, {.backend = "cuda", .num_kv_blocks = 6, .block_size = 4});
+  ASSERT_TRUE(created.ok()) << created.status();
+  ModelRunner& runner = **created;
+  const std::vector<KvByteRange> whole = {{0, runner.kv_memory().size()}};
+  EXPECT_EQ(runner.CopyKvToHostStaging(whole).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Fill blocks 0 and 1 with a prompt's K/V.
+  const std::vector<int32_t> tokens = {5, 9, 3, 7, 1, 2};
+  const std::vector<BlockId> table = {BlockId(0), BlockId(1)};
+  ForwardBatch batch;
+  batch.sequences.push_back({.tokens = tokens, .block_table = table});
+  std::vector<float> logits((*model)->config().vocab_size);
+  ASSERT_TRUE(runner.Forward(batch, logits).ok());
+
+  auto staging = runner.KvHostStaging();
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  ASSERT_EQ(staging->size(), runner.kv_memory().size());
+  auto device_bytes = [&runner] {
+    std::vector<std::byte> bytes(runner.kv_memory().size());
+    EXPECT_EQ(cudaMemcpy(bytes.data(), runner.kv_memory().data(), bytes.size(),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return bytes;
+  };
+  ASSERT_TRUE(runner.CopyKvToHostStaging(whole).ok());
+  const std::vector<std::byte> pool = device_bytes();
+  EXPECT_TRUE(std::equal(pool.begin(), pool.end(), staging->begin()));
+  EXPECT_TRUE(std::any_of(pool.begin(), pool.end(),
+                          [](std::byte b) { return b != std::byte{0}; }));
+
+  // Two adjacent ranges (one copy) and a separate one go back to the pool;
+  // bytes outside them stay as they were.
+  const size_t block = runner.kv_layout().block_bytes();
+  const std::vector<KvByteRange> ranges = {
+      {block, 100}, {block + 100, 28}, {4 * block + 3, 61}};
+  for (size_t i = 0; i < staging->size(); ++i) {
+    (*staging)[i] = static_cast<std::byte>(i * 7 + 1);
+  }
+  ASSERT_TRUE(runner.CopyKvFromHostStaging(ranges).ok());
+  std::vector<std::byte> want = pool;
+  for (const KvByteRange& r : ranges) {
+    std::copy_n(staging->begin() + r.offset, r.length,
+                want.begin() + r.offset);
+  }
+  EXPECT_EQ(device_bytes(), want);
+
+  const std::vector<KvByteRange> outside = {
+      {runner.kv_memory().size() - 8, 9}};
+  EXPECT_EQ(runner.CopyKvToHostStaging(outside).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner.CopyKvFromHostStaging(outside).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 struct RowStats {
   double worst_rel = 0.0;  // Largest ||gpu - cpu|| / ||cpu|| seen.
   int rows = 0;
