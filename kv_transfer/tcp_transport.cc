@@ -1,10 +1,6 @@
 // "tcp": the portable transport. Writes travel as checksummed frames
 // (tcp_frame.h) over one TCP stream per connection; the receiver checks
 // every frame against its registered regions before copying it in.
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -20,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kv_transfer/region_table.h"
+#include "kv_transfer/socket_io.h"
 #include "kv_transfer/tcp_frame.h"
 #include "kv_transfer/transports.h"
 
@@ -28,118 +25,6 @@ namespace {
 
 // How often blocked threads look at the stop flag.
 constexpr absl::Duration kStopPoll = absl::Milliseconds(50);
-
-// Outcome of a socket wait: the caller turns it into a Status.
-enum class Io { kOk, kClosed, kTimeout, kError };
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() { Reset(); }
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    Reset();
-    fd_ = std::exchange(o.fd_, -1);
-    return *this;
-  }
-  int get() const { return fd_; }
-  void Reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_;
-};
-
-Io WaitFor(int fd, short events, absl::Time deadline) {
-  while (true) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return Io::kTimeout;
-    pollfd p{fd, events, 0};
-    const int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
-    const int r = ::poll(&p, 1, ms);
-    if (r > 0) return Io::kOk;
-    if (r < 0 && errno != EINTR) return Io::kError;
-  }
-}
-
-Io SendAll(int fd, const std::byte* data, size_t len, absl::Time deadline) {
-  while (len > 0) {
-    const ssize_t n = ::send(fd, data, len, MSG_NOSIGNAL);
-    if (n > 0) {
-      data += n;
-      len -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (Io io = WaitFor(fd, POLLOUT, deadline); io != Io::kOk) return io;
-      continue;
-    }
-    return errno == EPIPE || errno == ECONNRESET ? Io::kClosed : Io::kError;
-  }
-  return Io::kOk;
-}
-
-Io RecvAll(int fd, std::byte* data, size_t len, absl::Time deadline) {
-  while (len > 0) {
-    const ssize_t n = ::recv(fd, data, len, 0);
-    if (n > 0) {
-      data += n;
-      len -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) return Io::kClosed;
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (Io io = WaitFor(fd, POLLIN, deadline); io != Io::kOk) return io;
-      continue;
-    }
-    return errno == ECONNRESET ? Io::kClosed : Io::kError;
-  }
-  return Io::kOk;
-}
-
-absl::Status IoStatus(Io io, std::string_view what) {
-  switch (io) {
-    case Io::kOk:
-      return absl::OkStatus();
-    case Io::kTimeout:
-      return absl::DeadlineExceededError(absl::StrCat(std::string(what), ": timed out"));
-    case Io::kClosed:
-      return absl::UnavailableError(absl::StrCat(std::string(what), ": peer closed the connection"));
-    case Io::kError:
-      return absl::UnavailableError(absl::StrCat(std::string(what), ": ", std::strerror(errno)));
-  }
-  return absl::InternalError("unreachable");
-}
-
-void SetNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
-
-absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(std::string_view address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("address '", std::string(address), "' is not host:port"));
-  }
-  std::string host(address.substr(0, colon));
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return std::pair{host, std::string(address.substr(colon + 1))};
-}
-
-absl::StatusOr<addrinfo*> Resolve(std::string_view address, bool passive) {
-  PD_ASSIGN_OR_RETURN(auto hp, SplitHostPort(address));
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  addrinfo* result = nullptr;
-  if (int rc = ::getaddrinfo(hp.first.c_str(), hp.second.c_str(), &hints, &result); rc != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot resolve '", std::string(address), "': ", ::gai_strerror(rc)));
-  }
-  return result;
-}
 
 Io SendFrame(int fd, const FrameHeader& h, std::span<const std::byte> payload, absl::Time deadline) {
   std::byte header[kFrameHeaderBytes];
@@ -250,25 +135,9 @@ class TcpConnection final : public KvConnection {
 class TcpTransport final : public KvTransport {
  public:
   static absl::StatusOr<std::unique_ptr<KvTransport>> Create(const TransportOptions& options) {
-    PD_ASSIGN_OR_RETURN(addrinfo * ai, Resolve(options.listen_address, /*passive=*/true));
-    std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> free_ai(ai, &::freeaddrinfo);
-    Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
-    const int one = 1;
-    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (fd.get() < 0 || ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), 64) != 0) {
-      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address, ": ",
-                                                 std::strerror(errno)));
-    }
-    SetNonBlocking(fd.get());
-    sockaddr_storage addr{};
-    socklen_t len = sizeof(addr);
-    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-    char host[NI_MAXHOST], port[NI_MAXSERV];
-    ::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), port, sizeof(port),
-                  NI_NUMERICHOST | NI_NUMERICSERV);
-    const std::string endpoint = addr.ss_family == AF_INET6 ? absl::StrCat("[", host, "]:", port)
-                                                             : absl::StrCat(host, ":", port);
-    return std::unique_ptr<KvTransport>(new TcpTransport(options, std::move(fd), endpoint));
+    PD_ASSIGN_OR_RETURN(auto listener, ListenTcp(options.listen_address));
+    return std::unique_ptr<KvTransport>(
+        new TcpTransport(options, std::move(listener.first), std::move(listener.second)));
   }
 
   ~TcpTransport() override {
@@ -286,27 +155,7 @@ class TcpTransport final : public KvTransport {
   absl::Status DeregisterMemory(RegionId region) override { return regions_.Deregister(region); }
 
   absl::StatusOr<std::unique_ptr<KvConnection>> Connect(std::string_view endpoint) override {
-    PD_ASSIGN_OR_RETURN(addrinfo * ai, Resolve(endpoint, /*passive=*/false));
-    std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> free_ai(ai, &::freeaddrinfo);
-    Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
-    if (fd.get() < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
-    SetNonBlocking(fd.get());
-    if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
-      return absl::UnavailableError(absl::StrCat("cannot connect to ", std::string(endpoint), ": ",
-                                                 std::strerror(errno)));
-    }
-    if (WaitFor(fd.get(), POLLOUT, absl::Now() + options_.io_timeout) != Io::kOk) {
-      return absl::DeadlineExceededError(absl::StrCat("connecting to ", std::string(endpoint), " timed out"));
-    }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) {
-      return absl::UnavailableError(absl::StrCat("cannot connect to ", std::string(endpoint), ": ",
-                                                 std::strerror(err)));
-    }
-    const int one = 1;
-    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    PD_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(endpoint, options_.io_timeout));
     return std::unique_ptr<KvConnection>(new TcpConnection(std::move(fd), &regions_, options_));
   }
 

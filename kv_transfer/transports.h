@@ -17,6 +17,13 @@ absl::StatusOr<std::unique_ptr<KvTransport>> CreateTcpTransport(const TransportO
 absl::StatusOr<std::unique_ptr<KvTransport>> CreateUcxTransport(std::string_view name,
                                                                 const TransportOptions& options);
 
+// Built with CUDA only (PDSERVE_HAVE_CUDA). FAILED_PRECONDITION without a
+// CUDA device; nccl also without a loadable libnccl.
+absl::StatusOr<std::unique_ptr<KvTransport>> CreateCudaIpcTransport(
+    const TransportOptions& options);
+absl::StatusOr<std::unique_ptr<KvTransport>> CreateNcclTransport(
+    const TransportOptions& options);
+
 }  // namespace pdserve::kv
 
 #endif  // PDSERVE_KV_TRANSFER_TRANSPORTS_H_

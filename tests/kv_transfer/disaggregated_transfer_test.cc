@@ -17,6 +17,7 @@
 #include "prefill_worker/prefill_server.h"
 #include "proto/convert.h"
 #include "tests/engine/test_util.h"
+#include "tests/kv_transfer/transport_names.h"
 
 namespace pdserve {
 namespace {
@@ -169,24 +170,11 @@ TEST_P(DisaggregatedTransferTest,
   }
 }
 
-std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
-  std::string name = info.param;
-  for (char& c : name) {
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  }
-  return name;
-}
-
-std::vector<std::string> Transports() {
-  std::vector<std::string> names;
-  for (const std::string& n : kv::AvailableKvTransports()) {
-    if (n != "ucx") names.push_back(n);  // "ucx" is the environment's mix.
-  }
-  return names;
-}
-
+// The decode pool here is the cpu backend's (host memory); "ucx" is the
+// environment's mix.
 INSTANTIATE_TEST_SUITE_P(Transports, DisaggregatedTransferTest,
-                         ::testing::ValuesIn(Transports()), TestName);
+                         ::testing::ValuesIn(kv::HostMemoryTransports({"ucx"})),
+                         kv::TransportTestName);
 
 }  // namespace
 }  // namespace pdserve

@@ -23,6 +23,7 @@
 
 #include "gtest/gtest.h"
 #include "kv_transfer/tcp_frame.h"
+#include "tests/kv_transfer/transport_names.h"
 
 // UCX 1.13 leaks a shared-memory endpoint whose creation fails (the peer
 // is gone): uct_mm_ep_t_new's error path. Its allocations are seen only as
@@ -303,19 +304,12 @@ TEST_P(TransportTest, ConcurrentSendersToOneReceiver) {
   }
 }
 
-// Every transport built into this binary ("ucx" alone takes UCX_TLS from
-// the environment, so the suite pins both UCX modes explicitly).
-std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
-  std::string name = info.param;
-  for (char& c : name) {
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  }
-  return name;
-}
-
+// Every transport built into this binary that registers host memory
+// ("ucx" alone takes UCX_TLS from the environment, so the suite pins both
+// UCX modes explicitly; cuda_ipc and nccl have gpu_transport_test.cc).
 INSTANTIATE_TEST_SUITE_P(Transports, TransportTest,
-                         ::testing::ValuesIn(AvailableKvTransports()),
-                         TestName);
+                         ::testing::ValuesIn(HostMemoryTransports()),
+                         TransportTestName);
 
 // A receiving transport in a child process (kv-transfer-peer).
 class PeerProcess {
@@ -521,17 +515,10 @@ TEST_P(CrossProcessTest, PeerKilledMidTransferIsUnavailable) {
   EXPECT_TRUE(absl::IsUnavailable((*conn)->Notify("x")));
 }
 
-std::vector<std::string> CrossProcessTransports() {
-  std::vector<std::string> names;
-  for (const std::string& n : AvailableKvTransports()) {
-    if (n != "inproc") names.push_back(n);  // One process only.
-  }
-  return names;
-}
-
-INSTANTIATE_TEST_SUITE_P(Transports, CrossProcessTest,
-                         ::testing::ValuesIn(CrossProcessTransports()),
-                         TestName);
+INSTANTIATE_TEST_SUITE_P(
+    Transports, CrossProcessTest,
+    ::testing::ValuesIn(HostMemoryTransports({"inproc"})),  // One process.
+    TransportTestName);
 
 TEST(TransportRegistryTest, UnknownTransportAndBadOptions) {
   EXPECT_EQ(CreateKvTransport("carrier-pigeon", {}).status().code(),
