@@ -5,8 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "kv_transfer/negotiation.h"
 #include "proto/convert.h"
 
 namespace pdserve {
@@ -158,44 +160,53 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
   if (options.reservation_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("reservation_timeout must be positive");
   }
+  PD_ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                      kv::ParseKvTransportList(options.kv_transport));
+  std::unique_ptr<DecodeWorker> worker(new DecodeWorker(options));
+  DecodeWorker* w = worker.get();
   kv::TransportOptions transport_options;
   transport_options.listen_address = options.kv_listen_address;
-  PD_ASSIGN_OR_RETURN(
-      std::unique_ptr<kv::KvTransport> transport,
-      kv::CreateKvTransport(options.kv_transport, transport_options));
-  std::unique_ptr<DecodeWorker> worker(
-      new DecodeWorker(options, std::move(transport)));
-  DecodeWorker* w = worker.get();
+  for (const std::string& name : names) {
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvTransport> transport,
+                        kv::CreateKvTransport(name, transport_options));
+    w->receivers_.push_back({.transport = std::move(transport)});
+  }
   PD_ASSIGN_OR_RETURN(
       worker->loop_,
       EngineLoop::Start(options.engine,
                         [w](Generator& g) { w->ExpireReservations(g); }));
-  PD_ASSIGN_OR_RETURN(worker->region_, worker->transport_->RegisterMemory(
-                                           worker->loop_->kv_memory()));
-  worker->notification_thread_ =
-      std::thread([w] { w->ReceiveNotifications(); });
+  std::vector<std::string> offered;
+  for (Receiver& r : w->receivers_) {
+    PD_ASSIGN_OR_RETURN(r.region,
+                        r.transport->RegisterMemory(w->loop_->kv_memory()));
+    kv::KvTransport* transport = r.transport.get();
+    r.notification_thread =
+        std::thread([w, transport] { w->ReceiveNotifications(*transport); });
+    offered.push_back(absl::StrCat(r.transport->capabilities().name, " at ",
+                                   r.transport->endpoint()));
+  }
   PD_LOG(INFO) << "decode worker: model " << options.engine.model << ", "
                << worker->loop_->num_kv_blocks() << " KV blocks of "
-               << options.engine.block_size << " tokens, KV over "
-               << options.kv_transport << " at "
-               << worker->transport_->endpoint();
+               << options.engine.block_size << " tokens, KV offered over "
+               << absl::StrJoin(offered, ", ");
   return worker;
 }
 
-DecodeWorker::DecodeWorker(const DecodeWorkerOptions& options,
-                           std::unique_ptr<kv::KvTransport> transport)
-    : options_(options),
-      transport_(std::move(transport)),
-      worker_id_(options.worker_id) {}
+DecodeWorker::DecodeWorker(const DecodeWorkerOptions& options)
+    : options_(options), worker_id_(options.worker_id) {}
 
 DecodeWorker::~DecodeWorker() {
   stopping_ = true;
-  if (notification_thread_.joinable()) notification_thread_.join();
+  for (Receiver& r : receivers_) {
+    if (r.notification_thread.joinable()) r.notification_thread.join();
+  }
   // No peer may write into the pool once it is freed: wait for writes in
   // progress and refuse later ones before the loop (and its runner) goes.
-  if (region_) {
-    if (absl::Status s = transport_->DeregisterMemory(*region_); !s.ok()) {
-      PD_LOG(WARNING) << "deregistering the KV pool: " << s;
+  for (Receiver& r : receivers_) {
+    if (!r.region) continue;
+    if (absl::Status s = r.transport->DeregisterMemory(*r.region); !s.ok()) {
+      PD_LOG(WARNING) << "deregistering the KV pool from "
+                      << r.transport->capabilities().name << ": " << s;
     }
   }
   // Streams still subscribed get a cancellation from the loop's destructor.
@@ -219,10 +230,10 @@ std::string DecodeWorker::worker_id() const {
   return worker_id_;
 }
 
-void DecodeWorker::ReceiveNotifications() {
+void DecodeWorker::ReceiveNotifications(kv::KvTransport& transport) {
   while (!stopping_) {
     absl::StatusOr<kv::Notification> n =
-        transport_->WaitNotification(absl::Milliseconds(100));
+        transport.WaitNotification(absl::Milliseconds(100));
     if (!n.ok()) {
       if (!absl::IsDeadlineExceeded(n.status())) {
         PD_LOG(WARNING) << "KV notification: " << n.status();
@@ -380,9 +391,12 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(
   const int32_t num_tokens =
       static_cast<int32_t>(std::min<uint32_t>(request->num_tokens(), 1u << 30));
   response->set_decode_worker_id(worker_id());
-  response->set_transport(transport_->capabilities().name);
-  response->set_endpoint(transport_->endpoint());
-  response->set_region_id(region_->value);
+  for (const Receiver& r : receivers_) {
+    wire::KvOffer* offer = response->add_offers();
+    offer->set_transport(r.transport->capabilities().name);
+    offer->set_endpoint(r.transport->endpoint());
+    offer->set_region_id(r.region->value);
+  }
   response->set_pool_blocks(static_cast<uint32_t>(loop_->num_kv_blocks()));
   ToWire(loop_->kv_layout(), response->mutable_layout());
   loop_->Post([this, id, num_tokens, response, reactor](Generator& g) {

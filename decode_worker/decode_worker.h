@@ -1,7 +1,8 @@
 // DecodeWorker: the pdserve.internal.v1.DecodeWorker service
 // (proto/pdserve/internal/v1/worker.proto) over an EngineLoop. It owns the
-// big paged KV pool, registered once with a receiving kv_transfer
-// transport: Reserve() holds blocks for a request and answers a Landing,
+// big paged KV pool, registered once with each receiving kv_transfer
+// transport it runs: Reserve() holds blocks for a request and answers a
+// Landing that offers every one of those transports,
 // prefill workers write the prompt's KV straight into those blocks and send
 // a KvComplete notification, and Decode() then continues the request from
 // its first token in the continuous-batching loop, streaming tokens. A
@@ -10,7 +11,8 @@
 // One request, across the threads that touch it:
 //   gRPC threads         Reserve / Decode / Release / cancellation: post a
 //                        command to the loop and return.
-//   notification thread  KvComplete -> post "complete" to the loop.
+//   notification threads KvComplete (one thread per transport) -> post
+//                        "complete" to the loop.
 //   loop thread          reservations (expiry on the tick), AddPrefilled or
 //                        Add, token events -> the call's stream.
 // A Decode that ends early (client cancel, deadline, server shutdown)
@@ -30,6 +32,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -49,9 +52,12 @@ struct DecodeWorkerOptions {
   // Name in load reports and landings; set_worker_id can set it later.
   // Default: empty.
   std::string worker_id;
-  // kv_transfer transport KV arrives on. Default: "tcp".
+  // kv_transfer transports KV may arrive on: a comma list in preference
+  // order (kv::ParseKvTransportList), every one offered in each landing.
+  // Default: "tcp".
   std::string kv_transport = "tcp";
-  // Address that transport listens on. Default: "127.0.0.1:0".
+  // Address the transports that listen on a socket (tcp) listen on.
+  // Default: "127.0.0.1:0".
   std::string kv_listen_address = "127.0.0.1:0";
   // A reservation no Decode has taken by then is freed; a Decode waiting
   // for KvComplete past it fails with DEADLINE_EXCEEDED. The router
@@ -63,12 +69,13 @@ struct DecodeWorkerOptions {
 
 class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
  public:
-  // Loads the model, allocates and registers the KV pool, starts the
-  // engine loop and the notification thread. INVALID_ARGUMENT for bad
-  // options; NOT_FOUND for an unknown model, backend or transport.
+  // Loads the model, allocates the KV pool and registers it with every
+  // transport, starts the engine loop and the notification threads.
+  // INVALID_ARGUMENT for bad options (a malformed transport list); NOT_FOUND
+  // for an unknown model, backend or transport.
   static absl::StatusOr<std::unique_ptr<DecodeWorker>> Create(
       const DecodeWorkerOptions& options);
-  // Stops the notification thread, waits for KV writes in progress, stops
+  // Stops the notification threads, waits for KV writes in progress, stops
   // the loop; Decode calls still open end with UNAVAILABLE.
   ~DecodeWorker() override;
 
@@ -111,10 +118,17 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   };
   using ReservationMap = absl::flat_hash_map<RequestId, Reservation>;
 
-  DecodeWorker(const DecodeWorkerOptions& options,
-               std::unique_ptr<kv::KvTransport> transport);
+  // A transport KV arrives on, the pool's region in it, and the thread
+  // that receives its notifications.
+  struct Receiver {
+    std::unique_ptr<kv::KvTransport> transport;
+    std::optional<kv::RegionId> region;  // Set once in Create.
+    std::thread notification_thread;
+  };
+
+  explicit DecodeWorker(const DecodeWorkerOptions& options);
   std::string worker_id() const ABSL_LOCKS_EXCLUDED(mu_);
-  void ReceiveNotifications();
+  void ReceiveNotifications(kv::KvTransport& transport);
 
   // Loop thread.
   void StartDecode(const std::shared_ptr<DecodeCall>& call,
@@ -132,16 +146,14 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   void ExpireReservations(Generator& generator);
 
   const DecodeWorkerOptions options_;
-  const std::unique_ptr<kv::KvTransport> transport_;
-  // The KV pool's region; set once in Create.
-  std::optional<kv::RegionId> region_;
+  // In preference order; filled in Create.
+  std::vector<Receiver> receivers_;
   // Loop thread only.
   ReservationMap reservations_;
   // Set once in Create; stopped first (its thread uses the fields above).
   std::unique_ptr<EngineLoop> loop_;
 
   std::atomic<bool> stopping_ = false;
-  std::thread notification_thread_;
 
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);

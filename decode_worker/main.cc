@@ -23,9 +23,15 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(std::string, worker_id, "",
           "Name in load reports (default: decode-<port>)");
 ABSL_FLAG(std::string, kv_transport, "tcp",
-          "kv_transfer transport KV arrives on");
+          "kv_transfer transports KV may arrive on, a comma list in "
+          "preference order, every one offered to prefill workers (e.g. "
+          "ucx:shm,tcp). Names: tcp; ucx (UCX_TLS from the environment), "
+          "ucx:shm, ucx:tcp, ucx:TLS+LIST (UCX transports joined with '+'); "
+          "cuda_ipc, nccl when built. The prefill worker picks the best "
+          "common one by the ranking in kv_transfer/negotiation.h");
 ABSL_FLAG(std::string, kv_listen, "127.0.0.1:0",
-          "Address the KV transport listens on");
+          "Address the KV transports that listen on a socket (tcp) listen "
+          "on");
 ABSL_FLAG(int64_t, reservation_timeout_ms, 60000,
           "A KV reservation no Decode call takes within this is freed (a "
           "safety net for a router that vanished; the router releases the "

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -12,6 +13,14 @@ namespace {
 // Peers a pusher keeps a connection to; past this the cache starts over
 // (landings come from the router, but a bound costs nothing).
 constexpr size_t kMaxConnections = 256;
+
+// How long an offer whose connect failed is passed over while the landing
+// has another left.
+constexpr absl::Duration kSkipFailedConnect = absl::Seconds(10);
+
+std::string ConnectionKey(const kv::KvOffer& offer) {
+  return absl::StrCat(offer.transport, "\n", offer.endpoint);
+}
 
 }  // namespace
 
@@ -26,8 +35,16 @@ absl::Status KvPush::status() const {
   return status_;
 }
 
+std::vector<std::string> KvPusher::NamesOf(
+    const std::vector<std::unique_ptr<Lane>>& lanes) {
+  std::vector<std::string> names;
+  for (const auto& lane : lanes)
+    names.push_back(lane->transport->capabilities().name);
+  return names;
+}
+
 absl::StatusOr<std::unique_ptr<KvPusher>> KvPusher::Create(
-    std::unique_ptr<kv::KvTransport> transport,
+    std::vector<std::unique_ptr<kv::KvTransport>> transports,
     std::span<std::byte> local_memory, int32_t local_blocks,
     const KvBlockLayout& layout, FailureCallback on_failure) {
   if (local_memory.size() <
@@ -36,22 +53,51 @@ absl::StatusOr<std::unique_ptr<KvPusher>> KvPusher::Create(
         "KV memory of ", local_memory.size(), " bytes is smaller than ",
         local_blocks, " blocks of ", layout.block_bytes()));
   }
-  PD_ASSIGN_OR_RETURN(kv::RegionId region,
-                      transport->RegisterMemory(local_memory));
-  return std::unique_ptr<KvPusher>(new KvPusher(std::move(transport), region,
-                                                local_blocks, layout,
-                                                std::move(on_failure)));
+  if (transports.empty() || transports.size() > kv::kMaxKvOffers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a KV pusher runs 1 to ", kv::kMaxKvOffers,
+                     " transports, not ", transports.size()));
+  }
+  std::vector<std::unique_ptr<Lane>> lanes;
+  for (std::unique_ptr<kv::KvTransport>& transport : transports) {
+    for (const auto& lane : lanes) {
+      if (lane->transport->capabilities().name ==
+          transport->capabilities().name) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("KV transport '", transport->capabilities().name,
+                         "' given twice"));
+      }
+    }
+    auto lane = std::make_unique<Lane>();
+    PD_ASSIGN_OR_RETURN(lane->local_region,
+                        transport->RegisterMemory(local_memory));
+    lane->transport = std::move(transport);
+    lanes.push_back(std::move(lane));
+  }
+  return std::unique_ptr<KvPusher>(new KvPusher(
+      std::move(lanes), local_blocks, layout, std::move(on_failure)));
 }
 
-KvPusher::KvPusher(std::unique_ptr<kv::KvTransport> transport,
-                   kv::RegionId local_region, int32_t local_blocks,
-                   const KvBlockLayout& layout, FailureCallback on_failure)
-    : transport_(std::move(transport)),
-      local_region_(local_region),
+KvPusher::KvPusher(std::vector<std::unique_ptr<Lane>> lanes,
+                   int32_t local_blocks, const KvBlockLayout& layout,
+                   FailureCallback on_failure)
+    : lanes_(std::move(lanes)),
+      transport_names_(NamesOf(lanes_)),
       local_blocks_(local_blocks),
       layout_(layout),
       on_failure_(std::move(on_failure)),
       thread_([this] { Run(); }) {}
+
+std::vector<KvTransportCounters> KvPusher::counters() const {
+  std::vector<KvTransportCounters> out;
+  for (const auto& lane : lanes_) {
+    out.push_back({.transport = lane->transport->capabilities().name,
+                   .pushes = lane->pushes.load(std::memory_order_relaxed),
+                   .bytes = lane->bytes.load(std::memory_order_relaxed),
+                   .fallbacks = lane->fallbacks.load(std::memory_order_relaxed)});
+  }
+  return out;
+}
 
 KvPusher::~KvPusher() { Stop(); }
 
@@ -138,27 +184,105 @@ void KvPusher::Run() {
   }
 }
 
+KvPusher::Lane* KvPusher::LaneOf(const kv::KvOffer& offer) const {
+  for (const auto& lane : lanes_) {
+    if (lane->transport->capabilities().name == offer.transport)
+      return lane.get();
+  }
+  return nullptr;
+}
+
 absl::StatusOr<kv::KvConnection*> KvPusher::ConnectionTo(
-    const std::string& endpoint) {
-  if (auto it = connections_.find(endpoint); it != connections_.end())
+    const kv::KvOffer& offer, Lane& lane, bool* is_new) {
+  *is_new = false;
+  const std::string key = ConnectionKey(offer);
+  if (auto it = connections_.find(key); it != connections_.end())
     return it->second.get();
   PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvConnection> connection,
-                      transport_->Connect(endpoint));
+                      lane.transport->Connect(offer.endpoint));
   if (connections_.size() >= kMaxConnections) connections_.clear();
-  return (connections_[endpoint] = std::move(connection)).get();
+  *is_new = true;
+  return (connections_[key] = std::move(connection)).get();
+}
+
+absl::StatusOr<KvPusher::Link> KvPusher::LinkFor(KvPush& push) {
+  const std::vector<kv::KvOffer>& offers = push.target().offers;
+  bool is_new = false;
+  if (push.offer_ >= 0) {  // Chosen by an earlier job of the push.
+    const kv::KvOffer& offer = offers[push.offer_];
+    Lane* lane = LaneOf(offer);
+    PD_ASSIGN_OR_RETURN(kv::KvConnection * connection,
+                        ConnectionTo(offer, *lane, &is_new));
+    return Link{connection, lane, &offer};
+  }
+  const absl::Time now = absl::Now();
+  std::vector<std::string> fallbacks;
+  absl::Status last = absl::FailedPreconditionError(
+      "the landing has no offer this prefill worker runs");
+  for (size_t i = 0; i < offers.size(); ++i) {
+    const kv::KvOffer& offer = offers[i];
+    Lane* lane = LaneOf(offer);
+    if (lane == nullptr) continue;  // ChooseKvOffers left none such.
+    const bool is_last = i + 1 == offers.size();
+    const std::string key = ConnectionKey(offer);
+    // An offer whose connect failed lately is not tried again while
+    // another is left: a dead or black-holed endpoint would cost every
+    // push a connect (up to the transfer timeout).
+    auto failed = failed_connects_.find(key);
+    if (failed != failed_connects_.end() && failed->second <= now) {
+      failed_connects_.erase(failed);
+      failed = failed_connects_.end();
+    }
+    if (failed != failed_connects_.end() && !is_last) {
+      lane->fallbacks.fetch_add(1, std::memory_order_relaxed);
+      fallbacks.push_back(absl::StrCat(offer.transport, " ", offer.endpoint,
+                                       " (failed lately, skipped)"));
+      continue;
+    }
+    absl::StatusOr<kv::KvConnection*> connection =
+        ConnectionTo(offer, *lane, &is_new);
+    if (connection.ok()) {
+      push.offer_ = static_cast<int>(i);
+      failed_connects_.erase(key);
+      if (is_new) {
+        PD_LOG(INFO) << "KV connection over " << offer.transport << " to "
+                     << offer.endpoint << "; fallbacks tried: "
+                     << (fallbacks.empty() ? std::string("none")
+                                           : absl::StrJoin(fallbacks, ", "));
+      }
+      return Link{*connection, lane, &offer};
+    }
+    last = connection.status();
+    if (failed_connects_.size() >= kMaxConnections) failed_connects_.clear();
+    failed_connects_[key] = now + kSkipFailedConnect;
+    fallbacks.push_back(
+        absl::StrCat(offer.transport, " ", offer.endpoint, " (", last.ToString(), ")"));
+    if (!is_last) {
+      lane->fallbacks.fetch_add(1, std::memory_order_relaxed);
+      PD_LOG(WARNING) << "KV connect over " << offer.transport << " to "
+                      << offer.endpoint << " failed (" << last
+                      << "); trying the landing's next offer";
+    }
+  }
+  if (fallbacks.size() <= 1) return last;
+  return absl::Status(last.code(),
+                      absl::StrCat("no KV offer of the landing connected: ",
+                                   absl::StrJoin(fallbacks, ", ")));
 }
 
 void KvPusher::Fail(const std::shared_ptr<KvPush>& push,
-                    const std::string& endpoint, absl::Status why) {
+                    const kv::KvOffer* offer, absl::Status why) {
   // A connection is unusable after a transport error (kv_transfer closes
   // it); a local-range error is a bug here, not the peer's doing.
+  const std::string where =
+      offer == nullptr ? std::string("KV push")
+                       : absl::StrCat("KV push over ", offer->transport,
+                                      " to ", offer->endpoint);
   if (absl::IsInvalidArgument(why)) {
-    why = absl::InternalError(
-        absl::StrCat("KV push to ", endpoint, ": ", why.message()));
+    why = absl::InternalError(absl::StrCat(where, ": ", why.message()));
   } else {
-    connections_.erase(endpoint);
-    why = absl::Status(
-        why.code(), absl::StrCat("KV push to ", endpoint, ": ", why.message()));
+    if (offer != nullptr) connections_.erase(ConnectionKey(*offer));
+    why = absl::Status(why.code(), absl::StrCat(where, ": ", why.message()));
   }
   PD_LOG(WARNING) << "request " << push->id().value << ": " << why;
   push->Abort(std::move(why));
@@ -168,6 +292,8 @@ void KvPusher::Fail(const std::shared_ptr<KvPush>& push,
 void KvPusher::RunLayer(Job& job) {
   KvPush& push = *job.push;
   if (push.aborted()) return;  // Its blocks may already be gone.
+  absl::StatusOr<Link> link = LinkFor(push);
+  if (!link.ok()) return Fail(job.push, nullptr, link.status());
   const KvLandingTarget& target = push.target();
   const int32_t base = job.first_block * layout_.block_size;
   ops_.clear();
@@ -176,31 +302,29 @@ void KvPusher::RunLayer(Job& job) {
                  target.block_ids.data() + job.first_block,
                  target.remote_pool_blocks, job.begin - base, job.end - base,
                  [&](size_t src, size_t dst, size_t length) {
-                   ops_.push_back({.local_region = local_region_,
+                   ops_.push_back({.local_region = link->lane->local_region,
                                    .local_offset = src,
-                                   .remote_region = target.remote_region,
+                                   .remote_region = link->offer->region,
                                    .remote_offset = dst,
                                    .length = length});
                    bytes += length;
                  });
-  absl::StatusOr<kv::KvConnection*> connection = ConnectionTo(target.endpoint);
-  if (!connection.ok())
-    return Fail(job.push, target.endpoint, connection.status());
-  if (absl::Status s = (*connection)->Write(ops_); !s.ok()) {
-    return Fail(job.push, target.endpoint, std::move(s));
+  if (absl::Status s = link->connection->Write(ops_); !s.ok()) {
+    return Fail(job.push, link->offer, std::move(s));
   }
   push.kv_bytes_ += bytes;
+  link->lane->bytes.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 void KvPusher::RunFinish(Job& job) {
   KvPush& push = *job.push;
   KvPushStats stats;
   if (!push.aborted()) {
-    absl::StatusOr<kv::KvConnection*> connection =
-        ConnectionTo(push.target().endpoint);
-    absl::Status s = connection.status();
-    if (s.ok()) s = (*connection)->Notify(job.notification);
+    absl::StatusOr<Link> link = LinkFor(push);
+    absl::Status s = link.status();
+    if (s.ok()) s = link->connection->Notify(job.notification);
     if (s.ok()) {
+      link->lane->pushes.fetch_add(1, std::memory_order_relaxed);
       const absl::Time now = absl::Now();
       absl::MutexLock lock(&push.mu_);
       if (push.first_layer_queued_ != absl::InfinitePast()) {
@@ -208,7 +332,7 @@ void KvPusher::RunFinish(Job& job) {
         stats.transfer_tail = now - push.last_layer_queued_;
       }
     } else {
-      Fail(job.push, push.target().endpoint, std::move(s));
+      Fail(job.push, link.ok() ? link->offer : nullptr, std::move(s));
     }
   }
   stats.kv_bytes = push.kv_bytes_;

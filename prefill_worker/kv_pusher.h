@@ -13,17 +13,24 @@
 // pusher never touches the request's KV blocks again: only then may the
 // engine release them.
 //
-// A push that fails (the peer refuses a range, is gone, or times out) or is
-// aborted drops its remaining layer jobs without reading their blocks; its
-// `done` still runs, with the error.
+// The pusher runs one or more transports (the prefill worker's
+// --kv_transport list), each with the local pool registered once. A push
+// carries the landing's usable offers, best first (kv::ChooseKvOffers); its
+// first write connects to the first offer that answers, falling back past
+// offers whose connect fails (or failed in the last 10 s: passed over
+// while another offer is left), and the push stays on that offer. A push
+// that fails after that (the peer refuses a range, is gone, or times out)
+// or is aborted drops its remaining layer jobs without reading their
+// blocks; its `done` still runs, with the error.
 //
-// Thread-safety: PushLayer, Finish and KvPush::Abort from any thread;
-// everything else (connections, the transport's Write) happens on the
-// pusher thread. One KvConnection per peer endpoint is cached and dropped
-// after an error.
+// Thread-safety: PushLayer, Finish, counters() and KvPush::Abort from any
+// thread; everything else (connections, the transport's Write) happens on
+// the pusher thread. One KvConnection per (transport, endpoint) is cached
+// and dropped after an error.
 #ifndef PDSERVE_PREFILL_WORKER_KV_PUSHER_H_
 #define PDSERVE_PREFILL_WORKER_KV_PUSHER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -41,6 +48,7 @@
 #include "absl/time/time.h"
 #include "engine/generator.h"
 #include "engine/kv_layout.h"
+#include "kv_transfer/negotiation.h"
 #include "kv_transfer/transport.h"
 
 namespace pdserve {
@@ -48,8 +56,8 @@ namespace pdserve {
 // Where one request's KV goes: the decode worker's landing, checked by the
 // caller (layout equal to the local one, block ids inside the remote pool).
 struct KvLandingTarget {
-  std::string endpoint;
-  kv::RegionId remote_region;
+  // The offers this pusher runs a transport for, best first; not empty.
+  std::vector<kv::KvOffer> offers;
   // Blocks in the remote pool (for PoolOffset).
   int32_t remote_pool_blocks = 0;
   // Position p lands in block_ids[p / block_size].
@@ -87,6 +95,8 @@ class KvPush {
   absl::Time last_layer_queued_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Pusher thread only.
   uint64_t kv_bytes_ = 0;
+  // The offer of target_.offers the push connected to; -1 before.
+  int offer_ = -1;
 };
 
 // What a finished push reports.
@@ -112,6 +122,18 @@ struct LayerKv {
   int32_t end = 0;
 };
 
+// What a pusher moved over one of its transports since it started.
+struct KvTransportCounters {
+  std::string transport;
+  // Pushes whose KvComplete it delivered.
+  uint64_t pushes = 0;
+  // KV bytes it wrote.
+  uint64_t bytes = 0;
+  // Connects over it that failed, after which a push moved on to the next
+  // offer of its landing.
+  uint64_t fallbacks = 0;
+};
+
 class KvPusher {
  public:
   // Called on the pusher thread with a push's outcome; must not block.
@@ -123,20 +145,24 @@ class KvPusher {
       absl::AnyInvocable<void(const std::shared_ptr<KvPush>& push)>;
 
   // Registers `local_memory` (a KV pool of `local_blocks` blocks laid out
-  // as `layout`) with `transport` and starts the pusher thread. The memory
-  // must outlive the pusher.
+  // as `layout`) with every one of `transports` (1 to kv::kMaxKvOffers,
+  // distinct names) and starts the pusher thread. The memory must outlive
+  // the pusher.
   static absl::StatusOr<std::unique_ptr<KvPusher>> Create(
-      std::unique_ptr<kv::KvTransport> transport,
+      std::vector<std::unique_ptr<kv::KvTransport>> transports,
       std::span<std::byte> local_memory, int32_t local_blocks,
       const KvBlockLayout& layout, FailureCallback on_failure);
 
-  // Stop()s, then closes the transport.
+  // Stop()s, then closes the transports.
   ~KvPusher();
 
-  // The transport's name ("tcp", ...): what a landing must ask for.
-  const std::string& transport_name() const {
-    return transport_->capabilities().name;
+  // The names of the transports, in the order given to Create: what a
+  // landing's offers are matched against.
+  const std::vector<std::string>& transport_names() const {
+    return transport_names_;
   }
+  // Per transport, in the order of transport_names().
+  std::vector<KvTransportCounters> counters() const;
 
   // Queues one Write per entry of `kvs`, of layer `layer`. Never blocks on
   // I/O (the loop thread calls it from the layer observer).
@@ -157,6 +183,15 @@ class KvPusher {
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // One transport the pusher runs, and what it moved.
+  struct Lane {
+    std::unique_ptr<kv::KvTransport> transport;
+    kv::RegionId local_region;
+    std::atomic<uint64_t> pushes = 0;
+    std::atomic<uint64_t> bytes = 0;
+    std::atomic<uint64_t> fallbacks = 0;
+  };
+
   struct Job {
     std::shared_ptr<KvPush> push;
     // Layer job: layer >= 0, blocks of positions [first_block * block_size,
@@ -170,26 +205,42 @@ class KvPusher {
     DoneCallback done;
   };
 
-  KvPusher(std::unique_ptr<kv::KvTransport> transport,
-           kv::RegionId local_region, int32_t local_blocks,
+  // A connection and the lane it runs on.
+  struct Link {
+    kv::KvConnection* connection;
+    Lane* lane;
+    const kv::KvOffer* offer;
+  };
+
+  KvPusher(std::vector<std::unique_ptr<Lane>> lanes, int32_t local_blocks,
            const KvBlockLayout& layout, FailureCallback on_failure);
   void Run();
   void RunLayer(Job& job);
   void RunFinish(Job& job);
-  // The cached connection to `endpoint`, connecting when there is none.
-  absl::StatusOr<kv::KvConnection*> ConnectionTo(const std::string& endpoint);
-  void Fail(const std::shared_ptr<KvPush>& push, const std::string& endpoint,
+  static std::vector<std::string> NamesOf(
+      const std::vector<std::unique_ptr<Lane>>& lanes);
+  Lane* LaneOf(const kv::KvOffer& offer) const;
+  // The push's connection: the one of its chosen offer, or else the first
+  // offer (best first) that connects; every offer's error when none does.
+  absl::StatusOr<Link> LinkFor(KvPush& push);
+  // The cached connection to `offer`, connecting when there is none; sets
+  // `*is_new` when it connected.
+  absl::StatusOr<kv::KvConnection*> ConnectionTo(const kv::KvOffer& offer,
+                                                 Lane& lane, bool* is_new);
+  void Fail(const std::shared_ptr<KvPush>& push, const kv::KvOffer* offer,
             absl::Status why);
 
-  const std::unique_ptr<kv::KvTransport> transport_;
-  const kv::RegionId local_region_;
+  const std::vector<std::unique_ptr<Lane>> lanes_;
+  const std::vector<std::string> transport_names_;
   const int32_t local_blocks_;
   const KvBlockLayout layout_;
   FailureCallback on_failure_;  // Pusher thread only.
 
-  // Pusher thread only.
+  // Pusher thread only. Keyed by transport name + '\n' + endpoint.
   absl::flat_hash_map<std::string, std::unique_ptr<kv::KvConnection>>
       connections_;
+  // Offers whose connect failed, until when they are passed over.
+  absl::flat_hash_map<std::string, absl::Time> failed_connects_;
   std::vector<kv::WriteOp> ops_;  // Scratch.
 
   absl::Mutex mu_;

@@ -24,7 +24,15 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(std::string, worker_id, "",
           "Name in load reports (default: prefill-<port>)");
 ABSL_FLAG(std::string, kv_transport, "tcp",
-          "kv_transfer transport the KV is pushed with");
+          "kv_transfer transports the KV may be pushed with, a comma list "
+          "(e.g. ucx:shm,tcp). Names: tcp; ucx (UCX_TLS from the "
+          "environment), ucx:shm, ucx:tcp, ucx:TLS+LIST (UCX transports "
+          "joined with '+'); cuda_ipc, nccl when built. Each request goes "
+          "over the best transport the decode worker also offers, by the "
+          "ranking in kv_transfer/negotiation.h (cuda_ipc, nccl, ucx over "
+          "RDMA, ucx:shm, ucx:tcp / ucx, tcp), falling back to the next "
+          "when a connect fails; the choice is logged and counted in load "
+          "reports (pdctl status)");
 ABSL_FLAG(int64_t, transfer_timeout_ms, 10000,
           "Limit on every wait of a KV transfer; past it the call fails with "
           "DEADLINE_EXCEEDED");

@@ -60,18 +60,22 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
   }
   PD_ASSIGN_OR_RETURN(std::unique_ptr<EngineLoop> loop,
                       EngineLoop::Start(options.engine));
+  PD_ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                      kv::ParseKvTransportList(options.kv_transport));
   kv::TransportOptions transport_options;
   transport_options.io_timeout = options.transfer_timeout;
-  PD_ASSIGN_OR_RETURN(
-      std::unique_ptr<kv::KvTransport> transport,
-      kv::CreateKvTransport(options.kv_transport, transport_options));
+  std::vector<std::unique_ptr<kv::KvTransport>> transports;
+  for (const std::string& name : names) {
+    PD_ASSIGN_OR_RETURN(transports.emplace_back(),
+                        kv::CreateKvTransport(name, transport_options));
+  }
 
   std::unique_ptr<PrefillWorker> worker(
       new PrefillWorker(options, std::move(loop)));
   PrefillWorker* w = worker.get();
   PD_ASSIGN_OR_RETURN(
       worker->pusher_,
-      KvPusher::Create(std::move(transport), w->loop_->kv_memory(),
+      KvPusher::Create(std::move(transports), w->loop_->kv_memory(),
                        w->loop_->num_kv_blocks(), w->loop_->kv_layout(),
                        [w](const std::shared_ptr<KvPush>& push) {
                          w->CancelInEngine(push);
@@ -85,7 +89,7 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
   PD_LOG(INFO) << "prefill worker: model " << options.engine.model << ", "
                << w->loop_->num_kv_blocks() << " KV blocks of "
                << options.engine.block_size << " tokens, KV pushed over "
-               << w->pusher_->transport_name();
+               << kv::FormatKvTransportList(w->pusher_->transport_names());
   return worker;
 }
 
@@ -133,7 +137,7 @@ void PrefillWorker::PostToLoop(EngineLoop::Command command) {
   if (!loop_gone_) loop_->Post(std::move(command));
 }
 
-absl::Status PrefillWorker::CheckRequest(
+absl::StatusOr<std::vector<kv::KvOffer>> PrefillWorker::CheckRequest(
     const wire::PrefillRequest& request) const {
   if (!request.has_request() || !request.has_landing()) {
     return absl::InvalidArgumentError(
@@ -160,13 +164,6 @@ absl::Status PrefillWorker::CheckRequest(
         "the landing's KV layout {", landing.layout().ShortDebugString(),
         "} differs from this worker's {", want.ShortDebugString(), "}"));
   }
-  if (landing.transport() != pusher_->transport_name()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the landing asks for KV transport '", landing.transport(),
-                     "'; this worker has '", pusher_->transport_name(), "'"));
-  }
-  if (landing.endpoint().empty())
-    return absl::InvalidArgumentError("the landing has no endpoint");
   if (landing.pool_blocks() == 0 || landing.pool_blocks() > (1u << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("landing pool of ", landing.pool_blocks(), " blocks"));
@@ -185,7 +182,20 @@ absl::Status PrefillWorker::CheckRequest(
                        landing.pool_blocks(), ")"));
     }
   }
-  return absl::OkStatus();
+  // The transports: the offers, or the single one of an older landing.
+  std::vector<kv::KvOffer> offered;
+  for (const wire::KvOffer& o : landing.offers()) {
+    if (offered.size() > kv::kMaxKvOffers) break;  // Refused just below.
+    offered.push_back({.transport = o.transport(),
+                      .endpoint = o.endpoint(),
+                      .region = kv::RegionId(o.region_id())});
+  }
+  if (offered.empty() && !landing.transport().empty()) {
+    offered.push_back({.transport = landing.transport(),
+                      .endpoint = landing.endpoint(),
+                      .region = kv::RegionId(landing.region_id())});
+  }
+  return kv::ChooseKvOffers(offered, pusher_->transport_names());
 }
 
 grpc::ServerUnaryReactor* PrefillWorker::Prefill(
@@ -196,15 +206,15 @@ grpc::ServerUnaryReactor* PrefillWorker::Prefill(
     ++in_flight_;
   }
   auto* call = new PrefillCall(this, request, response);
-  if (absl::Status s = CheckRequest(*request); !s.ok()) {
-    call->Finish(ToGrpcStatus(s));
+  absl::StatusOr<std::vector<kv::KvOffer>> offers = CheckRequest(*request);
+  if (!offers.ok()) {
+    call->Finish(ToGrpcStatus(offers.status()));
     return call;
   }
   const wire::Landing& landing = request->landing();
   const int32_t bs = loop_->kv_layout().block_size;
   KvLandingTarget target{
-      .endpoint = landing.endpoint(),
-      .remote_region = kv::RegionId(landing.region_id()),
+      .offers = *std::move(offers),
       .remote_pool_blocks = static_cast<int32_t>(landing.pool_blocks())};
   const int32_t needed = (request->request().prompt_size() + bs - 1) / bs;
   target.block_ids.reserve(needed);
@@ -327,6 +337,13 @@ grpc::ServerUnaryReactor* PrefillWorker::GetLoad(
   response->set_model(options_.engine.model);
   ToWire(loop_->kv_layout(), response->mutable_layout());
   ToWire(load, response);
+  for (const KvTransportCounters& c : pusher_->counters()) {
+    wire::KvTransportCounters* out = response->add_kv_transports();
+    out->set_transport(c.transport);
+    out->set_pushes(c.pushes);
+    out->set_bytes(c.bytes);
+    out->set_fallbacks(c.fallbacks);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -44,8 +44,10 @@ struct PrefillWorkerOptions {
   EngineConfig engine;
   // Name in load reports; set_worker_id can set it later. Default: empty.
   std::string worker_id;
-  // kv_transfer transport the KV is pushed with; landings must name it.
-  // Default: "tcp".
+  // kv_transfer transports the KV may be pushed with: a comma list
+  // (kv::ParseKvTransportList). Each landing's KV goes over the best one
+  // the decode worker also offers (kv_transfer/negotiation.h). Default:
+  // "tcp".
   std::string kv_transport = "tcp";
   // Limit on every wait of a KV transfer (connect, a write's
   // acknowledgement, the notification's); past it the Prefill call fails
@@ -86,8 +88,10 @@ class PrefillWorker final
 
   PrefillWorker(const PrefillWorkerOptions& options,
                 std::unique_ptr<EngineLoop> loop);
-  // The checks that need no engine state; the status to fail the call with.
-  absl::Status CheckRequest(const internal::v1::PrefillRequest& request) const;
+  // The checks that need no engine state: the landing's usable offers,
+  // best first, or the status to fail the call with.
+  absl::StatusOr<std::vector<kv::KvOffer>> CheckRequest(
+      const internal::v1::PrefillRequest& request) const;
   // Loop thread.
   void Start(PrefillCall* call, Generator& generator);
   void OnLayer(int32_t layer, std::span<const ComputedKv> computed);

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -181,10 +182,15 @@ class TestPrefill {
     auto layout = FromWire(landing.layout());
     ASSERT_TRUE(layout.ok()) << layout.status();
     ASSERT_EQ(*layout, runner_->kv_layout());
-    ASSERT_EQ(landing.transport(), "tcp");
+    // The landing's tcp offer (the worker may offer more transports).
+    const wire::KvOffer* tcp = nullptr;
+    for (const wire::KvOffer& o : landing.offers()) {
+      if (o.transport() == "tcp") tcp = &o;
+    }
+    ASSERT_NE(tcp, nullptr);
     const std::vector<BlockId> dst(landing.block_ids().begin(),
                                    landing.block_ids().end());
-    kv::KvConnection& connection = ConnectionTo(landing.endpoint());
+    kv::KvConnection& connection = ConnectionTo(tcp->endpoint());
     for (const Written& w : written_) {
       std::vector<kv::WriteOp> ops;
       ForEachKvRange(
@@ -193,14 +199,14 @@ class TestPrefill {
           w.end, [&](size_t src, size_t to, size_t length) {
             ops.push_back({.local_region = region_,
                            .local_offset = src,
-                           .remote_region = kv::RegionId(landing.region_id()),
+                           .remote_region = kv::RegionId(tcp->region_id()),
                            .remote_offset = to,
                            .length = length});
           });
       ASSERT_TRUE(connection.Write(ops).ok());
     }
     generator_->ReleaseKv(id);
-    Notify(landing.endpoint(), id, num_tokens);
+    Notify(tcp->endpoint(), id, num_tokens);
   }
 
   void Notify(const std::string& endpoint, RequestId id, uint32_t num_tokens) {
@@ -435,7 +441,7 @@ TEST_F(DecodeWorkerTest, CancelMidStreamFreesTheBlocks) {
   wire::Landing landing;
   ASSERT_TRUE(Reserve(2, 8 + 1900, &landing).ok());
   TestPrefill prefill;
-  prefill.Notify(landing.endpoint(), RequestId(2), 8);
+  prefill.Notify(landing.offers(0).endpoint(), RequestId(2), 8);
   wire::DecodeRequest d =
       MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(1900)});
   d.mutable_first_token()->set_token_id(7);
@@ -471,8 +477,9 @@ TEST_F(DecodeWorkerTest, LandingDescribesThePool) {
   EXPECT_EQ(landing.block_ids_size(), 3);  // 40 tokens in blocks of 16.
   EXPECT_EQ(landing.decode_worker_id(),
             absl::StrCat("decode-", server_->port()));
-  EXPECT_EQ(landing.transport(), "tcp");
-  EXPECT_FALSE(landing.endpoint().empty());
+  ASSERT_EQ(landing.offers_size(), 1);
+  EXPECT_EQ(landing.offers(0).transport(), "tcp");
+  EXPECT_FALSE(landing.offers(0).endpoint().empty());
   EXPECT_EQ(landing.layout().block_size(), 16u);
   EXPECT_EQ(landing.layout().num_layers(), 4u);
   EXPECT_EQ(landing.layout().dtype(), "F32");
@@ -486,6 +493,48 @@ TEST_F(DecodeWorkerTest, LandingDescribesThePool) {
   EXPECT_EQ(load.reservations(), 1u);
   EXPECT_EQ(load.layout().num_kv_heads(), landing.layout().num_kv_heads());
   EXPECT_TRUE(Release(1).ok());
+}
+
+bool HasKvTransport(const std::string& name) {
+  const std::vector<std::string> built = kv::AvailableKvTransports();
+  return std::find(built.begin(), built.end(), name) != built.end();
+}
+
+TEST_F(DecodeWorkerTest, LandingOffersEveryTransportInPreferenceOrder) {
+  if (!HasKvTransport("ucx:shm")) GTEST_SKIP() << "ucx is not built";
+  DecodeServerOptions options = Options();
+  options.worker.kv_transport = "ucx:shm,tcp";
+  Start(options);
+  wire::Landing landing;
+  ASSERT_TRUE(Reserve(1, 40, &landing).ok());
+  ASSERT_EQ(landing.offers_size(), 2);
+  EXPECT_EQ(landing.offers(0).transport(), "ucx:shm");
+  EXPECT_TRUE(landing.offers(0).endpoint().starts_with("ucx://"));
+  EXPECT_EQ(landing.offers(1).transport(), "tcp");
+  EXPECT_FALSE(landing.offers(1).endpoint().empty());
+  EXPECT_TRUE(landing.transport().empty()) << "the single-offer fields stay unset";
+  EXPECT_TRUE(Release(1).ok());
+  // KV and its notification arriving over the second offer work as well.
+  TestPrefill prefill;
+  const GenerationRequest r{RequestId(2), RandomPrompt(70, 5), Greedy(12)};
+  ExpectSameTokens(Disaggregated(prefill, r), RunOnEngine(r));
+}
+
+TEST(DecodeWorkerOptionsTest, BadTransportListsAreRefused) {
+  auto code = [](const std::string& list) {
+    DecodeWorkerOptions o;
+    o.engine.kv_cache_bytes = kPoolBytes;
+    o.engine.num_threads = 1;
+    o.kv_transport = list;
+    return DecodeWorker::Create(o).status().code();
+  };
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(code(""), kInvalid);
+  EXPECT_EQ(code("tcp,"), kInvalid);
+  EXPECT_EQ(code("tcp,tcp"), kInvalid);
+  EXPECT_EQ(code("tcp,a,b,c,d,e,f,g,h"), kInvalid) << "more than 8";
+  EXPECT_EQ(code("tcp,carrier-pigeon"), absl::StatusCode::kNotFound);
+  EXPECT_EQ(code("tcp,inproc"), absl::StatusCode::kOk);
 }
 
 TEST_F(DecodeWorkerTest, UnusedReservationExpiresAndFreesItsBlocks) {
@@ -605,25 +654,25 @@ TEST_F(DecodeWorkerTest, BadDecodesAreRefused) {
   EXPECT_EQ(code(MakeDecode(good)), grpc::StatusCode::INVALID_ARGUMENT);
   TestPrefill prefill;
   // A first token outside the vocabulary; the reservation goes with it.
-  prefill.Notify(landing.endpoint(), RequestId(1), 8);
+  prefill.Notify(landing.offers(0).endpoint(), RequestId(1), 8);
   d = MakeDecode(good);
   d.mutable_first_token()->set_token_id(258);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Load().reservations(), 0u);
   // KvComplete for fewer tokens than the prompt has.
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
-  prefill.Notify(landing.endpoint(), RequestId(1), 5);
+  prefill.Notify(landing.offers(0).endpoint(), RequestId(1), 5);
   d = MakeDecode(good);
   d.mutable_first_token()->set_token_id(7);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
   // max_tokens 1: the first token was the last.
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
-  prefill.Notify(landing.endpoint(), RequestId(1), 8);
+  prefill.Notify(landing.offers(0).endpoint(), RequestId(1), 8);
   d.mutable_request()->set_max_tokens(1);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
   // A reservation smaller than prompt + max_tokens.
   ASSERT_TRUE(Reserve(1, 16, &landing).ok());
-  prefill.Notify(landing.endpoint(), RequestId(1), 8);
+  prefill.Notify(landing.offers(0).endpoint(), RequestId(1), 8);
   d.mutable_request()->set_max_tokens(20);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
 }
@@ -654,18 +703,18 @@ TEST_F(DecodeWorkerTest, NotificationsThatAreNotOursAreIgnored) {
   const GenerationRequest r{RequestId(1), RandomPrompt(8, 1), Greedy(4)};
   wire::Landing landing;
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
-  kv::KvConnection& conn = prefill.ConnectionTo(landing.endpoint());
+  kv::KvConnection& conn = prefill.ConnectionTo(landing.offers(0).endpoint());
   EXPECT_TRUE(conn.Notify("\xff\xff not a proto").ok());
   EXPECT_TRUE(conn.Notify("").ok());
   EXPECT_TRUE(conn.Notify(std::string(1000, '\x0a')).ok());
-  prefill.Notify(landing.endpoint(), RequestId(12345), 8);  // Unknown id.
-  prefill.Notify(landing.endpoint(), RequestId(0), 8);
+  prefill.Notify(landing.offers(0).endpoint(), RequestId(12345), 8);  // Unknown id.
+  prefill.Notify(landing.offers(0).endpoint(), RequestId(0), 8);
   // Raw bytes on the KV port that are no frame at all.
   {
-    const size_t colon = landing.endpoint().rfind(':');
+    const size_t colon = landing.offers(0).endpoint().rfind(':');
     ASSERT_NE(colon, std::string::npos);
     int port = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(landing.endpoint().substr(colon + 1), &port));
+    ASSERT_TRUE(absl::SimpleAtoi(landing.offers(0).endpoint().substr(colon + 1), &port));
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -705,7 +754,7 @@ TEST_F(DecodeWorkerTest, CancelWhileWaitingForABatchSlotFreesBlocks) {
   wire::Landing landing;
   ASSERT_TRUE(Reserve(2, 20, &landing).ok());
   TestPrefill prefill;
-  prefill.Notify(landing.endpoint(), RequestId(2), 8);
+  prefill.Notify(landing.offers(0).endpoint(), RequestId(2), 8);
   wire::DecodeRequest d = MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(10)});
   d.mutable_first_token()->set_token_id(7);
   EXPECT_EQ(Decode(d, absl::Milliseconds(100)).status.error_code(),

@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <functional>
 #include <future>
 #include <map>
 #include <random>
@@ -20,6 +22,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
+#include "kv_transfer/negotiation.h"
 #include "kv_transfer/transport.h"
 #include "prefill_worker/prefill_server.h"
 #include "proto/convert.h"
@@ -108,8 +111,10 @@ class PrefillWorkerTest : public ::testing::Test {
     return *std::move(r);
   }
 
-  void StartServer(absl::Duration transfer_timeout = absl::Seconds(5)) {
+  void StartServer(absl::Duration transfer_timeout = absl::Seconds(5),
+                   const std::string& kv_transport = "tcp") {
     PrefillServerOptions o;
+    o.worker.kv_transport = kv_transport;
     o.worker.engine.kv_cache_bytes = size_t{16} << 20;
     o.worker.engine.num_threads = 1;
     o.worker.engine.max_batch_tokens = kChunk;
@@ -129,9 +134,10 @@ class PrefillWorkerTest : public ::testing::Test {
     EXPECT_TRUE(blocks.ok()) << blocks.status();
     if (!blocks.ok()) return landing;
     landing.set_decode_worker_id("test-decode");
-    landing.set_transport("tcp");
-    landing.set_endpoint(receiver_->endpoint());
-    landing.set_region_id(region_.value);
+    internal::v1::KvOffer* offer = landing.add_offers();
+    offer->set_transport("tcp");
+    offer->set_endpoint(receiver_->endpoint());
+    offer->set_region_id(region_.value);
     landing.set_pool_blocks(decode_runner_->num_kv_blocks());
     ToWire(decode_runner_->kv_layout(), landing.mutable_layout());
     for (BlockId b : *blocks) landing.add_block_ids(b.value);
@@ -188,11 +194,14 @@ class PrefillWorkerTest : public ::testing::Test {
     return out;
   }
 
-  // The next `n` KvComplete notifications: num_tokens by request id.
-  std::map<uint64_t, uint32_t> Notifications(size_t n) {
+  // The next `n` KvComplete notifications (on `receiver`, default the tcp
+  // one): num_tokens by request id.
+  std::map<uint64_t, uint32_t> Notifications(
+      size_t n, kv::KvTransport* receiver = nullptr) {
+    if (receiver == nullptr) receiver = receiver_.get();
     std::map<uint64_t, uint32_t> got;
     for (size_t i = 0; i < n; ++i) {
-      auto note = receiver_->WaitNotification(absl::Seconds(5));
+      auto note = receiver->WaitNotification(absl::Seconds(5));
       EXPECT_TRUE(note.ok()) << note.status();
       if (!note.ok()) break;
       KvComplete complete;
@@ -220,13 +229,17 @@ class PrefillWorkerTest : public ::testing::Test {
     return out;
   }
 
-  // Prefill on the service, decode on the test's pool.
-  std::vector<int32_t> Disaggregated(const GenerationRequest& r) {
+  // Prefill on the service, decode on the test's pool. `edit` changes the
+  // landing first; the KV must arrive on `receiver` (default: the tcp one).
+  std::vector<int32_t> Disaggregated(
+      const GenerationRequest& r,
+      const std::function<void(Landing&)>& edit = nullptr,
+      kv::KvTransport* receiver = nullptr) {
     const int32_t prompt_len = static_cast<int32_t>(r.prompt.size());
+    Landing landing = Reserve(r.id, prompt_len + r.sampling.max_tokens);
+    if (edit) edit(landing);
     PrefillResponse resp;
-    const grpc::Status s = Prefill(
-        MakeRequest(r, Reserve(r.id, prompt_len + r.sampling.max_tokens)),
-        &resp);
+    const grpc::Status s = Prefill(MakeRequest(r, landing), &resp);
     EXPECT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
     if (!s.ok()) {
       decode_->ReleaseReservation(r.id);
@@ -234,7 +247,7 @@ class PrefillWorkerTest : public ::testing::Test {
     }
     // The notification names the request and its whole prompt, and (the
     // tcp transport orders it after the writes) every byte has landed.
-    EXPECT_EQ(Notifications(1),
+    EXPECT_EQ(Notifications(1, receiver),
               (std::map<uint64_t, uint32_t>{{r.id.value, prompt_len}}));
     const KvBlockLayout& layout = decode_runner_->kv_layout();
     EXPECT_EQ(resp.kv_bytes(), static_cast<uint64_t>(prompt_len) * 2 *
@@ -374,7 +387,7 @@ TEST_F(PrefillWorkerTest, LayoutOrTransportMismatchIsFailedPrecondition) {
   EXPECT_EQ(PrefillTo(landing).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   landing = ScratchLanding();
-  landing.set_transport("carrier-pigeon");
+  landing.mutable_offers(0)->set_transport("carrier-pigeon");
   EXPECT_EQ(PrefillTo(landing).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(receiver_->WaitNotification(absl::Milliseconds(50)).status().code(),
@@ -415,7 +428,7 @@ TEST_F(PrefillWorkerTest, BadRequestsAreInvalidArgument) {
   outside.set_block_ids(3, -1);
   EXPECT_EQ(code(ok, outside), kInvalid) << "negative block id";
   Landing no_endpoint = landing;
-  no_endpoint.clear_endpoint();
+  no_endpoint.mutable_offers(0)->clear_endpoint();
   EXPECT_EQ(code(ok, no_endpoint), kInvalid);
   PrefillRequest no_landing;
   ToWire(ok, no_landing.mutable_request());
@@ -434,7 +447,7 @@ TEST_F(PrefillWorkerTest, UnreachableLandingIsUnavailableAndFreesTheBlocks) {
     closed = (*gone)->endpoint();
   }
   Landing landing = ScratchLanding();
-  landing.set_endpoint(closed);
+  landing.mutable_offers(0)->set_endpoint(closed);
   for (int len : {10, 200}) {
     const grpc::Status s = PrefillTo(landing, len);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
@@ -450,7 +463,7 @@ TEST_F(PrefillWorkerTest, UnreachableLandingIsUnavailableAndFreesTheBlocks) {
 TEST_F(PrefillWorkerTest, RangesThePeerRefusesFailWithItsCode) {
   StartServer();
   Landing landing = ScratchLanding();
-  landing.set_region_id(region_.value + 17);
+  landing.mutable_offers(0)->set_region_id(region_.value + 17);
   grpc::Status s = PrefillTo(landing);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
   // The landing claims a bigger pool than the peer registered.
@@ -473,7 +486,7 @@ TEST_F(PrefillWorkerTest, StalledLandingTimesOutAsDeadlineExceeded) {
   StartServer(/*transfer_timeout=*/absl::Milliseconds(300));
   BlackHole hole;
   Landing landing = ScratchLanding();
-  landing.set_endpoint(hole.endpoint());
+  landing.mutable_offers(0)->set_endpoint(hole.endpoint());
   const absl::Time start = absl::Now();
   const grpc::Status s = PrefillTo(landing, 150);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
@@ -485,7 +498,7 @@ TEST_F(PrefillWorkerTest, ClientDeadlineReleasesTheBlocksOnceThePusherLetsGo) {
   StartServer(/*transfer_timeout=*/absl::Seconds(2));
   BlackHole hole;
   Landing landing = ScratchLanding();
-  landing.set_endpoint(hole.endpoint());
+  landing.mutable_offers(0)->set_endpoint(hole.endpoint());
   const absl::Time start = absl::Now();
   const grpc::Status s =
       PrefillTo(landing, 150, /*deadline=*/absl::Milliseconds(600));
@@ -525,7 +538,7 @@ TEST_F(PrefillWorkerTest, ClientCancelReleasesTheBlocksAndTheIdCanBeUsedAgain) {
   StartServer(/*transfer_timeout=*/absl::Seconds(1));
   BlackHole hole;
   Landing landing = ScratchLanding();
-  landing.set_endpoint(hole.endpoint());
+  landing.mutable_offers(0)->set_endpoint(hole.endpoint());
   const GenerationRequest r{RequestId(1), RandomPrompt(150, 4), Greedy(8)};
   grpc::ClientContext ctx;
   PrefillResponse resp;
@@ -561,6 +574,206 @@ TEST_F(PrefillWorkerTest, GetLoadDescribesTheWorker) {
   EXPECT_EQ(load.free_blocks(), load.total_blocks());
   EXPECT_EQ(load.running() + load.waiting(), 0u);
   EXPECT_EQ(load.pending_prompt_tokens(), 0u);
+  ASSERT_EQ(load.kv_transports_size(), 1);
+  EXPECT_EQ(load.kv_transports(0).transport(), "tcp");
+  EXPECT_EQ(load.kv_transports(0).pushes(), 0u);
+}
+
+// --- Transport negotiation (kv_transfer/negotiation.h) ---
+
+bool HasKvTransport(const std::string& name) {
+  const std::vector<std::string> built = kv::AvailableKvTransports();
+  return std::find(built.begin(), built.end(), name) != built.end();
+}
+
+internal::v1::KvTransportCounters CountersOf(const LoadReport& load,
+                                             const std::string& transport) {
+  for (const auto& c : load.kv_transports()) {
+    if (c.transport() == transport) return c;
+  }
+  ADD_FAILURE() << "no counters for " << transport;
+  return {};
+}
+
+// Puts `offer` first in the landing's offers.
+void PrependOffer(Landing& landing, const std::string& transport,
+                  const std::string& endpoint, kv::RegionId region) {
+  internal::v1::KvOffer offer;
+  offer.set_transport(transport);
+  offer.set_endpoint(endpoint);
+  offer.set_region_id(region.value);
+  landing.mutable_offers()->Add(std::move(offer));
+  std::rotate(landing.mutable_offers()->rbegin(),
+              landing.mutable_offers()->rbegin() + 1,
+              landing.mutable_offers()->rend());
+}
+
+// The decode side offers [ucx:shm, tcp]: a tcp-only prefill worker takes
+// tcp; one that runs both takes ucx:shm, which ranks higher.
+TEST_F(PrefillWorkerTest, PicksTheBestTransportBothSidesRun) {
+  if (!HasKvTransport("ucx:shm")) GTEST_SKIP() << "ucx is not built";
+  auto shm = kv::CreateKvTransport("ucx:shm", {});
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  auto shm_region = (*shm)->RegisterMemory(decode_runner_->kv_memory());
+  ASSERT_TRUE(shm_region.ok());
+  auto offer_both = [&](Landing& landing) {
+    PrependOffer(landing, "ucx:shm", (*shm)->endpoint(), *shm_region);
+  };
+
+  StartServer(absl::Seconds(5), "tcp");
+  const GenerationRequest r1{RequestId(1), RandomPrompt(90, 1), Greedy(8)};
+  EXPECT_EQ(Disaggregated(r1, offer_both, receiver_.get()), Colocated(r1));
+  LoadReport load = GetLoad();
+  ASSERT_EQ(load.kv_transports_size(), 1);
+  EXPECT_EQ(CountersOf(load, "tcp").pushes(), 1u);
+  EXPECT_GT(CountersOf(load, "tcp").bytes(), 0u);
+
+  TearDown();
+  server_.reset();
+  StartServer(absl::Seconds(5), "tcp,ucx:shm");
+  const GenerationRequest r2{RequestId(2), RandomPrompt(90, 2), Seeded(8, 3)};
+  EXPECT_EQ(Disaggregated(r2, offer_both, shm->get()), Colocated(r2));
+  load = GetLoad();
+  ASSERT_EQ(load.kv_transports_size(), 2);
+  EXPECT_EQ(CountersOf(load, "ucx:shm").pushes(), 1u);
+  EXPECT_GT(CountersOf(load, "ucx:shm").bytes(), 0u);
+  EXPECT_EQ(CountersOf(load, "ucx:shm").fallbacks(), 0u);
+  EXPECT_EQ(CountersOf(load, "tcp").pushes(), 0u);
+  EXPECT_EQ(CountersOf(load, "tcp").bytes(), 0u);
+  // Nothing arrived over tcp.
+  EXPECT_EQ(receiver_->WaitNotification(absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  TearDown();
+  server_.reset();  // Before the ucx receiver it wrote to.
+}
+
+// The first offer names a closed port: the push falls back to the next
+// one, the request still gives the colocated tokens, and the fallback is
+// counted. While the dead offer is fresh in memory it is passed over.
+TEST_F(PrefillWorkerTest, FallsBackPastAnOfferThatDoesNotConnect) {
+  std::string closed;
+  {
+    auto gone = kv::CreateKvTransport("tcp", {});
+    ASSERT_TRUE(gone.ok());
+    closed = (*gone)->endpoint();
+  }
+  StartServer();
+  // Two tcp offers rank alike, so the landing's order decides.
+  auto dead_first = [&](Landing& landing) {
+    PrependOffer(landing, "tcp", closed, region_);
+  };
+  for (uint64_t id : {1, 2}) {
+    const GenerationRequest r{RequestId(id), RandomPrompt(80, id), Greedy(8)};
+    EXPECT_EQ(Disaggregated(r, dead_first), Colocated(r)) << id;
+  }
+  const LoadReport load = GetLoad();
+  EXPECT_EQ(CountersOf(load, "tcp").pushes(), 2u);
+  EXPECT_EQ(CountersOf(load, "tcp").fallbacks(), 2u);
+}
+
+TEST_F(PrefillWorkerTest, NoCommonTransportIsFailedPreconditionNamingBoth) {
+  StartServer();
+  Landing landing = ScratchLanding();
+  landing.mutable_offers(0)->set_transport("cuda_ipc");
+  PrependOffer(landing, "nccl", "somewhere", region_);
+  const grpc::Status s = PrefillTo(landing);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("'nccl', 'cuda_ipc'"), std::string::npos)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("runs 'tcp'"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(receiver_->WaitNotification(absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(PrefillWorkerTest, MalformedOffersAreInvalidArgument) {
+  StartServer();
+  const Landing good = ScratchLanding();
+  auto code = [&](const Landing& landing) {
+    return PrefillTo(landing).error_code();
+  };
+  constexpr auto kInvalid = grpc::StatusCode::INVALID_ARGUMENT;
+  Landing none = good;
+  none.clear_offers();
+  EXPECT_EQ(code(none), kInvalid) << "no offer";
+  Landing many = good;
+  for (int i = 0; i < 8; ++i) *many.add_offers() = good.offers(0);
+  EXPECT_EQ(code(many), kInvalid) << "9 offers";
+  Landing no_name = good;
+  PrependOffer(no_name, "", receiver_->endpoint(), region_);
+  EXPECT_EQ(code(no_name), kInvalid) << "an offer without a name";
+  Landing huge = good;
+  PrependOffer(huge, "tcp", std::string(5000, 'x'), region_);
+  EXPECT_EQ(code(huge), kInvalid) << "a 5000-byte endpoint";
+  EXPECT_EQ(receiver_->WaitNotification(absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // The worker still serves a good landing.
+  const GenerationRequest r{RequestId(1), RandomPrompt(30, 2), Greedy(6)};
+  EXPECT_EQ(Disaggregated(r), Colocated(r));
+}
+
+// A landing from before offers (the single transport, endpoint, region_id
+// fields) is read as one offer.
+TEST_F(PrefillWorkerTest, SingleOfferLandingOfOlderDecodeWorkersWorks) {
+  StartServer();
+  const GenerationRequest r{RequestId(1), RandomPrompt(50, 4), Greedy(6)};
+  EXPECT_EQ(Disaggregated(r,
+                          [](Landing& landing) {
+                            const internal::v1::KvOffer offer =
+                                landing.offers(0);
+                            landing.clear_offers();
+                            landing.set_transport(offer.transport());
+                            landing.set_endpoint(offer.endpoint());
+                            landing.set_region_id(offer.region_id());
+                          }),
+            Colocated(r));
+}
+
+TEST(KvNegotiationTest, RankingFollowsLocality) {
+  const std::vector<std::string> best_first = {
+      "cuda_ipc", "nccl",  "ucx:rc_verbs,sm", "ucx:shm",
+      "ucx:tcp",  "tcp",   "inproc",          "carrier-pigeon"};
+  for (size_t i = 0; i + 1 < best_first.size(); ++i) {
+    EXPECT_LT(kv::KvTransportRank(best_first[i]),
+              kv::KvTransportRank(best_first[i + 1]))
+        << best_first[i] << " vs " << best_first[i + 1];
+  }
+  EXPECT_EQ(kv::KvTransportRank("ucx"), kv::KvTransportRank("ucx:tcp"));
+  EXPECT_EQ(kv::KvTransportRank("ucx:sm,self"), kv::KvTransportRank("ucx:shm"));
+  EXPECT_EQ(kv::KvTransportRank("ucx:dc_mlx5"), kv::KvTransportRank("ucx:rc"));
+  EXPECT_EQ(kv::KvTransportRank("ucx:tcp,sm"), kv::KvTransportRank("ucx:tcp"));
+}
+
+TEST(KvNegotiationTest, ChoosesCommonOffersBestFirstKeepingTheirOrderOnTies) {
+  const std::vector<kv::KvOffer> theirs = {{"tcp", "a", kv::RegionId(1)},
+                                           {"ucx:tcp", "b", kv::RegionId(2)},
+                                           {"ucx", "c", kv::RegionId(3)},
+                                           {"ucx:shm", "d", kv::RegionId(4)}};
+  const std::vector<std::string> ours = {"tcp", "ucx", "ucx:tcp", "ucx:shm"};
+  auto chosen = kv::ChooseKvOffers(theirs, ours);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  std::vector<std::string> endpoints;
+  for (const kv::KvOffer& o : *chosen) endpoints.push_back(o.endpoint);
+  EXPECT_EQ(endpoints, (std::vector<std::string>{"d", "b", "c", "a"}));
+  const std::vector<std::string> tcp_only = {"tcp"};
+  chosen = kv::ChooseKvOffers(theirs, tcp_only);
+  ASSERT_TRUE(chosen.ok());
+  ASSERT_EQ(chosen->size(), 1u);
+  EXPECT_EQ((*chosen)[0].region, kv::RegionId(1));
+}
+
+TEST(KvNegotiationTest, ParsesTransportLists) {
+  auto names = kv::ParseKvTransportList("ucx:shm,tcp");
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(*names, (std::vector<std::string>{"ucx:shm", "tcp"}));
+  names = kv::ParseKvTransportList("ucx:rc_verbs+sm,tcp");
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(*names, (std::vector<std::string>{"ucx:rc_verbs,sm", "tcp"}));
+  for (const char* bad : {"", ",", "tcp,", "tcp,tcp", "a,b,c,d,e,f,g,h,i"}) {
+    EXPECT_EQ(kv::ParseKvTransportList(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << "'" << bad << "'";
+  }
 }
 
 }  // namespace

@@ -149,8 +149,9 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
                           "fake: duplicate id");
     }
     landing->set_decode_worker_id("fake-decode");
-    landing->set_transport("tcp");
-    landing->set_endpoint("127.0.0.1:1");
+    wire::KvOffer* offer = landing->add_offers();
+    offer->set_transport("tcp");
+    offer->set_endpoint("127.0.0.1:1");
     for (uint32_t i = 0; i < (r->num_tokens() + 15) / 16; ++i)
       landing->add_block_ids(i);
     return grpc::Status::OK;
@@ -316,6 +317,11 @@ class FakePrefillWorker final : public wire::PrefillWorker::Service {
     report->set_role("prefill");
     FillLayout(report);
     report->set_pending_prompt_tokens(behavior_.pending_prompt_tokens);
+    wire::KvTransportCounters* tcp = report->add_kv_transports();
+    tcp->set_transport("tcp");
+    tcp->set_pushes(3);
+    tcp->set_bytes(4096);
+    tcp->set_fallbacks(1);
     return grpc::Status::OK;
   }
 
