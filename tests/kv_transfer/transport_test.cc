@@ -23,6 +23,7 @@
 
 #include "gtest/gtest.h"
 #include "kv_transfer/tcp_frame.h"
+#include "tests/kv_transfer/peer_process.h"
 #include "tests/kv_transfer/transport_names.h"
 
 // UCX 1.13 leaks a shared-memory endpoint whose creation fails (the peer
@@ -311,81 +312,11 @@ INSTANTIATE_TEST_SUITE_P(Transports, TransportTest,
                          ::testing::ValuesIn(HostMemoryTransports()),
                          TransportTestName);
 
-// A receiving transport in a child process (kv-transfer-peer).
-class PeerProcess {
- public:
-  static std::unique_ptr<PeerProcess> Start(const std::string& transport,
-                                            size_t bytes, int io_timeout_ms) {
-    int to_child[2], from_child[2];
-    if (::pipe2(to_child, O_CLOEXEC) != 0 ||
-        ::pipe2(from_child, O_CLOEXEC) != 0)
-      return nullptr;
-    const std::string size = std::to_string(bytes),
-                      timeout = std::to_string(io_timeout_ms);
-    const pid_t pid = ::fork();
-    if (pid == 0) {  // Only async-signal-safe calls until exec.
-      ::dup2(to_child[0], 0);
-      ::dup2(from_child[1], 1);
-      ::execl(KV_TRANSFER_PEER, KV_TRANSFER_PEER, transport.c_str(),
-              size.c_str(), timeout.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(to_child[0]);
-    ::close(from_child[1]);
-    auto p = std::unique_ptr<PeerProcess>(
-        new PeerProcess(pid, to_child[1], from_child[0]));
-    std::istringstream hello(p->ReadLine());
-    hello >> p->endpoint >> p->region >> p->peer_pid;
-    if (p->endpoint.empty() || p->peer_pid != pid) return nullptr;
-    return p;
-  }
-  ~PeerProcess() {
-    Kill();
-    ::close(in_);
-    ::close(out_);
-  }
-
-  // One command, one answer line ("" when the peer is gone or silent 10 s).
-  std::string Command(const std::string& line) {
-    const std::string l = line + "\n";
-    if (::write(in_, l.data(), l.size()) != static_cast<ssize_t>(l.size()))
-      return "";
-    return ReadLine();
-  }
-  void Signal(int sig) { ::kill(pid_, sig); }
-  void Kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
-  std::string endpoint;
-  uint32_t region = 0;
-  pid_t peer_pid = 0;
-
- private:
-  PeerProcess(pid_t pid, int in, int out) : pid_(pid), in_(in), out_(out) {}
-  std::string ReadLine() {
-    std::string line;
-    while (true) {
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, 10000) <= 0) return "";
-      char c;
-      if (::read(out_, &c, 1) != 1) return "";
-      if (c == '\n') return line;
-      line.push_back(c);
-    }
-  }
-  pid_t pid_;
-  const int in_, out_;
-};
-
 class CrossProcessTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CrossProcessTest, ScatteredLayersLandByteExactInAnotherProcess) {
   constexpr size_t kBlock = 4096, kBlocks = 48, kLayers = 12;
-  auto peer = PeerProcess::Start(GetParam(), kBlock * kBlocks * kLayers, 5000);
+  auto peer = PeerProcess::Start(KV_TRANSFER_PEER, GetParam(), kBlock * kBlocks * kLayers, 5000);
   ASSERT_NE(peer, nullptr);
   auto sender = CreateKvTransport(GetParam(), SmallLimits());
   ASSERT_TRUE(sender.ok());
@@ -433,7 +364,7 @@ TEST_P(CrossProcessTest, ScatteredLayersLandByteExactInAnotherProcess) {
 }
 
 TEST_P(CrossProcessTest, StoppedPeerTimesOutAndTheConnectionCloses) {
-  auto peer = PeerProcess::Start(GetParam(), 8 << 20, 5000);
+  auto peer = PeerProcess::Start(KV_TRANSFER_PEER, GetParam(), 8 << 20, 5000);
   ASSERT_NE(peer, nullptr);
   std::vector<std::byte> src(8 << 20, std::byte{9});  // Outlives the sender.
   TransportOptions o = SmallLimits();
@@ -474,7 +405,7 @@ TEST_P(CrossProcessTest, StoppedPeerTimesOutAndTheConnectionCloses) {
 
 TEST_P(CrossProcessTest, PeerKilledMidTransferIsUnavailable) {
   constexpr size_t kBytes = 8 << 20, kOp = 64 << 10;
-  auto peer = PeerProcess::Start(GetParam(), kBytes, 5000);
+  auto peer = PeerProcess::Start(KV_TRANSFER_PEER, GetParam(), kBytes, 5000);
   ASSERT_NE(peer, nullptr);
   std::vector<std::byte> src(kBytes, std::byte{3});  // Outlives the sender.
   TransportOptions o;
