@@ -124,6 +124,15 @@ absl::Status ServerStatus(const std::string& server, std::ostream& out) {
   out << "serving: " << (health.serving() ? "true" : "false")
       << " prefill_workers: " << health.prefill_workers()
       << " decode_workers: " << health.decode_workers() << "\n";
+  for (const v1::WorkerStatus& w : health.workers()) {
+    out << "worker: " << w.id() << " role: " << w.role()
+        << " healthy: " << (w.healthy() ? "true" : "false") << "\n";
+    for (const v1::KvTransportUsage& t : w.kv_transports()) {
+      out << "  kv_transport: " << t.transport() << " pushes: " << t.pushes()
+          << " bytes: " << t.bytes() << " fallbacks: " << t.fallbacks()
+          << "\n";
+    }
+  }
   for (const v1::ModelInfo& m : models.models()) {
     out << "model: " << m.name() << " context_length: " << m.context_length()
         << " vocab_size: " << m.vocab_size() << "\n";

@@ -46,8 +46,12 @@ absl::Status GenerateRemote(const std::string& server,
 absl::Status TokenizeRemote(const std::string& server, const std::string& text,
                             bool add_special_tokens, std::ostream& out);
 
-// Prints the server's health and models:
+// Prints the server's health, workers (with the KV pushed per transport by
+// prefill workers) and models:
 //   serving: true prefill_workers: 1 decode_workers: 2
+//   worker: prefill-0 role: prefill healthy: true
+//     kv_transport: ucx:shm pushes: 12 bytes: 3145728 fallbacks: 0
+//   worker: decode-0 role: decode healthy: true
 //   model: NAME context_length: 4096 vocab_size: 258
 absl::Status ServerStatus(const std::string& server, std::ostream& out);
 

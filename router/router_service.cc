@@ -296,6 +296,20 @@ grpc::ServerUnaryReactor* RouterService::Health(
     v1::HealthResponse* response) {
   response->set_prefill_workers(registry_->healthy_prefill());
   response->set_decode_workers(registry_->healthy_decode());
+  for (const WorkerSnapshot& w : registry_->Snapshot()) {
+    v1::WorkerStatus* status = response->add_workers();
+    status->set_id(w.id);
+    status->set_role(w.role == WorkerRole::kPrefill ? "prefill" : "decode");
+    status->set_healthy(w.healthy);
+    for (const internal::v1::KvTransportCounters& c :
+         w.last_report.kv_transports()) {
+      v1::KvTransportUsage* usage = status->add_kv_transports();
+      usage->set_transport(c.transport());
+      usage->set_pushes(c.pushes());
+      usage->set_bytes(c.bytes());
+      usage->set_fallbacks(c.fallbacks());
+    }
+  }
   response->set_serving(response->decode_workers() > 0);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

@@ -3,6 +3,7 @@
 // token, cancellation and deadlines free the decode worker's blocks, a
 // killed prefill worker is retried around, a killed decode worker ends only
 // its own streams, bad requests are refused, and overload is refused.
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/builtin_tiny.h"
@@ -20,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
 #include "nlohmann/json.hpp"
+#include "kv_transfer/transport.h"
 #include "tests/cluster/local_cluster.h"
 
 namespace pdserve {
@@ -134,11 +137,15 @@ std::vector<StreamResult> RunConcurrently(v1::Generation::Stub& stub,
   return results;
 }
 
-void ExpectEqualsColocated(const ClusterSpec& spec) {
+// Runs MixedCases through a cluster of `spec` (the first `num_cases` of
+// them), checks them against the colocated engine, then calls `then`.
+void ExpectEqualsColocated(const ClusterSpec& spec, size_t num_cases = 32,
+                           const std::function<void(LocalCluster&)>& then = nullptr) {
   auto started = LocalCluster::Start(spec);
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
-  const std::vector<Case> cases = MixedCases(spec.prefill * 10 + spec.decode);
+  std::vector<Case> cases = MixedCases(spec.prefill * 10 + spec.decode);
+  cases.resize(std::min(cases.size(), num_cases));
   const std::vector<std::vector<int32_t>> want = Colocated(cases);
   const std::vector<StreamResult> got = RunConcurrently(cluster.router(), cases);
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -148,6 +155,7 @@ void ExpectEqualsColocated(const ClusterSpec& spec) {
     EXPECT_EQ(got[i].usage.prompt_tokens(), cases[i].prompt.size());
     EXPECT_EQ(got[i].usage.completion_tokens(), want[i].size());
   }
+  if (then) then(cluster);
 }
 
 TEST(ClusterTest, OnePrefillOneDecodeEqualsColocated) { ExpectEqualsColocated({.prefill = 1, .decode = 1}); }
@@ -156,6 +164,65 @@ TEST(ClusterTest, TwoPrefillTwoDecodeEqualsColocated) { ExpectEqualsColocated({.
 
 TEST(ClusterTest, WithoutPrefillWorkersDecodeWorkersPrefillLocally) {
   ExpectEqualsColocated({.prefill = 0, .decode = 1});
+}
+
+bool HasKvTransport(const std::string& name) {
+  const std::vector<std::string> built = kv::AvailableKvTransports();
+  return std::find(built.begin(), built.end(), name) != built.end();
+}
+
+// KV pushes per transport of `prefill`, as `pdctl status` shows them (the
+// router's Health, from the worker's load reports), once at least
+// `at_least` pushes are reported.
+std::map<std::string, uint64_t> PushesByTransport(LocalCluster& cluster,
+                                                  const std::string& prefill,
+                                                  uint64_t at_least) {
+  std::map<std::string, uint64_t> pushes;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::HealthResponse health;
+    EXPECT_TRUE(cluster.router().Health(&ctx, {}, &health).ok());
+    pushes.clear();
+    uint64_t total = 0;
+    for (const v1::WorkerStatus& w : health.workers()) {
+      if (w.id() != prefill) continue;
+      for (const v1::KvTransportUsage& t : w.kv_transports()) {
+        pushes[t.transport()] = t.pushes();
+        total += t.pushes();
+      }
+    }
+    if (total >= at_least) break;
+    absl::SleepFor(absl::Milliseconds(100));  // The router polls every 100 ms.
+  }
+  return pushes;
+}
+
+constexpr char kWorkerArgs[] = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
+
+TEST(ClusterTest, OnePrefillOneDecodeOverUcxSharedMemoryEqualsColocated) {
+  if (!HasKvTransport("ucx:shm")) GTEST_SKIP() << "ucx is not built";
+  const std::string args = absl::StrCat(kWorkerArgs, " --kv_transport=ucx:shm");
+  ExpectEqualsColocated({.prefill = 1, .decode = 1, .prefill_args = args, .decode_args = args},
+                        /*num_cases=*/12, [](LocalCluster& cluster) {
+                          EXPECT_EQ(PushesByTransport(cluster, "prefill-0", 12),
+                                    (std::map<std::string, uint64_t>{{"ucx:shm", 12}}));
+                        });
+}
+
+// The decode worker offers ucx:shm and tcp; the prefill worker runs only
+// tcp, so every request's KV goes over tcp.
+TEST(ClusterTest, DecodeOffersUcxAndTcpPrefillRunsTcpEqualsColocated) {
+  if (!HasKvTransport("ucx:shm")) GTEST_SKIP() << "ucx is not built";
+  ExpectEqualsColocated(
+      {.prefill = 1,
+       .decode = 1,
+       .prefill_args = absl::StrCat(kWorkerArgs, " --kv_transport=tcp"),
+       .decode_args = absl::StrCat(kWorkerArgs, " --kv_transport=ucx:shm,tcp")},
+      /*num_cases=*/12, [](LocalCluster& cluster) {
+        EXPECT_EQ(PushesByTransport(cluster, "prefill-0", 12),
+                  (std::map<std::string, uint64_t>{{"tcp", 12}}));
+      });
 }
 
 TEST(ClusterTest, Stories260kThroughTheClusterGivesThePublishedText) {

@@ -603,6 +603,9 @@ TEST(PdctlTest, RemoteCommandsPrintWhatScriptsExpect) {
   ASSERT_TRUE(ServerStatus(c.address(), out).ok());
   EXPECT_EQ(out.str(),
             "serving: true prefill_workers: 1 decode_workers: 1\n"
+            "worker: prefill-0 role: prefill healthy: true\n"
+            "  kv_transport: tcp pushes: 3 bytes: 4096 fallbacks: 1\n"
+            "worker: decode-0 role: decode healthy: true\n"
             "model: builtin:tiny context_length: 4096 vocab_size: 258\n");
 
   out.str("");
