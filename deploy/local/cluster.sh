@@ -17,7 +17,9 @@
 #   --router-port P    router's gRPC port (default 0: any free port; the
 #                      chosen one is in D/router.port)
 #   --prefill-args A, --decode-args A, --router-args A
-#                      extra flags for every worker of that kind
+#                      extra flags for every worker of that kind, e.g.
+#                      --decode-args "--kv_transport=ucx:shm,tcp" (KV
+#                      transports: docs/development.md)
 #
 # Every process writes its bound port to D/<name>.port and its log to
 # D/<name>.log; D/<name>.pid holds its pid.
