@@ -1,9 +1,13 @@
 // pd-kv-transfer-bench: over each transport built here (tcp, inproc,
-// ucx:shm, ucx:tcp), two tables of medians of --reps runs:
+// ucx:shm, ucx:tcp, and with a CUDA device cuda_ipc and nccl), two tables
+// of medians of --reps runs:
 //  1. one KV write of 4 KiB ... 64 MiB: time (the latency at small sizes)
 //     and bandwidth, next to the limit measured in the same run: a plain
 //     loopback TCP stream (send the bytes, wait for a 1-byte reply) for the
-//     TCP paths, memcpy for the in-memory and shared-memory paths;
+//     TCP paths, memcpy for the in-memory and shared-memory paths, a
+//     device-to-device cudaMemcpy for cuda_ipc and nccl (whose pools are
+//     device memory; both ends in this process, so nccl runs its one-GPU
+//     loopback mode);
 //  2. 16 MiB in one post cut into 1 ... 4096 scattered blocks (every other
 //     block of the pool): what many writes per post cost.
 // Plus the round trip of a notification on its own.
@@ -16,7 +20,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <iostream>
+#include <memory>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -25,6 +32,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kv_transfer/transport.h"
+
+#ifdef PDSERVE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 ABSL_FLAG(int32_t, reps, 9, "Repetitions per size (median reported)");
 ABSL_FLAG(int32_t, max_frame_kib, 0,
@@ -101,6 +112,47 @@ double MemcpySeconds(size_t bytes, int reps) {
   return Median(secs);
 }
 
+bool DeviceOnly(const std::string& name) {
+  return name == "cuda_ipc" || name == "nccl";
+}
+
+#ifdef PDSERVE_HAVE_CUDA
+// Two device buffers of `bytes` (the pools of the device transports).
+struct DevicePools {
+  explicit DevicePools(size_t bytes) : bytes(bytes) {
+    ok = cudaMalloc(&src, bytes) == cudaSuccess &&
+         cudaMalloc(&dst, bytes) == cudaSuccess &&
+         cudaMemset(src, 1, bytes) == cudaSuccess &&
+         cudaDeviceSynchronize() == cudaSuccess;
+  }
+  ~DevicePools() {
+    cudaFree(src);
+    cudaFree(dst);
+  }
+  size_t bytes;
+  void* src = nullptr;
+  void* dst = nullptr;
+  bool ok = false;
+};
+
+// The limit of the device transports: one device-to-device cudaMemcpy.
+double DeviceCopySeconds(DevicePools& pools, size_t bytes, int reps) {
+  std::vector<double> secs;
+  for (int r = 0; r < reps + 1; ++r) {
+    const auto t0 = Clock::now();
+    if (cudaMemcpy(pools.dst, pools.src, bytes, cudaMemcpyDeviceToDevice) !=
+            cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+      std::cerr << "cudaMemcpy failed\n";
+      std::exit(1);
+    }
+    if (r > 0)
+      secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return Median(secs);
+}
+#endif
+
 bool OverTcp(const std::string& name) {
   return name == "tcp" || name == "ucx:tcp";
 }
@@ -137,6 +189,9 @@ int Run() {
   }
   const size_t max_bytes = size_t{64} << 20;
   std::vector<std::byte> src(max_bytes, std::byte{1}), dst(max_bytes);
+#ifdef PDSERVE_HAVE_CUDA
+  std::unique_ptr<DevicePools> device_pools;
+#endif
   std::vector<std::string> sizes_table, blocks_table, notify_table;
   for (const std::string& name : names) {
     TransportOptions options;
@@ -144,25 +199,59 @@ int Run() {
       options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_kib) << 10;
     auto sender = CreateKvTransport(name, options);
     auto receiver = CreateKvTransport(name, options);
+    if (DeviceOnly(name) &&
+        (sender.status().code() == absl::StatusCode::kFailedPrecondition)) {
+      std::cerr << name << ": skipped: " << sender.status().message() << "\n";
+      continue;  // No device (or no libnccl) here.
+    }
     if (!sender.ok() || !receiver.ok()) {
       std::cerr << name << ": "
                 << (sender.ok() ? receiver.status() : sender.status()) << "\n";
       return 1;
     }
-    auto local = (*sender)->RegisterMemory(src);
-    auto remote = (*receiver)->RegisterMemory(dst);
+    std::span<std::byte> src_pool(src), dst_pool(dst);
+    std::string limit_name = OverTcp(name) ? "plain TCP stream" : "memcpy";
+    std::function<double(size_t)> limit_seconds = [&](size_t bytes) {
+      return OverTcp(name) ? PlainTcpSeconds(bytes, reps)
+                           : MemcpySeconds(bytes, reps);
+    };
+#ifdef PDSERVE_HAVE_CUDA
+    if (DeviceOnly(name)) {
+      if (device_pools == nullptr) {
+        device_pools = std::make_unique<DevicePools>(max_bytes);
+      }
+      if (!device_pools->ok) {
+        std::cerr << name << ": cannot allocate device memory\n";
+        return 1;
+      }
+      src_pool = {static_cast<std::byte*>(device_pools->src), max_bytes};
+      dst_pool = {static_cast<std::byte*>(device_pools->dst), max_bytes};
+      limit_name = "device cudaMemcpy";
+      limit_seconds = [&](size_t bytes) {
+        return DeviceCopySeconds(*device_pools, bytes, reps);
+      };
+    }
+#endif
+    auto local = (*sender)->RegisterMemory(src_pool);
+    auto remote = (*receiver)->RegisterMemory(dst_pool);
+    if (!local.ok() || !remote.ok()) {
+      std::cerr << name << ": "
+                << (local.ok() ? remote.status() : local.status()) << "\n";
+      return 1;
+    }
     auto conn = (*sender)->Connect((*receiver)->endpoint());
-    if (!local.ok() || !remote.ok() || !conn.ok()) return 1;
-    const bool tcp = OverTcp(name);
+    if (!conn.ok()) {
+      std::cerr << name << ": " << conn.status() << "\n";
+      return 1;
+    }
     for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
       const double t =
           PostSeconds(**conn, {{*local, 0, *remote, 0, bytes}}, reps);
-      const double limit =
-          tcp ? PlainTcpSeconds(bytes, reps) : MemcpySeconds(bytes, reps);
-      sizes_table.push_back(absl::StrFormat(
-          "| %s | %d | %.1f us | %.2f | %s | %.2f | %.0f%% |", name, bytes,
-          t * 1e6, bytes / t / 1e9, tcp ? "plain TCP stream" : "memcpy",
-          bytes / limit / 1e9, 100.0 * limit / t));
+      const double limit = limit_seconds(bytes);
+      sizes_table.push_back(
+          absl::StrFormat("| %s | %d | %.1f us | %.2f | %s | %.2f | %.0f%% |",
+                          name, bytes, t * 1e6, bytes / t / 1e9, limit_name,
+                          bytes / limit / 1e9, 100.0 * limit / t));
     }
     const size_t total = size_t{16} << 20;
     for (size_t blocks : {1, 16, 256, 4096}) {

@@ -94,9 +94,8 @@ absl::Status RecvControl(int fd, uint32_t max_message_bytes,
   const uint32_t length = Get<uint32_t>(raw, 12);
   const uint32_t limit = ControlPayloadLimit(frame.type, max_message_bytes);
   if (length > limit) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("control frame of ", length,
-                     " bytes exceeds the limit of ", limit));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "control frame of ", length, " bytes exceeds the limit of ", limit));
   }
   frame.payload.resize(length);
   if (Io io = RecvAll(fd, frame.payload.data(), length, deadline);
@@ -120,10 +119,11 @@ absl::Status CheckReply(const ControlFrame& frame, ControlType expected) {
                         ? static_cast<absl::StatusCode>(frame.value)
                         : absl::StatusCode::kUnknown;
   return absl::Status(
-      code, absl::StrCat("peer refused the transfer: ",
-                         absl::string_view(reinterpret_cast<const char*>(
-                                               frame.payload.data()),
-                                           frame.payload.size())));
+      code,
+      absl::StrCat(
+          "peer refused the transfer: ",
+          absl::string_view(reinterpret_cast<const char*>(frame.payload.data()),
+                            frame.payload.size())));
 }
 
 std::vector<std::byte> EncodeRanges(std::span<const WriteOp> ops) {

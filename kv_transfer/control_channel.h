@@ -15,15 +15,15 @@
 #ifndef PDSERVE_KV_TRANSFER_CONTROL_CHANNEL_H_
 #define PDSERVE_KV_TRANSFER_CONTROL_CHANNEL_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <atomic>
 #include <cstring>
 #include <functional>
 #include <list>
 #include <span>
-#include <thread>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"

@@ -11,9 +11,9 @@ namespace pdserve::kv {
 
 absl::Status CudaError(cudaError_t e, std::string_view what) {
   cudaGetLastError();  // Clear a non-sticky error for later calls.
-  const std::string message = absl::StrCat(std::string(what), ": ",
-                                           cudaGetErrorName(e), " (",
-                                           cudaGetErrorString(e), ")");
+  const std::string message =
+      absl::StrCat(std::string(what), ": ", cudaGetErrorName(e), " (",
+                   cudaGetErrorString(e), ")");
   return e == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(message)
                                         : absl::InternalError(message);
 }
@@ -22,10 +22,10 @@ absl::StatusOr<int> RequireCudaDevice(std::string_view transport) {
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the ", std::string(transport),
-        " KV transport needs a CUDA device: cudaGetDeviceCount: ",
-        cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", std::string(transport),
+                     " KV transport needs a CUDA device: cudaGetDeviceCount: ",
+                     cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
   }
   if (count == 0) {
     return absl::FailedPreconditionError(
@@ -119,10 +119,9 @@ absl::StatusOr<RegionId> DeviceRegionTable::Register(
   }
   const size_t offset = static_cast<size_t>(memory.data() - a->base);
   if (offset > a->size || memory.size() > a->size - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot register memory: ", memory.size(),
-                     " bytes at offset ", offset,
-                     " run past their allocation of ", a->size, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot register memory: ", memory.size(), " bytes at offset ", offset,
+        " run past their allocation of ", a->size, " bytes"));
   }
   absl::MutexLock lock(&mu_);
   const uint32_t id = next_id_++;
@@ -140,9 +139,9 @@ absl::Status DeviceRegionTable::Deregister(RegionId region,
   }
   Region& r = it->second;
   r.leaving = true;  // No new pins.
-  if (!mu_.AwaitWithTimeout(
-          absl::Condition(+[](Region* r) { return r->users == 0; }, &r),
-          timeout)) {
+  if (!mu_.AwaitWithTimeout(absl::Condition(
+                                +[](Region* r) { return r->users == 0; }, &r),
+                            timeout)) {
     r.leaving = false;
     return absl::DeadlineExceededError(absl::StrCat(
         "memory region ", region.value,

@@ -68,7 +68,8 @@ namespace {
 constexpr char kName[] = "cuda_ipc";
 // Revoked region ids carried by one reply (the rest go in later ones).
 constexpr size_t kMaxRevokesPerReply = 8192;
-constexpr size_t kDescriptorBytes = 4 + 4 + 8 + 8 + 8 + sizeof(cudaIpcMemHandle_t);
+constexpr size_t kDescriptorBytes =
+    4 + 4 + 8 + 8 + 8 + sizeof(cudaIpcMemHandle_t);
 static_assert(4 + kMaxRevokesPerReply * 4 + 4 +
                   kMaxOpsPerFrame * kDescriptorBytes <=
               kMaxControlPayload);
@@ -160,8 +161,8 @@ class IpcMappings {
       return it->second.allocation;
     }
     void* base = nullptr;
-    if (cudaError_t e = cudaIpcOpenMemHandle(&base, handle,
-                                             cudaIpcMemLazyEnablePeerAccess);
+    if (cudaError_t e =
+            cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
         e != cudaSuccess) {
       return CudaError(e, "cudaIpcOpenMemHandle");
     }
@@ -311,8 +312,8 @@ class CudaIpcTransport final : public KvTransport {
       return absl::UnavailableError("cannot identify the cuda_ipc peer");
     }
     const absl::Time deadline = absl::Now() + options_.io_timeout;
-    PD_RETURN_IF_ERROR(
-        SendControl(fd.get(), ControlType::kHello, kControlVersion, {}, deadline));
+    PD_RETURN_IF_ERROR(SendControl(fd.get(), ControlType::kHello,
+                                   kControlVersion, {}, deadline));
     ControlFrame reply;
     PD_RETURN_IF_ERROR(
         RecvControl(fd.get(), options_.max_message_bytes, deadline, reply));
@@ -324,7 +325,8 @@ class CudaIpcTransport final : public KvTransport {
       return CudaError(e, "cudaStreamCreateWithFlags");
     }
     cudaEvent_t event = nullptr;
-    if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (cudaError_t e =
+            cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
         e != cudaSuccess) {
       cudaStreamDestroy(stream);
       return CudaError(e, "cudaEventCreateWithFlags");
@@ -374,7 +376,9 @@ class CudaIpcTransport final : public KvTransport {
     };
     server_ = std::make_unique<ControlServer>(
         std::move(listener), std::move(o),
-        [this](const ControlServer& server, Fd fd) { Serve(server, fd.get()); });
+        [this](const ControlServer& server, Fd fd) {
+          Serve(server, fd.get());
+        });
   }
 
   // One sender's requests, in order. Its pins are released when it
@@ -412,9 +416,9 @@ class CudaIpcTransport final : public KvTransport {
       switch (frame.type) {
         case ControlType::kHello:
           if (frame.value != kControlVersion) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "cuda_ipc protocol version ", frame.value, " is not ",
-                kControlVersion));
+            return absl::FailedPreconditionError(
+                absl::StrCat("cuda_ipc protocol version ", frame.value,
+                             " is not ", kControlVersion));
           }
           PD_RETURN_IF_ERROR(
               SendControl(fd, ControlType::kHelloReply, 0, {}, deadline));
@@ -434,7 +438,8 @@ class CudaIpcTransport final : public KvTransport {
           break;
         }
         case ControlType::kDone:
-          if (pinned.empty()) return absl::DataLossError("DONE without a WRITE");
+          if (pinned.empty())
+            return absl::DataLossError("DONE without a WRITE");
           regions_.Unpin(pinned);
           pinned.clear();
           break;
@@ -452,9 +457,9 @@ class CudaIpcTransport final : public KvTransport {
           break;
         }
         default:
-          return absl::DataLossError(absl::StrCat(
-              "unexpected control frame ", static_cast<int>(frame.type),
-              " from a cuda_ipc sender"));
+          return absl::DataLossError(absl::StrCat("unexpected control frame ",
+                                                  static_cast<int>(frame.type),
+                                                  " from a cuda_ipc sender"));
       }
     }
   }
@@ -480,8 +485,8 @@ class CudaIpcTransport final : public KvTransport {
       }
       if (!it->second.status.ok()) {
         return absl::NotFoundError(
-            absl::StrCat("memory region ", r.region, " cannot be exported: ",
-                         it->second.status.message()));
+            absl::StrCat("memory region ", r.region,
+                         " cannot be exported: ", it->second.status.message()));
       }
       p.described.push_back(it->second.d);
     }
@@ -563,8 +568,8 @@ absl::Status CudaIpcConnection::ApplyReply(std::span<const std::byte> payload) {
       if (d.offset_in_allocation > a.size ||
           d.size > a.size - d.offset_in_allocation) {
         IpcMappings::Get().Close(d.handle);
-        return absl::DataLossError(absl::StrCat(
-            "cuda_ipc region ", d.region, " runs past its allocation"));
+        return absl::DataLossError(absl::StrCat("cuda_ipc region ", d.region,
+                                                " runs past its allocation"));
       }
       r.address = a.base + d.offset_in_allocation;
     }
@@ -690,16 +695,15 @@ absl::Status CudaIpcConnection::Notify(std::string_view message) {
   }
   const TransportOptions& options = transport_->options();
   if (message.size() > options.max_message_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("notification of ", message.size(),
-                     " bytes exceeds the limit of ", options.max_message_bytes));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "notification of ", message.size(), " bytes exceeds the limit of ",
+        options.max_message_bytes));
   }
   PD_RETURN_IF_ERROR(transport_->SetDevice());  // Revocations unmap.
   const absl::Time deadline = absl::Now() + options.io_timeout;
-  if (absl::Status s =
-          SendControl(fd_.get(), ControlType::kNotify, 0,
-                      std::as_bytes(std::span(message.data(), message.size())),
-                      deadline);
+  if (absl::Status s = SendControl(
+          fd_.get(), ControlType::kNotify, 0,
+          std::as_bytes(std::span(message.data(), message.size())), deadline);
       !s.ok()) {
     return Fail(s);
   }

@@ -41,21 +41,21 @@ Loaded Load() {
   if (lib == nullptr) return l;
   NcclApi& a = l.api;
   ncclResult_t (*get_version)(int*) = nullptr;
-  l.ok = Resolve(lib, "ncclGetVersion", get_version, l.error) &&
-         Resolve(lib, "ncclGetUniqueId", a.get_unique_id, l.error) &&
-         Resolve(lib, "ncclCommInitRankConfig", a.comm_init_rank_config,
-                 l.error) &&
-         Resolve(lib, "ncclCommAbort", a.comm_abort, l.error) &&
-         Resolve(lib, "ncclCommGetAsyncError", a.comm_get_async_error,
-                 l.error) &&
-         Resolve(lib, "ncclGetErrorString", a.get_error_string, l.error) &&
-         Resolve(lib, "ncclGetLastError", a.get_last_error, l.error) &&
-         Resolve(lib, "ncclGroupStart", a.group_start, l.error) &&
-         Resolve(lib, "ncclGroupEnd", a.group_end, l.error) &&
-         Resolve(lib, "ncclSend", a.send, l.error) &&
-         Resolve(lib, "ncclRecv", a.recv, l.error);
-  if (l.ok && (get_version(&a.version) != ncclSuccess ||
-               a.version < kMinNcclVersion)) {
+  l.ok =
+      Resolve(lib, "ncclGetVersion", get_version, l.error) &&
+      Resolve(lib, "ncclGetUniqueId", a.get_unique_id, l.error) &&
+      Resolve(lib, "ncclCommInitRankConfig", a.comm_init_rank_config,
+              l.error) &&
+      Resolve(lib, "ncclCommAbort", a.comm_abort, l.error) &&
+      Resolve(lib, "ncclCommGetAsyncError", a.comm_get_async_error, l.error) &&
+      Resolve(lib, "ncclGetErrorString", a.get_error_string, l.error) &&
+      Resolve(lib, "ncclGetLastError", a.get_last_error, l.error) &&
+      Resolve(lib, "ncclGroupStart", a.group_start, l.error) &&
+      Resolve(lib, "ncclGroupEnd", a.group_end, l.error) &&
+      Resolve(lib, "ncclSend", a.send, l.error) &&
+      Resolve(lib, "ncclRecv", a.recv, l.error);
+  if (l.ok &&
+      (get_version(&a.version) != ncclSuccess || a.version < kMinNcclVersion)) {
     l.ok = false;
     l.error = absl::StrCat("libnccl version ", a.version, " is older than ",
                            kMinNcclVersion);

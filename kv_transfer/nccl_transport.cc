@@ -270,9 +270,9 @@ class NcclTransport final : public KvTransport {
       return CudaError(e, "cudaGetDeviceProperties");
     }
     PD_ASSIGN_OR_RETURN(auto listener, ListenTcp(options.listen_address));
-    return std::unique_ptr<KvTransport>(
-        new NcclTransport(options, *nccl, device, prop.uuid,
-                          std::move(listener.first), std::move(listener.second)));
+    return std::unique_ptr<KvTransport>(new NcclTransport(
+        options, *nccl, device, prop.uuid, std::move(listener.first),
+        std::move(listener.second)));
   }
 
   ~NcclTransport() override { server_.reset(); }
@@ -352,7 +352,9 @@ class NcclTransport final : public KvTransport {
         notifications_(options.max_pending_notifications) {
     server_ = std::make_unique<ControlServer>(
         std::move(listener), ControlServer::Options{},
-        [this](const ControlServer& server, Fd fd) { Serve(server, fd.get()); });
+        [this](const ControlServer& server, Fd fd) {
+          Serve(server, fd.get());
+        });
   }
 
   void Serve(const ControlServer& server, int fd) {
@@ -406,8 +408,8 @@ class NcclTransport final : public KvTransport {
             for (std::byte* a : addresses) {
               grant.Put<uint64_t>(reinterpret_cast<uint64_t>(a));
             }
-            PD_RETURN_IF_ERROR(SendControl(fd, ControlType::kGrant, 0,
-                                           grant.out, deadline));
+            PD_RETURN_IF_ERROR(
+                SendControl(fd, ControlType::kGrant, 0, grant.out, deadline));
             break;
           }
           const absl::Status received = comm->RunGroup(
@@ -419,10 +421,11 @@ class NcclTransport final : public KvTransport {
                                         ncclUint8, 0, comm->get(),
                                         comm->stream());
               },
-              deadline, "receiving KV", [fd] {
-                return Readable(fd) ? absl::UnavailableError(
-                                          "the nccl sender went away")
-                                    : absl::OkStatus();
+              deadline, "receiving KV",
+              [fd] {
+                return Readable(fd)
+                           ? absl::UnavailableError("the nccl sender went away")
+                           : absl::OkStatus();
               });
           if (!received.ok()) {
             // Unpinned only once the device is done with the memory.
@@ -452,9 +455,9 @@ class NcclTransport final : public KvTransport {
               SendControl(fd, ControlType::kAck, 0, {}, deadline));
           break;
         default:
-          return absl::DataLossError(absl::StrCat(
-              "unexpected control frame ", static_cast<int>(frame.type),
-              " from an nccl sender"));
+          return absl::DataLossError(absl::StrCat("unexpected control frame ",
+                                                  static_cast<int>(frame.type),
+                                                  " from an nccl sender"));
       }
     }
   }
@@ -522,9 +525,8 @@ absl::Status NcclConnection::Fail(absl::Status s,
     failed_ = true;
     failure_ = std::string(s.message());
   }
-  const bool drained =
-      comm_ == nullptr ||
-      comm_->AbortAndDrain(transport_->options().io_timeout);
+  const bool drained = comm_ == nullptr ||
+                       comm_->AbortAndDrain(transport_->options().io_timeout);
   if (pins != nullptr && drained) transport_->regions().Unpin(*pins);
   fd_.Reset();
   return s;
@@ -560,8 +562,8 @@ absl::Status NcclConnection::WriteFrame(std::span<const WriteOp> ops) {
     return Fail(s, &local_ranges);
   }
   if (mode_ == kLoopback) {
-    if (absl::Status s = RecvControl(fd_.get(), options.max_message_bytes,
-                                     deadline, reply_);
+    if (absl::Status s =
+            RecvControl(fd_.get(), options.max_message_bytes, deadline, reply_);
         !s.ok()) {
       return Fail(s, &local_ranges);
     }
@@ -586,8 +588,8 @@ absl::Status NcclConnection::WriteFrame(std::span<const WriteOp> ops) {
               const WriteOp& op = ops[i / 2];
               if (op.length == 0) return ncclSuccess;
               return i % 2 == 0
-                         ? nccl.send((*sources)[i / 2], op.length, ncclUint8,
-                                     0, comm_->get(), comm_->stream())
+                         ? nccl.send((*sources)[i / 2], op.length, ncclUint8, 0,
+                                     comm_->get(), comm_->stream())
                          : nccl.recv(destinations[i / 2], op.length, ncclUint8,
                                      0, comm_->get(), comm_->stream());
             },
@@ -609,8 +611,8 @@ absl::Status NcclConnection::WriteFrame(std::span<const WriteOp> ops) {
   auto read_answer = [&]() -> absl::Status {
     if (answered || !Readable(fd_.get())) return absl::OkStatus();
     answered = true;
-    answer = RecvControl(fd_.get(), options.max_message_bytes, deadline,
-                         reply_);
+    answer =
+        RecvControl(fd_.get(), options.max_message_bytes, deadline, reply_);
     if (answer.ok()) answer = CheckReply(reply_, ControlType::kAck);
     return answer;  // An error ends the wait for the sends.
   };
@@ -628,8 +630,8 @@ absl::Status NcclConnection::WriteFrame(std::span<const WriteOp> ops) {
   }
   transport_->regions().Unpin(local_ranges);
   if (!answered) {
-    answer = RecvControl(fd_.get(), options.max_message_bytes, deadline,
-                         reply_);
+    answer =
+        RecvControl(fd_.get(), options.max_message_bytes, deadline, reply_);
     if (answer.ok()) answer = CheckReply(reply_, ControlType::kAck);
   }
   if (!answer.ok()) return Fail(answer, nullptr);
@@ -643,15 +645,14 @@ absl::Status NcclConnection::Notify(std::string_view message) {
   }
   const TransportOptions& options = transport_->options();
   if (message.size() > options.max_message_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("notification of ", message.size(),
-                     " bytes exceeds the limit of ", options.max_message_bytes));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "notification of ", message.size(), " bytes exceeds the limit of ",
+        options.max_message_bytes));
   }
   const absl::Time deadline = absl::Now() + options.io_timeout;
-  absl::Status s =
-      SendControl(fd_.get(), ControlType::kNotify, 0,
-                  std::as_bytes(std::span(message.data(), message.size())),
-                  deadline);
+  absl::Status s = SendControl(
+      fd_.get(), ControlType::kNotify, 0,
+      std::as_bytes(std::span(message.data(), message.size())), deadline);
   if (s.ok()) {
     s = RecvControl(fd_.get(), options.max_message_bytes, deadline, reply_);
   }

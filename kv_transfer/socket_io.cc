@@ -28,8 +28,8 @@ absl::StatusOr<addrinfo*> Resolve(std::string_view address, bool passive) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = passive ? AI_PASSIVE : 0;
   addrinfo* result = nullptr;
-  if (int rc = ::getaddrinfo(hp.first.c_str(), hp.second.c_str(), &hints,
-                             &result);
+  if (int rc =
+          ::getaddrinfo(hp.first.c_str(), hp.second.c_str(), &hints, &result);
       rc != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot resolve '", std::string(address), "': ", ::gai_strerror(rc)));
@@ -41,8 +41,9 @@ absl::StatusOr<addrinfo*> Resolve(std::string_view address, bool passive) {
 absl::Status FinishConnect(int fd, int rc, std::string_view endpoint,
                            absl::Duration timeout) {
   if (rc != 0 && errno != EINPROGRESS) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot connect to ", std::string(endpoint), ": ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("cannot connect to ",
+                                               std::string(endpoint), ": ",
+                                               std::strerror(errno)));
   }
   if (WaitFor(fd, POLLOUT, absl::Now() + timeout) != Io::kOk) {
     return absl::DeadlineExceededError(
@@ -152,8 +153,9 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
 absl::StatusOr<std::pair<Fd, std::string>> ListenTcp(std::string_view address) {
   PD_ASSIGN_OR_RETURN(addrinfo * ai, Resolve(address, /*passive=*/true));
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> free_ai(ai,
-                                                              &::freeaddrinfo);
-  Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+                                                               &::freeaddrinfo);
+  Fd fd(
+      ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
   const int one = 1;
   ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (fd.get() < 0 || ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 ||
@@ -178,14 +180,16 @@ absl::StatusOr<Fd> ConnectTcp(std::string_view address,
                               absl::Duration timeout) {
   PD_ASSIGN_OR_RETURN(addrinfo * ai, Resolve(address, /*passive=*/false));
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> free_ai(ai,
-                                                              &::freeaddrinfo);
-  Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+                                                               &::freeaddrinfo);
+  Fd fd(
+      ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
   if (fd.get() < 0)
-    return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("socket: ", std::strerror(errno)));
   SetNonBlocking(fd.get());
-  PD_RETURN_IF_ERROR(FinishConnect(
-      fd.get(), ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen), address,
-      timeout));
+  PD_RETURN_IF_ERROR(
+      FinishConnect(fd.get(), ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen),
+                    address, timeout));
   const int one = 1;
   ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return fd;
@@ -210,8 +214,8 @@ absl::StatusOr<UnixAddress> ParseUnixEndpoint(std::string_view endpoint) {
   const size_t limit = sizeof(a.addr.sun_path) - (name[0] == '/' ? 1 : 0);
   if (name.size() > limit) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Unix socket name '", std::string(name), "' is longer than ",
-                     limit, " bytes"));
+        absl::StrCat("Unix socket name '", std::string(name),
+                     "' is longer than ", limit, " bytes"));
   }
   std::memcpy(a.addr.sun_path, name.data(), name.size());
   if (name[0] == '@') a.addr.sun_path[0] = '\0';
@@ -224,8 +228,10 @@ absl::StatusOr<Fd> ListenUnix(std::string_view endpoint) {
   PD_ASSIGN_OR_RETURN(const UnixAddress a, ParseUnixEndpoint(endpoint));
   Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (fd.get() < 0)
-    return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
-  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("socket: ", std::strerror(errno)));
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) !=
+      0) {
     const int err = errno;
     if (err == EADDRINUSE) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -236,8 +242,9 @@ absl::StatusOr<Fd> ListenUnix(std::string_view endpoint) {
         "cannot listen on ", std::string(endpoint), ": ", std::strerror(err)));
   }
   if (::listen(fd.get(), 64) != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", std::string(endpoint), ": ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ",
+                                               std::string(endpoint), ": ",
+                                               std::strerror(errno)));
   }
   return fd;
 }
@@ -247,13 +254,14 @@ absl::StatusOr<Fd> ConnectUnix(std::string_view endpoint,
   PD_ASSIGN_OR_RETURN(const UnixAddress a, ParseUnixEndpoint(endpoint));
   Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (fd.get() < 0)
-    return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("socket: ", std::strerror(errno)));
   const int rc =
       ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len);
   // A Unix socket connects at once or fails (EAGAIN: backlog full).
   if (rc != 0 && errno == EAGAIN) {
-    return absl::UnavailableError(
-        absl::StrCat(std::string(endpoint), ": the listener's backlog is full"));
+    return absl::UnavailableError(absl::StrCat(
+        std::string(endpoint), ": the listener's backlog is full"));
   }
   PD_RETURN_IF_ERROR(FinishConnect(fd.get(), rc, endpoint, timeout));
   return fd;

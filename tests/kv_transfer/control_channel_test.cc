@@ -124,8 +124,7 @@ TEST_F(ControlFrameTest, CorruptFramesAreDataLoss) {
     SendRaw(h);
     SendRaw(payload);
     ControlFrame f;
-    EXPECT_EQ(Receive(f).code(), absl::StatusCode::kDataLoss)
-        << "byte " << at;
+    EXPECT_EQ(Receive(f).code(), absl::StatusCode::kDataLoss) << "byte " << at;
     // Resynchronize: a fresh pair for the next case.
     SetUp();
   }
@@ -187,7 +186,7 @@ TEST(UnixEndpointTest, PathsAndAbstractNamesOnly) {
   EXPECT_EQ(abstract->addr.sun_path[0], '\0');
   for (std::string_view bad : std::initializer_list<std::string_view>{
            "", "unix:", "unix:@", "unix:relative/path", "/run/kv.sock",
-        "127.0.0.1:5000", "tcp:/x", std::string_view("unix:/a\0b", 9)}) {
+           "127.0.0.1:5000", "tcp:/x", std::string_view("unix:/a\0b", 9)}) {
     EXPECT_EQ(ParseUnixEndpoint(bad).status().code(),
               absl::StatusCode::kInvalidArgument)
         << bad;
@@ -195,11 +194,11 @@ TEST(UnixEndpointTest, PathsAndAbstractNamesOnly) {
   const std::string too_long = "unix:/" + std::string(200, 'x');
   EXPECT_EQ(ParseUnixEndpoint(too_long).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ConnectUnix("unix:@pdserve-test-nobody-listens",
-                        absl::Milliseconds(100))
-                .status()
-                .code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      ConnectUnix("unix:@pdserve-test-nobody-listens", absl::Milliseconds(100))
+          .status()
+          .code(),
+      absl::StatusCode::kUnavailable);
 }
 
 TEST(ControlServerTest, AnswersAMalformedFrameWithAnErrorAndCloses) {
@@ -210,12 +209,11 @@ TEST(ControlServerTest, AnswersAMalformedFrameWithAnErrorAndCloses) {
   EXPECT_EQ(ListenUnix(endpoint).status().code(),
             absl::StatusCode::kFailedPrecondition);
   ControlServer server(
-      *std::move(listener), {},
-      [](const ControlServer& server, Fd fd) {
+      *std::move(listener), {}, [](const ControlServer& server, Fd fd) {
         ControlFrame frame;
         while (true) {
-          absl::Status s = server.NextFrame(fd.get(), kMaxMessage,
-                                            absl::Seconds(1), frame);
+          absl::Status s =
+              server.NextFrame(fd.get(), kMaxMessage, absl::Seconds(1), frame);
           if (s.ok()) {
             s = SendControl(fd.get(), ControlType::kAck, 0, {},
                             absl::Now() + absl::Seconds(1));
@@ -229,9 +227,9 @@ TEST(ControlServerTest, AnswersAMalformedFrameWithAnErrorAndCloses) {
   auto fd = ConnectUnix(endpoint, absl::Seconds(1));
   ASSERT_TRUE(fd.ok()) << fd.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
-  ASSERT_TRUE(SendControl(fd->get(), ControlType::kNotify, 0, Bytes("x"),
-                          deadline)
-                  .ok());
+  ASSERT_TRUE(
+      SendControl(fd->get(), ControlType::kNotify, 0, Bytes("x"), deadline)
+          .ok());
   ControlFrame reply;
   ASSERT_TRUE(RecvControl(fd->get(), kMaxMessage, deadline, reply).ok());
   EXPECT_TRUE(CheckReply(reply, ControlType::kAck).ok());

@@ -37,12 +37,12 @@ int DeviceCount() {
   return n;
 }
 
-#define PD_REQUIRE_CUDA_DEVICES(n)                                      \
-  do {                                                                  \
-    if (DeviceCount() < (n)) {                                          \
-      GTEST_SKIP() << "needs " << (n) << " CUDA device(s), found "     \
-                   << DeviceCount();                                    \
-    }                                                                   \
+#define PD_REQUIRE_CUDA_DEVICES(n)                                 \
+  do {                                                             \
+    if (DeviceCount() < (n)) {                                     \
+      GTEST_SKIP() << "needs " << (n) << " CUDA device(s), found " \
+                   << DeviceCount();                               \
+    }                                                              \
   } while (0)
 
 // Device memory with host-side upload and download.
@@ -61,8 +61,9 @@ class DeviceBuffer {
     return {static_cast<std::byte*>(ptr_), bytes_};
   }
   void Upload(const std::vector<std::byte>& host) {
-    ASSERT_EQ(cudaMemcpy(ptr_, host.data(), host.size(), cudaMemcpyHostToDevice),
-              cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpy(ptr_, host.data(), host.size(), cudaMemcpyHostToDevice),
+        cudaSuccess);
   }
   std::vector<std::byte> Download() const {
     std::vector<std::byte> host(bytes_);
@@ -106,7 +107,8 @@ class GpuTransportTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(GpuTransportTest, RandomBlockSetsOverManyLayersArriveByteExact) {
   constexpr size_t kBlock = 16 * 1024, kBlocks = 96, kLayers = 32;
-  const std::vector<std::byte> host = RandomBytes(kBlock * kBlocks * kLayers, 7);
+  const std::vector<std::byte> host =
+      RandomBytes(kBlock * kBlocks * kLayers, 7);
   DeviceBuffer src(host.size()), dst(host.size());
   src.Upload(host);
   auto local = sender_->RegisterMemory(src.span());
@@ -288,7 +290,8 @@ TEST_P(GpuCrossProcessTest, ScatteredLayersLandByteExactInAnotherProcess) {
   ASSERT_NE(peer, nullptr);
   auto sender = CreateKvTransport(GetParam(), Options());
   ASSERT_TRUE(sender.ok()) << sender.status();
-  const std::vector<std::byte> host = RandomBytes(kBlock * kBlocks * kLayers, 11);
+  const std::vector<std::byte> host =
+      RandomBytes(kBlock * kBlocks * kLayers, 11);
   DeviceBuffer src(host.size());
   src.Upload(host);
   auto local = (*sender)->RegisterMemory(src.span());
@@ -364,7 +367,8 @@ TEST_P(GpuCrossProcessTest, PeerKilledMidTransferIsUnavailable) {
   ASSERT_TRUE(local.ok() && conn.ok()) << conn.status();
   std::vector<WriteOp> ops;  // Many ops per post, in reverse order.
   for (size_t off = 0; off < kBytes; off += kOp) {
-    ops.push_back({*local, off, RegionId(peer->region), kBytes - kOp - off, kOp});
+    ops.push_back(
+        {*local, off, RegionId(peer->region), kBytes - kOp - off, kOp});
   }
   ASSERT_TRUE((*conn)->Write(ops).ok());
   std::atomic<int> writes{0};
@@ -402,8 +406,8 @@ TEST(GpuTransportSetupTest, NcclRefusesTwoProcessesOnOneGpu) {
   if (std::find(names.begin(), names.end(), "nccl") == names.end()) {
     GTEST_SKIP() << "nccl is not built";
   }
-  auto peer = PeerProcess::Start(KV_TRANSFER_DEVICE_PEER, "nccl", 4096, 5000,
-                                 "0");
+  auto peer =
+      PeerProcess::Start(KV_TRANSFER_DEVICE_PEER, "nccl", 4096, 5000, "0");
   ASSERT_NE(peer, nullptr);
   auto sender = CreateKvTransport("nccl", Options());
   ASSERT_TRUE(sender.ok()) << sender.status();
