@@ -193,9 +193,9 @@ KvPusher::Lane* KvPusher::LaneOf(const kv::KvOffer& offer) const {
 }
 
 absl::StatusOr<kv::KvConnection*> KvPusher::ConnectionTo(
-    const kv::KvOffer& offer, Lane& lane, bool* is_new) {
+    const std::string& key, const kv::KvOffer& offer, Lane& lane,
+    bool* is_new) {
   *is_new = false;
-  const std::string key = ConnectionKey(offer);
   if (auto it = connections_.find(key); it != connections_.end())
     return it->second.get();
   PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvConnection> connection,
@@ -212,7 +212,7 @@ absl::StatusOr<KvPusher::Link> KvPusher::LinkFor(KvPush& push) {
     const kv::KvOffer& offer = offers[push.offer_];
     Lane* lane = LaneOf(offer);
     PD_ASSIGN_OR_RETURN(kv::KvConnection * connection,
-                        ConnectionTo(offer, *lane, &is_new));
+                        ConnectionTo(push.connection_key_, offer, *lane, &is_new));
     return Link{connection, lane, &offer};
   }
   const absl::Time now = absl::Now();
@@ -224,7 +224,7 @@ absl::StatusOr<KvPusher::Link> KvPusher::LinkFor(KvPush& push) {
     Lane* lane = LaneOf(offer);
     if (lane == nullptr) continue;  // ChooseKvOffers left none such.
     const bool is_last = i + 1 == offers.size();
-    const std::string key = ConnectionKey(offer);
+    std::string key = ConnectionKey(offer);
     // An offer whose connect failed lately is not tried again while
     // another is left: a dead or black-holed endpoint would cost every
     // push a connect (up to the transfer timeout).
@@ -240,10 +240,11 @@ absl::StatusOr<KvPusher::Link> KvPusher::LinkFor(KvPush& push) {
       continue;
     }
     absl::StatusOr<kv::KvConnection*> connection =
-        ConnectionTo(offer, *lane, &is_new);
+        ConnectionTo(key, offer, *lane, &is_new);
     if (connection.ok()) {
-      push.offer_ = static_cast<int>(i);
       failed_connects_.erase(key);
+      push.offer_ = static_cast<int>(i);
+      push.connection_key_ = std::move(key);
       if (is_new) {
         PD_LOG(INFO) << "KV connection over " << offer.transport << " to "
                      << offer.endpoint << "; fallbacks tried: "
@@ -281,7 +282,7 @@ void KvPusher::Fail(const std::shared_ptr<KvPush>& push,
   if (absl::IsInvalidArgument(why)) {
     why = absl::InternalError(absl::StrCat(where, ": ", why.message()));
   } else {
-    if (offer != nullptr) connections_.erase(ConnectionKey(*offer));
+    if (offer != nullptr) connections_.erase(push->connection_key_);
     why = absl::Status(why.code(), absl::StrCat(where, ": ", why.message()));
   }
   PD_LOG(WARNING) << "request " << push->id().value << ": " << why;

@@ -95,8 +95,10 @@ class KvPush {
   absl::Time last_layer_queued_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Pusher thread only.
   uint64_t kv_bytes_ = 0;
-  // The offer of target_.offers the push connected to; -1 before.
+  // The offer of target_.offers the push connected to (-1 before), and
+  // its key in the pusher's connection cache.
   int offer_ = -1;
+  std::string connection_key_;
 };
 
 // What a finished push reports.
@@ -129,8 +131,8 @@ struct KvTransportCounters {
   uint64_t pushes = 0;
   // KV bytes it wrote.
   uint64_t bytes = 0;
-  // Connects over it that failed, after which a push moved on to the next
-  // offer of its landing.
+  // Pushes that moved on past it to the next offer of their landing: its
+  // connect failed, now or within the last 10 s.
   uint64_t fallbacks = 0;
 };
 
@@ -223,9 +225,10 @@ class KvPusher {
   // The push's connection: the one of its chosen offer, or else the first
   // offer (best first) that connects; every offer's error when none does.
   absl::StatusOr<Link> LinkFor(KvPush& push);
-  // The cached connection to `offer`, connecting when there is none; sets
-  // `*is_new` when it connected.
-  absl::StatusOr<kv::KvConnection*> ConnectionTo(const kv::KvOffer& offer,
+  // The cached connection to `offer` (cache key `key`), connecting when
+  // there is none; sets `*is_new` when it connected.
+  absl::StatusOr<kv::KvConnection*> ConnectionTo(const std::string& key,
+                                                 const kv::KvOffer& offer,
                                                  Lane& lane, bool* is_new);
   void Fail(const std::shared_ptr<KvPush>& push, const kv::KvOffer* offer,
             absl::Status why);
