@@ -160,6 +160,9 @@ configure() {
   # Debian 12's Abseil 20220623 predates GCC 13's header clean-up; an
   # explicit <cstdint> keeps it compiling with a newer host compiler.
   [[ -f $DEPS_PREFIX/.unpacked ]] && extra+=("-DCMAKE_CXX_FLAGS=-include cstdint")
+  # A CMake 4 (pip's) refuses packages' configs that name policies older
+  # than 3.5 unless told so; older CMakes ignore this variable.
+  export CMAKE_POLICY_VERSION_MINIMUM=3.5
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DPDSERVE_BUILD_BENCH=ON "${extra[@]}"
 }
