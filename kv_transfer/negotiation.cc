@@ -21,8 +21,8 @@ bool AnyTl(const std::vector<std::string>& tls,
            std::initializer_list<std::string_view> families) {
   for (std::string_view tl : tls) {
     for (std::string_view f : families) {
-      if (tl == f || (tl.starts_with(f) && tl.size() > f.size() &&
-                      tl[f.size()] == '_')) {
+      if (tl == f ||
+          (tl.starts_with(f) && tl.size() > f.size() && tl[f.size()] == '_')) {
         return true;
       }
     }
@@ -46,8 +46,8 @@ absl::StatusOr<std::vector<std::string>> ParseKvTransportList(
   const std::vector<std::string> items = absl::StrSplit(list, ',');
   for (const std::string& item : items) {
     if (item.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KV transport list '", list, "' has an empty name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV transport list '", list, "' has an empty name"));
     }
     std::string name = item;
     if (name.starts_with("ucx:")) absl::StrReplaceAll({{"+", ","}}, &name);
@@ -121,17 +121,16 @@ absl::StatusOr<std::vector<KvOffer>> ChooseKvOffers(
         FormatKvTransportList(their_names), "; this prefill worker runs ",
         FormatKvTransportList(ours)));
   }
-  std::stable_sort(usable.begin(), usable.end(),
-                   [](const KvOffer& a, const KvOffer& b) {
-                     return KvTransportRank(a.transport) <
-                            KvTransportRank(b.transport);
-                   });
+  std::stable_sort(
+      usable.begin(), usable.end(), [](const KvOffer& a, const KvOffer& b) {
+        return KvTransportRank(a.transport) < KvTransportRank(b.transport);
+      });
   return usable;
 }
 
 std::string FormatKvTransportList(std::span<const std::string> names) {
-  return absl::StrCat(
-      "'", absl::StrJoin(names.begin(), names.end(), "', '"), "'");
+  return absl::StrCat("'", absl::StrJoin(names.begin(), names.end(), "', '"),
+                      "'");
 }
 
 }  // namespace pdserve::kv

@@ -63,9 +63,8 @@ absl::StatusOr<std::unique_ptr<KvPusher>> KvPusher::Create(
     for (const auto& lane : lanes) {
       if (lane->transport->capabilities().name ==
           transport->capabilities().name) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("KV transport '", transport->capabilities().name,
-                         "' given twice"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "KV transport '", transport->capabilities().name, "' given twice"));
       }
     }
     auto lane = std::make_unique<Lane>();
@@ -74,8 +73,8 @@ absl::StatusOr<std::unique_ptr<KvPusher>> KvPusher::Create(
     lane->transport = std::move(transport);
     lanes.push_back(std::move(lane));
   }
-  return std::unique_ptr<KvPusher>(new KvPusher(
-      std::move(lanes), local_blocks, layout, std::move(on_failure)));
+  return std::unique_ptr<KvPusher>(new KvPusher(std::move(lanes), local_blocks,
+                                                layout, std::move(on_failure)));
 }
 
 KvPusher::KvPusher(std::vector<std::unique_ptr<Lane>> lanes,
@@ -91,10 +90,11 @@ KvPusher::KvPusher(std::vector<std::unique_ptr<Lane>> lanes,
 std::vector<KvTransportCounters> KvPusher::counters() const {
   std::vector<KvTransportCounters> out;
   for (const auto& lane : lanes_) {
-    out.push_back({.transport = lane->transport->capabilities().name,
-                   .pushes = lane->pushes.load(std::memory_order_relaxed),
-                   .bytes = lane->bytes.load(std::memory_order_relaxed),
-                   .fallbacks = lane->fallbacks.load(std::memory_order_relaxed)});
+    out.push_back(
+        {.transport = lane->transport->capabilities().name,
+         .pushes = lane->pushes.load(std::memory_order_relaxed),
+         .bytes = lane->bytes.load(std::memory_order_relaxed),
+         .fallbacks = lane->fallbacks.load(std::memory_order_relaxed)});
   }
   return out;
 }
@@ -211,8 +211,9 @@ absl::StatusOr<KvPusher::Link> KvPusher::LinkFor(KvPush& push) {
   if (push.offer_ >= 0) {  // Chosen by an earlier job of the push.
     const kv::KvOffer& offer = offers[push.offer_];
     Lane* lane = LaneOf(offer);
-    PD_ASSIGN_OR_RETURN(kv::KvConnection * connection,
-                        ConnectionTo(push.connection_key_, offer, *lane, &is_new));
+    PD_ASSIGN_OR_RETURN(
+        kv::KvConnection * connection,
+        ConnectionTo(push.connection_key_, offer, *lane, &is_new));
     return Link{connection, lane, &offer};
   }
   const absl::Time now = absl::Now();
@@ -256,8 +257,8 @@ absl::StatusOr<KvPusher::Link> KvPusher::LinkFor(KvPush& push) {
     last = connection.status();
     if (failed_connects_.size() >= kMaxConnections) failed_connects_.clear();
     failed_connects_[key] = now + kSkipFailedConnect;
-    fallbacks.push_back(
-        absl::StrCat(offer.transport, " ", offer.endpoint, " (", last.ToString(), ")"));
+    fallbacks.push_back(absl::StrCat(offer.transport, " ", offer.endpoint, " (",
+                                     last.ToString(), ")"));
     if (!is_last) {
       lane->fallbacks.fetch_add(1, std::memory_order_relaxed);
       PD_LOG(WARNING) << "KV connect over " << offer.transport << " to "
@@ -277,8 +278,8 @@ void KvPusher::Fail(const std::shared_ptr<KvPush>& push,
   // it); a local-range error is a bug here, not the peer's doing.
   const std::string where =
       offer == nullptr ? std::string("KV push")
-                       : absl::StrCat("KV push over ", offer->transport,
-                                      " to ", offer->endpoint);
+                       : absl::StrCat("KV push over ", offer->transport, " to ",
+                                      offer->endpoint);
   if (absl::IsInvalidArgument(why)) {
     why = absl::InternalError(absl::StrCat(where, ": ", why.message()));
   } else {

@@ -187,13 +187,13 @@ absl::StatusOr<std::vector<kv::KvOffer>> PrefillWorker::CheckRequest(
   for (const wire::KvOffer& o : landing.offers()) {
     if (offered.size() > kv::kMaxKvOffers) break;  // Refused just below.
     offered.push_back({.transport = o.transport(),
-                      .endpoint = o.endpoint(),
-                      .region = kv::RegionId(o.region_id())});
+                       .endpoint = o.endpoint(),
+                       .region = kv::RegionId(o.region_id())});
   }
   if (offered.empty() && !landing.transport().empty()) {
     offered.push_back({.transport = landing.transport(),
-                      .endpoint = landing.endpoint(),
-                      .region = kv::RegionId(landing.region_id())});
+                       .endpoint = landing.endpoint(),
+                       .region = kv::RegionId(landing.region_id())});
   }
   return kv::ChooseKvOffers(offered, pusher_->transport_names());
 }
