@@ -171,19 +171,27 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
                         kv::CreateKvTransport(name, transport_options));
     w->receivers_.push_back({.transport = std::move(transport)});
   }
-  PD_ASSIGN_OR_RETURN(
-      worker->loop_,
-      EngineLoop::Start(options.engine,
-                        [w](Generator& g) { w->ExpireReservations(g); }));
+  PD_ASSIGN_OR_RETURN(worker->loop_,
+                      EngineLoop::Start(options.engine, [w](Generator& g) {
+                        w->ExpireReservations(g);
+                      }));
   std::vector<std::string> offered;
   for (Receiver& r : w->receivers_) {
-    PD_ASSIGN_OR_RETURN(r.region,
-                        r.transport->RegisterMemory(w->loop_->kv_memory()));
-    kv::KvTransport* transport = r.transport.get();
+    const kv::TransportCapabilities& caps = r.transport->capabilities();
+    absl::StatusOr<std::span<std::byte>> memory =
+        w->loop_->KvMemoryForTransport(caps.host_memory, caps.device_memory,
+                                       &r.staged);
+    if (!memory.ok()) {
+      return absl::Status(memory.status().code(),
+                          absl::StrCat("KV transport ", caps.name, ": ",
+                                       memory.status().message()));
+    }
+    PD_ASSIGN_OR_RETURN(r.region, r.transport->RegisterMemory(*memory));
     r.notification_thread =
-        std::thread([w, transport] { w->ReceiveNotifications(*transport); });
-    offered.push_back(absl::StrCat(r.transport->capabilities().name, " at ",
-                                   r.transport->endpoint()));
+        std::thread([w, &r] { w->ReceiveNotifications(r); });
+    offered.push_back(
+        absl::StrCat(caps.name, " at ", r.transport->endpoint(),
+                     r.staged ? " (staged through pinned host memory)" : ""));
   }
   PD_LOG(INFO) << "decode worker: model " << options.engine.model << ", "
                << worker->loop_->num_kv_blocks() << " KV blocks of "
@@ -230,10 +238,10 @@ std::string DecodeWorker::worker_id() const {
   return worker_id_;
 }
 
-void DecodeWorker::ReceiveNotifications(kv::KvTransport& transport) {
+void DecodeWorker::ReceiveNotifications(const Receiver& receiver) {
   while (!stopping_) {
     absl::StatusOr<kv::Notification> n =
-        transport.WaitNotification(absl::Milliseconds(100));
+        receiver.transport->WaitNotification(absl::Milliseconds(100));
     if (!n.ok()) {
       if (!absl::IsDeadlineExceeded(n.status())) {
         PD_LOG(WARNING) << "KV notification: " << n.status();
@@ -246,11 +254,13 @@ void DecodeWorker::ReceiveNotifications(kv::KvTransport& transport) {
                       << n->message.size() << " bytes)";
       continue;
     }
-    loop_->Post([this, complete](Generator& g) { OnKvComplete(complete, g); });
+    loop_->Post([this, complete, staged = receiver.staged](Generator& g) {
+      OnKvComplete(complete, staged, g);
+    });
   }
 }
 
-void DecodeWorker::OnKvComplete(const wire::KvComplete& complete,
+void DecodeWorker::OnKvComplete(const wire::KvComplete& complete, bool staged,
                                 Generator& generator) {
   auto it = reservations_.find(RequestId(complete.request_id()));
   if (it == reservations_.end()) {
@@ -262,6 +272,7 @@ void DecodeWorker::OnKvComplete(const wire::KvComplete& complete,
   }
   it->second.kv_complete = true;
   it->second.kv_tokens = complete.num_tokens();
+  it->second.kv_staged = staged;
   if (std::shared_ptr<DecodeCall> parked = std::move(it->second.parked)) {
     ContinuePrefilled(parked, it, generator);
   }
@@ -332,13 +343,43 @@ void DecodeWorker::ContinuePrefilled(const std::shared_ptr<DecodeCall>& call,
         "KV of ", it->second.kv_tokens, " tokens landed for request ", id.value,
         ", whose prompt has ", prompt_tokens));
   } else {
+    if (it->second.kv_staged) status = UnstageKv(it->second, prompt_tokens);
     // On success the Generator takes the reservation's blocks.
-    status = generator.AddPrefilled(FromWire(request.request()),
-                                    request.first_token().token_id());
+    if (status.ok()) {
+      status = generator.AddPrefilled(FromWire(request.request()),
+                                      request.first_token().token_id());
+    }
   }
   if (!status.ok()) generator.ReleaseReservation(id);
   reservations_.erase(it);
   Begin(call, std::move(status));
+}
+
+absl::Status DecodeWorker::UnstageKv(const Reservation& reservation,
+                                     uint32_t tokens) {
+  const KvBlockLayout& layout = loop_->kv_layout();
+  const int32_t pool_blocks = loop_->num_kv_blocks();
+  const int64_t needed =
+      (int64_t{tokens} + layout.block_size - 1) / layout.block_size;
+  if (needed > static_cast<int64_t>(reservation.blocks.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV of ", tokens, " tokens does not fit the ",
+                     reservation.blocks.size(), " reserved blocks"));
+  }
+  std::vector<KvByteRange> ranges;
+  for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
+    ForEachKvRange(layout, layer, reservation.blocks.data(), pool_blocks,
+                   reservation.blocks.data(), pool_blocks, 0,
+                   static_cast<int32_t>(tokens),
+                   [&](size_t offset, size_t, size_t length) {
+                     ranges.push_back({.offset = offset, .length = length});
+                   });
+  }
+  if (absl::Status s = loop_->CopyKvFromHostStaging(ranges); !s.ok()) {
+    return absl::InternalError(
+        absl::StrCat("copying staged KV into the pool: ", s.ToString()));
+  }
+  return absl::OkStatus();
 }
 
 void DecodeWorker::Begin(const std::shared_ptr<DecodeCall>& call,
@@ -408,7 +449,8 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(
     response->mutable_block_ids()->Reserve(static_cast<int>(blocks->size()));
     for (BlockId b : *blocks) response->add_block_ids(b.value);
     reservations_[id] =
-        Reservation{.expires = absl::Now() + options_.reservation_timeout};
+        Reservation{.expires = absl::Now() + options_.reservation_timeout,
+                    .blocks = {blocks->begin(), blocks->end()}};
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;

@@ -6,7 +6,11 @@
 // prefill workers write the prompt's KV straight into those blocks and send
 // a KvComplete notification, and Decode() then continues the request from
 // its first token in the continuous-batching loop, streaming tokens. A
-// Decode without a first token prefills locally (colocated mode).
+// Decode without a first token prefills locally (colocated mode). A device
+// pool (cuda backend) is registered as is with transports of device memory
+// (cuda_ipc, nccl) and through its pinned host staging with the others; KV
+// landing in the staging is copied into the pool at KvComplete, before
+// the request decodes.
 //
 // One request, across the threads that touch it:
 //   gRPC threads         Reserve / Decode / Release / cancellation: post a
@@ -113,6 +117,10 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
     // KvComplete arrived: the prompt's KV of kv_tokens tokens landed.
     bool kv_complete = false;
     uint32_t kv_tokens = 0;
+    // It landed in the pool's host staging, not in the pool.
+    bool kv_staged = false;
+    // The reserved blocks, in sequence order.
+    std::vector<BlockId> blocks;
     // A Decode waiting for KvComplete.
     std::shared_ptr<DecodeCall> parked;
   };
@@ -123,12 +131,16 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   struct Receiver {
     std::unique_ptr<kv::KvTransport> transport;
     std::optional<kv::RegionId> region;  // Set once in Create.
+    // The region is the pool's host staging (a device pool over a
+    // transport of host memory): KV landing through it is copied into the
+    // pool before the request decodes.
+    bool staged = false;
     std::thread notification_thread;
   };
 
   explicit DecodeWorker(const DecodeWorkerOptions& options);
   std::string worker_id() const ABSL_LOCKS_EXCLUDED(mu_);
-  void ReceiveNotifications(kv::KvTransport& transport);
+  void ReceiveNotifications(const Receiver& receiver);
 
   // Loop thread.
   void StartDecode(const std::shared_ptr<DecodeCall>& call,
@@ -141,8 +153,11 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   void Begin(const std::shared_ptr<DecodeCall>& call, absl::Status status);
   void CancelDecode(const std::shared_ptr<DecodeCall>& call,
                     Generator& generator);
-  void OnKvComplete(const internal::v1::KvComplete& complete,
+  void OnKvComplete(const internal::v1::KvComplete& complete, bool staged,
                     Generator& generator);
+  // Copies the staged KV of `reservation`'s first `tokens` positions, every
+  // layer, from the host staging into the pool.
+  absl::Status UnstageKv(const Reservation& reservation, uint32_t tokens);
   void ExpireReservations(Generator& generator);
 
   const DecodeWorkerOptions options_;

@@ -10,7 +10,8 @@ namespace pdserve {
 absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(
     const EngineConfig& config, absl::AnyInvocable<void(Generator&)> tick) {
   if (config.kv_cache_bytes == 0 || config.block_size < 1) {
-    return absl::InvalidArgumentError("kv_cache_bytes and block_size must be positive");
+    return absl::InvalidArgumentError(
+        "kv_cache_bytes and block_size must be positive");
   }
   if (config.num_threads < 0) {
     return absl::InvalidArgumentError("num_threads must not be negative");
@@ -18,12 +19,14 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(
   if (config.tick_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("tick_period must be positive");
   }
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(config.model));
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                      CreateModelRunner(model, {.backend = config.backend,
-                                                .kv_cache_bytes = config.kv_cache_bytes,
-                                                .block_size = config.block_size,
-                                                .num_threads = config.num_threads}));
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
+                      Model::Load(config.model));
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelRunner> runner,
+      CreateModelRunner(model, {.backend = config.backend,
+                                .kv_cache_bytes = config.kv_cache_bytes,
+                                .block_size = config.block_size,
+                                .num_threads = config.num_threads}));
   Options options;
   options.generator = {.max_batch_tokens = config.max_batch_tokens,
                        .max_running = config.max_running,
@@ -37,12 +40,14 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Create(
     absl::AnyInvocable<void(Generator&)> tick) {
   auto generator = Generator::Create(runner.get(), options.generator);
   if (!generator.ok()) return generator.status();
-  return std::unique_ptr<EngineLoop>(
-      new EngineLoop(std::move(runner), *std::move(generator), options, std::move(tick)));
+  return std::unique_ptr<EngineLoop>(new EngineLoop(
+      std::move(runner), *std::move(generator), options, std::move(tick)));
 }
 
-EngineLoop::EngineLoop(std::unique_ptr<ModelRunner> runner, std::unique_ptr<Generator> generator,
-                       const Options& options, absl::AnyInvocable<void(Generator&)> tick)
+EngineLoop::EngineLoop(std::unique_ptr<ModelRunner> runner,
+                       std::unique_ptr<Generator> generator,
+                       const Options& options,
+                       absl::AnyInvocable<void(Generator&)> tick)
     : runner_(std::move(runner)),
       generator_(std::move(generator)),
       options_(options),
@@ -58,8 +63,26 @@ EngineLoop::~EngineLoop() {
   }
   thread_.join();
   for (auto& [id, sink] : sinks_) {
-    sink(GenerationEvent{.id = id, .has_token = false, .finish = FinishReason::kCancelled});
+    sink(GenerationEvent{
+        .id = id, .has_token = false, .finish = FinishReason::kCancelled});
   }
+}
+
+absl::StatusOr<std::span<std::byte>> EngineLoop::KvMemoryForTransport(
+    bool takes_host_memory, bool takes_device_memory, bool* staged) {
+  *staged = false;
+  if (runner_->kv_memory_kind() == KvMemoryKind::kHost) {
+    if (!takes_host_memory) {
+      return absl::FailedPreconditionError(
+          "the transport moves device memory only, and this backend's KV pool "
+          "is in host "
+          "memory (run the cuda backend, or a host-memory transport)");
+    }
+    return runner_->kv_memory();
+  }
+  if (takes_device_memory) return runner_->kv_memory();
+  *staged = true;
+  return runner_->KvHostStaging();
 }
 
 void EngineLoop::Post(Command command) {
@@ -67,7 +90,9 @@ void EngineLoop::Post(Command command) {
   commands_.push_back(std::move(command));
 }
 
-void EngineLoop::Subscribe(RequestId id, EventSink sink) { sinks_[id] = std::move(sink); }
+void EngineLoop::Subscribe(RequestId id, EventSink sink) {
+  sinks_[id] = std::move(sink);
+}
 
 void EngineLoop::Unsubscribe(RequestId id) { sinks_.erase(id); }
 
@@ -78,12 +103,13 @@ EngineLoad EngineLoop::load() const {
 
 void EngineLoop::PublishLoad() {
   const KvBlockPool& pool = generator_->block_pool();
-  EngineLoad load{.total_blocks = pool.num_blocks(),
-                  .free_blocks = pool.num_free(),
-                  .running = generator_->num_running(),
-                  .waiting = generator_->num_waiting(),
-                  .reserved = generator_->num_reserved(),
-                  .pending_prompt_tokens = generator_->num_pending_prompt_tokens()};
+  EngineLoad load{
+      .total_blocks = pool.num_blocks(),
+      .free_blocks = pool.num_free(),
+      .running = generator_->num_running(),
+      .waiting = generator_->num_waiting(),
+      .reserved = generator_->num_reserved(),
+      .pending_prompt_tokens = generator_->num_pending_prompt_tokens()};
   absl::MutexLock lock(&mu_);
   load_ = load;
 }

@@ -79,7 +79,8 @@ class EngineLoop {
   // INVALID_ARGUMENT for a config out of range; the model's and runner's
   // errors as they come.
   static absl::StatusOr<std::unique_ptr<EngineLoop>> Start(
-      const EngineConfig& config, absl::AnyInvocable<void(Generator&)> tick = nullptr);
+      const EngineConfig& config,
+      absl::AnyInvocable<void(Generator&)> tick = nullptr);
 
   // Starts the loop thread. `tick`, when set, runs on it at least every
   // tick_period (for expiring reservations and the like).
@@ -110,9 +111,31 @@ class EngineLoop {
   // loop (e.g. read blocks only between the layer report and their release).
   std::span<std::byte> kv_memory() const { return runner_->kv_memory(); }
 
+  // The memory a KV transport registers to move the pool: kv_memory() when
+  // the transport takes memory where the pool lives; pinned host memory
+  // laid out like it (ModelRunner::KvHostStaging) when the pool is in
+  // device memory and the transport takes host memory only — then
+  // `*staged` is set and the bytes pass through CopyKv{To,From}HostStaging.
+  // FAILED_PRECONDITION for a transport of device memory only over a host
+  // pool. Call before serving (not thread-safe against itself).
+  absl::StatusOr<std::span<std::byte>> KvMemoryForTransport(
+      bool takes_host_memory, bool takes_device_memory, bool* staged);
+  // ModelRunner::CopyKvToHostStaging: any thread, for ranges that no step
+  // writes meanwhile (a request's KV between its layer report and its
+  // release).
+  absl::Status CopyKvToHostStaging(std::span<const KvByteRange> ranges) {
+    return runner_->CopyKvToHostStaging(ranges);
+  }
+  // ModelRunner::CopyKvFromHostStaging: loop thread only (inside a
+  // command), for blocks no running sequence reads yet.
+  absl::Status CopyKvFromHostStaging(std::span<const KvByteRange> ranges) {
+    return runner_->CopyKvFromHostStaging(ranges);
+  }
+
  private:
-  EngineLoop(std::unique_ptr<ModelRunner> runner, std::unique_ptr<Generator> generator,
-             const Options& options, absl::AnyInvocable<void(Generator&)> tick);
+  EngineLoop(std::unique_ptr<ModelRunner> runner,
+             std::unique_ptr<Generator> generator, const Options& options,
+             absl::AnyInvocable<void(Generator&)> tick);
   void Run();
   void Dispatch(const GenerationEvent& event);
   void PublishLoad();
@@ -120,7 +143,7 @@ class EngineLoop {
   const std::unique_ptr<ModelRunner> runner_;
   const std::unique_ptr<Generator> generator_;  // Loop thread only.
   const Options options_;
-  absl::AnyInvocable<void(Generator&)> tick_;  // Loop thread only.
+  absl::AnyInvocable<void(Generator&)> tick_;        // Loop thread only.
   absl::flat_hash_map<RequestId, EventSink> sinks_;  // Loop thread only.
 
   mutable absl::Mutex mu_;

@@ -498,7 +498,8 @@ class CudaIpcTransport final : public KvTransport {
   const TransportOptions options_;
   const int device_;
   const TransportCapabilities caps_{kName, /*device_memory=*/true,
-                                    /*one_sided=*/false, /*cross_host=*/false};
+                                    /*one_sided=*/false, /*cross_host=*/false,
+                                    /*host_memory=*/false};
   const std::string endpoint_;
   DeviceRegionTable regions_;
   NotificationQueue notifications_;

@@ -507,7 +507,8 @@ class NcclTransport final : public KvTransport {
   const int device_;
   const cudaUUID_t uuid_;
   const TransportCapabilities caps_{kName, /*device_memory=*/true,
-                                    /*one_sided=*/false, /*cross_host=*/true};
+                                    /*one_sided=*/false, /*cross_host=*/true,
+                                    /*host_memory=*/false};
   const std::string endpoint_;
   DeviceRegionTable regions_;
   NotificationQueue notifications_;

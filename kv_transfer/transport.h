@@ -49,6 +49,9 @@ struct TransportCapabilities {
   bool device_memory = false;  // Can register GPU memory directly.
   bool one_sided = false;      // Writes land without the receiver's CPU.
   bool cross_host = false;     // Reaches other machines.
+  // Moves a host-memory KV pool (false: device memory only; a worker with
+  // a host pool must not offer or use it).
+  bool host_memory = true;
 };
 
 struct Notification {
@@ -112,9 +115,11 @@ class KvTransport {
   virtual absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) = 0;
 };
 
-// "tcp", "inproc", or, when built with UCX, "ucx" (UCX_TLS from the
-// environment), "ucx:shm", "ucx:tcp" or "ucx:TLS-LIST". NOT_FOUND for a
-// transport not built into this binary.
+// "tcp", "inproc"; when built with UCX, "ucx" (UCX_TLS from the
+// environment), "ucx:shm", "ucx:tcp" or "ucx:TLS+LIST" (UCX transports
+// joined with '+', e.g. "ucx:rc_verbs+sm"); when built with CUDA,
+// "cuda_ipc" and "nccl" (FAILED_PRECONDITION without a device).
+// NOT_FOUND for a transport not built into this binary.
 absl::StatusOr<std::unique_ptr<KvTransport>> CreateKvTransport(std::string_view name,
                                                                const TransportOptions& options);
 

@@ -44,22 +44,27 @@ std::vector<std::string> KvPusher::NamesOf(
 }
 
 absl::StatusOr<std::unique_ptr<KvPusher>> KvPusher::Create(
-    std::vector<std::unique_ptr<kv::KvTransport>> transports,
-    std::span<std::byte> local_memory, int32_t local_blocks,
-    const KvBlockLayout& layout, FailureCallback on_failure) {
-  if (local_memory.size() <
-      layout.block_bytes() * static_cast<size_t>(local_blocks)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV memory of ", local_memory.size(), " bytes is smaller than ",
-        local_blocks, " blocks of ", layout.block_bytes()));
-  }
+    std::vector<KvPusherTransport> transports, int32_t local_blocks,
+    const KvBlockLayout& layout, StageCallback stage,
+    FailureCallback on_failure) {
   if (transports.empty() || transports.size() > kv::kMaxKvOffers) {
     return absl::InvalidArgumentError(
         absl::StrCat("a KV pusher runs 1 to ", kv::kMaxKvOffers,
                      " transports, not ", transports.size()));
   }
   std::vector<std::unique_ptr<Lane>> lanes;
-  for (std::unique_ptr<kv::KvTransport>& transport : transports) {
+  for (KvPusherTransport& t : transports) {
+    std::unique_ptr<kv::KvTransport>& transport = t.transport;
+    if (t.memory.size() <
+        layout.block_bytes() * static_cast<size_t>(local_blocks)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV memory of ", t.memory.size(), " bytes is smaller than ",
+          local_blocks, " blocks of ", layout.block_bytes()));
+    }
+    if (t.staged && stage == nullptr) {
+      return absl::InvalidArgumentError(
+          "a staged KV transport needs a stage callback");
+    }
     for (const auto& lane : lanes) {
       if (lane->transport->capabilities().name ==
           transport->capabilities().name) {
@@ -69,21 +74,24 @@ absl::StatusOr<std::unique_ptr<KvPusher>> KvPusher::Create(
     }
     auto lane = std::make_unique<Lane>();
     PD_ASSIGN_OR_RETURN(lane->local_region,
-                        transport->RegisterMemory(local_memory));
+                        transport->RegisterMemory(t.memory));
+    lane->staged = t.staged;
     lane->transport = std::move(transport);
     lanes.push_back(std::move(lane));
   }
   return std::unique_ptr<KvPusher>(new KvPusher(std::move(lanes), local_blocks,
-                                                layout, std::move(on_failure)));
+                                                layout, std::move(stage),
+                                                std::move(on_failure)));
 }
 
 KvPusher::KvPusher(std::vector<std::unique_ptr<Lane>> lanes,
                    int32_t local_blocks, const KvBlockLayout& layout,
-                   FailureCallback on_failure)
+                   StageCallback stage, FailureCallback on_failure)
     : lanes_(std::move(lanes)),
       transport_names_(NamesOf(lanes_)),
       local_blocks_(local_blocks),
       layout_(layout),
+      stage_(std::move(stage)),
       on_failure_(std::move(on_failure)),
       thread_([this] { Run(); }) {}
 
@@ -311,6 +319,16 @@ void KvPusher::RunLayer(Job& job) {
                                    .length = length});
                    bytes += length;
                  });
+  if (link->lane->staged) {
+    staged_.clear();
+    for (const kv::WriteOp& op : ops_)
+      staged_.push_back({.offset = op.local_offset, .length = op.length});
+    if (absl::Status s = stage_(staged_); !s.ok()) {
+      return Fail(job.push, nullptr,
+                  absl::InternalError(absl::StrCat(
+                      "staging KV in host memory: ", s.ToString())));
+    }
+  }
   if (absl::Status s = link->connection->Write(ops_); !s.ok()) {
     return Fail(job.push, link->offer, std::move(s));
   }

@@ -14,7 +14,10 @@
 // engine release them.
 //
 // The pusher runs one or more transports (the prefill worker's
-// --kv_transport list), each with the local pool registered once. A push
+// --kv_transport list), each with the local pool registered once: the pool
+// itself, or — a device pool over a transport of host memory — its pinned
+// host staging, into which each layer job first copies its ranges (the
+// stage callback) and from which the transport then reads them. A push
 // carries the landing's usable offers, best first (kv::ChooseKvOffers); its
 // first write connects to the first offer that answers, falling back past
 // offers whose connect fails (or failed in the last 10 s: passed over
@@ -124,6 +127,16 @@ struct LayerKv {
   int32_t end = 0;
 };
 
+// One transport a pusher runs, and the local pool's memory as it reads it.
+struct KvPusherTransport {
+  std::unique_ptr<kv::KvTransport> transport;
+  // Registered with `transport` once: the pool, or its host staging.
+  std::span<std::byte> memory;
+  // `memory` is the pool's host staging: each write's ranges are staged
+  // (KvPusher's StageCallback) before the transport reads them.
+  bool staged = false;
+};
+
 // What a pusher moved over one of its transports since it started.
 struct KvTransportCounters {
   std::string transport;
@@ -145,15 +158,20 @@ class KvPusher {
   // its `done`), so the caller can stop computing it; must not block.
   using FailureCallback =
       absl::AnyInvocable<void(const std::shared_ptr<KvPush>& push)>;
+  // Called on the pusher thread before a staged transport's write: copies
+  // `ranges` of the pool into its host staging (EngineLoop::
+  // CopyKvToHostStaging) and returns when they are there.
+  using StageCallback =
+      absl::AnyInvocable<absl::Status(std::span<const KvByteRange> ranges)>;
 
-  // Registers `local_memory` (a KV pool of `local_blocks` blocks laid out
-  // as `layout`) with every one of `transports` (1 to kv::kMaxKvOffers,
-  // distinct names) and starts the pusher thread. The memory must outlive
-  // the pusher.
+  // Registers each transport's memory (a KV pool of `local_blocks` blocks
+  // laid out as `layout`, or its staging) with it (1 to kv::kMaxKvOffers
+  // transports, distinct names) and starts the pusher thread. The memory
+  // must outlive the pusher. `stage` is needed when a transport is staged.
   static absl::StatusOr<std::unique_ptr<KvPusher>> Create(
-      std::vector<std::unique_ptr<kv::KvTransport>> transports,
-      std::span<std::byte> local_memory, int32_t local_blocks,
-      const KvBlockLayout& layout, FailureCallback on_failure);
+      std::vector<KvPusherTransport> transports, int32_t local_blocks,
+      const KvBlockLayout& layout, StageCallback stage,
+      FailureCallback on_failure);
 
   // Stop()s, then closes the transports.
   ~KvPusher();
@@ -189,6 +207,7 @@ class KvPusher {
   struct Lane {
     std::unique_ptr<kv::KvTransport> transport;
     kv::RegionId local_region;
+    bool staged = false;
     std::atomic<uint64_t> pushes = 0;
     std::atomic<uint64_t> bytes = 0;
     std::atomic<uint64_t> fallbacks = 0;
@@ -215,7 +234,8 @@ class KvPusher {
   };
 
   KvPusher(std::vector<std::unique_ptr<Lane>> lanes, int32_t local_blocks,
-           const KvBlockLayout& layout, FailureCallback on_failure);
+           const KvBlockLayout& layout, StageCallback stage,
+           FailureCallback on_failure);
   void Run();
   void RunLayer(Job& job);
   void RunFinish(Job& job);
@@ -237,6 +257,7 @@ class KvPusher {
   const std::vector<std::string> transport_names_;
   const int32_t local_blocks_;
   const KvBlockLayout layout_;
+  StageCallback stage_;         // Pusher thread only.
   FailureCallback on_failure_;  // Pusher thread only.
 
   // Pusher thread only. Keyed by transport name + '\n' + endpoint.
@@ -244,7 +265,8 @@ class KvPusher {
       connections_;
   // Offers whose connect failed, until when they are passed over.
   absl::flat_hash_map<std::string, absl::Time> failed_connects_;
-  std::vector<kv::WriteOp> ops_;  // Scratch.
+  std::vector<kv::WriteOp> ops_;     // Scratch.
+  std::vector<KvByteRange> staged_;  // Scratch.
 
   absl::Mutex mu_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);

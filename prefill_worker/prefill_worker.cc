@@ -64,22 +64,37 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
                       kv::ParseKvTransportList(options.kv_transport));
   kv::TransportOptions transport_options;
   transport_options.io_timeout = options.transfer_timeout;
-  std::vector<std::unique_ptr<kv::KvTransport>> transports;
-  for (const std::string& name : names) {
-    PD_ASSIGN_OR_RETURN(transports.emplace_back(),
-                        kv::CreateKvTransport(name, transport_options));
-  }
-
   std::unique_ptr<PrefillWorker> worker(
       new PrefillWorker(options, std::move(loop)));
   PrefillWorker* w = worker.get();
-  PD_ASSIGN_OR_RETURN(
-      worker->pusher_,
-      KvPusher::Create(std::move(transports), w->loop_->kv_memory(),
-                       w->loop_->num_kv_blocks(), w->loop_->kv_layout(),
-                       [w](const std::shared_ptr<KvPush>& push) {
-                         w->CancelInEngine(push);
-                       }));
+  std::vector<KvPusherTransport> transports;
+  std::vector<std::string> staged;
+  for (const std::string& name : names) {
+    KvPusherTransport& t = transports.emplace_back();
+    PD_ASSIGN_OR_RETURN(t.transport,
+                        kv::CreateKvTransport(name, transport_options));
+    const kv::TransportCapabilities& caps = t.transport->capabilities();
+    absl::StatusOr<std::span<std::byte>> memory =
+        w->loop_->KvMemoryForTransport(caps.host_memory, caps.device_memory,
+                                       &t.staged);
+    if (!memory.ok()) {
+      return absl::Status(
+          memory.status().code(),
+          absl::StrCat("KV transport ", name, ": ", memory.status().message()));
+    }
+    t.memory = *memory;
+    if (t.staged) staged.push_back(name);
+  }
+  PD_ASSIGN_OR_RETURN(worker->pusher_,
+                      KvPusher::Create(
+                          std::move(transports), w->loop_->num_kv_blocks(),
+                          w->loop_->kv_layout(),
+                          [w](std::span<const KvByteRange> ranges) {
+                            return w->loop_->CopyKvToHostStaging(ranges);
+                          },
+                          [w](const std::shared_ptr<KvPush>& push) {
+                            w->CancelInEngine(push);
+                          }));
   w->loop_->Post([w](Generator& generator) {
     generator.set_kv_layer_observer(
         [w](int32_t layer, std::span<const ComputedKv> computed) {
@@ -89,7 +104,11 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
   PD_LOG(INFO) << "prefill worker: model " << options.engine.model << ", "
                << w->loop_->num_kv_blocks() << " KV blocks of "
                << options.engine.block_size << " tokens, KV pushed over "
-               << kv::FormatKvTransportList(w->pusher_->transport_names());
+               << kv::FormatKvTransportList(w->pusher_->transport_names())
+               << (staged.empty()
+                       ? std::string()
+                       : absl::StrCat(" (staged through pinned host memory: ",
+                                      kv::FormatKvTransportList(staged), ")"));
   return worker;
 }
 
@@ -104,10 +123,13 @@ PrefillWorker::~PrefillWorker() {
     absl::MutexLock lock(&mu_);
     loop_gone_ = true;
   }
-  // Sinks still subscribed get a cancellation, which queues their push's
-  // end on the pusher; Stop() then finishes those calls with UNAVAILABLE.
-  loop_.reset();
+  // The pusher stops first: its writes read the pool (and its staging
+  // copies go through the runner), which go with the loop. Stop() finishes
+  // the calls it has queued with UNAVAILABLE; sinks still subscribed then
+  // get a cancellation from the loop's destructor, and their push's Finish
+  // runs its `done` at once.
   if (pusher_ != nullptr) pusher_->Stop();
+  loop_.reset();
 }
 
 void PrefillWorker::set_worker_id(std::string id) {

@@ -20,10 +20,13 @@
 #include "engine/generator.h"
 #include "engine/llama2c.h"
 #include "gtest/gtest.h"
-#include "tests/engine/test_util.h"
-#include "nlohmann/json.hpp"
 #include "kv_transfer/transport.h"
+#include "nlohmann/json.hpp"
 #include "tests/cluster/local_cluster.h"
+#include "tests/engine/test_util.h"
+#if PDSERVE_HAVE_CUDA
+#include "engine/cuda/cuda_model_runner.h"
+#endif
 
 namespace pdserve {
 namespace {
@@ -45,9 +48,11 @@ struct StreamResult {
 
 // Runs one Generate stream to its end. `on_message` returning false cancels
 // the call.
-StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+StreamResult Generate(v1::Generation::Stub& stub,
+                      const v1::GenerateRequest& request,
                       absl::Duration deadline = absl::Seconds(120),
-                      const std::function<bool(const v1::GenerateResponse&)>& on_message = nullptr) {
+                      const std::function<bool(const v1::GenerateResponse&)>&
+                          on_message = nullptr) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   StreamResult out;
@@ -55,7 +60,8 @@ StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req
   v1::GenerateResponse r;
   while (reader->Read(&r)) {
     ++out.messages;
-    out.tokens.insert(out.tokens.end(), r.token_ids().begin(), r.token_ids().end());
+    out.tokens.insert(out.tokens.end(), r.token_ids().begin(),
+                      r.token_ids().end());
     out.text += r.text();
     if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       out.finish = r.finish_reason();
@@ -74,7 +80,8 @@ struct Case {
 
 v1::GenerateRequest ToRequest(const Case& c) {
   v1::GenerateRequest r;
-  r.mutable_token_ids()->mutable_ids()->Assign(c.prompt.begin(), c.prompt.end());
+  r.mutable_token_ids()->mutable_ids()->Assign(c.prompt.begin(),
+                                               c.prompt.end());
   r.mutable_sampling()->set_temperature(c.sampling.temperature);
   r.mutable_sampling()->set_top_p(c.sampling.top_p);
   r.mutable_sampling()->set_top_k(c.sampling.top_k);
@@ -88,12 +95,14 @@ v1::GenerateRequest ToRequest(const Case& c) {
 std::vector<std::vector<int32_t>> Colocated(const std::vector<Case>& cases) {
   auto model = MakeTinyModel();
   EXPECT_TRUE(model.ok());
-  auto runner = CreateModelRunner(*model, {.num_kv_blocks = 512, .num_threads = 1});
+  auto runner =
+      CreateModelRunner(*model, {.num_kv_blocks = 512, .num_threads = 1});
   EXPECT_TRUE(runner.ok());
   auto g = Generator::Create(runner->get(), {});
   EXPECT_TRUE(g.ok());
   for (size_t i = 0; i < cases.size(); ++i) {
-    EXPECT_TRUE((*g)->Add({RequestId(i), cases[i].prompt, cases[i].sampling}).ok());
+    EXPECT_TRUE(
+        (*g)->Add({RequestId(i), cases[i].prompt, cases[i].sampling}).ok());
   }
   std::vector<std::vector<int32_t>> out(cases.size());
   std::vector<GenerationEvent> events;
@@ -113,8 +122,10 @@ std::vector<Case> MixedCases(uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<Case> cases;
   for (int i = 0; i < 32; ++i) {
-    const int len = i % 4 == 0 ? 150 + static_cast<int>(rng() % 150) : 1 + static_cast<int>(rng() % 60);
-    SamplingParams sp{.temperature = 0.0f, .max_tokens = 8 + static_cast<int32_t>(rng() % 24)};
+    const int len = i % 4 == 0 ? 150 + static_cast<int>(rng() % 150)
+                               : 1 + static_cast<int>(rng() % 60);
+    SamplingParams sp{.temperature = 0.0f,
+                      .max_tokens = 8 + static_cast<int32_t>(rng() % 24)};
     if (i % 2 == 1) {
       sp.temperature = 0.8f;
       sp.top_p = 0.95f;
@@ -131,7 +142,8 @@ std::vector<StreamResult> RunConcurrently(v1::Generation::Stub& stub,
   std::vector<StreamResult> results(cases.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < cases.size(); ++i) {
-    threads.emplace_back([&, i] { results[i] = Generate(stub, ToRequest(cases[i])); });
+    threads.emplace_back(
+        [&, i] { results[i] = Generate(stub, ToRequest(cases[i])); });
   }
   for (auto& t : threads) t.join();
   return results;
@@ -139,18 +151,22 @@ std::vector<StreamResult> RunConcurrently(v1::Generation::Stub& stub,
 
 // Runs MixedCases through a cluster of `spec` (the first `num_cases` of
 // them), checks them against the colocated engine, then calls `then`.
-void ExpectEqualsColocated(const ClusterSpec& spec, size_t num_cases = 32,
-                           const std::function<void(LocalCluster&)>& then = nullptr) {
+void ExpectEqualsColocated(
+    const ClusterSpec& spec, size_t num_cases = 32,
+    const std::function<void(LocalCluster&)>& then = nullptr) {
   auto started = LocalCluster::Start(spec);
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
   std::vector<Case> cases = MixedCases(spec.prefill * 10 + spec.decode);
   cases.resize(std::min(cases.size(), num_cases));
   const std::vector<std::vector<int32_t>> want = Colocated(cases);
-  const std::vector<StreamResult> got = RunConcurrently(cluster.router(), cases);
+  const std::vector<StreamResult> got =
+      RunConcurrently(cluster.router(), cases);
   for (size_t i = 0; i < cases.size(); ++i) {
-    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
-    EXPECT_EQ(got[i].tokens, want[i]) << "request " << i << ", prompt " << cases[i].prompt.size();
+    ASSERT_TRUE(got[i].status.ok())
+        << i << ": " << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, want[i])
+        << "request " << i << ", prompt " << cases[i].prompt.size();
     EXPECT_NE(got[i].finish, v1::FINISH_REASON_UNSPECIFIED);
     EXPECT_EQ(got[i].usage.prompt_tokens(), cases[i].prompt.size());
     EXPECT_EQ(got[i].usage.completion_tokens(), want[i].size());
@@ -158,9 +174,13 @@ void ExpectEqualsColocated(const ClusterSpec& spec, size_t num_cases = 32,
   if (then) then(cluster);
 }
 
-TEST(ClusterTest, OnePrefillOneDecodeEqualsColocated) { ExpectEqualsColocated({.prefill = 1, .decode = 1}); }
+TEST(ClusterTest, OnePrefillOneDecodeEqualsColocated) {
+  ExpectEqualsColocated({.prefill = 1, .decode = 1});
+}
 
-TEST(ClusterTest, TwoPrefillTwoDecodeEqualsColocated) { ExpectEqualsColocated({.prefill = 2, .decode = 2}); }
+TEST(ClusterTest, TwoPrefillTwoDecodeEqualsColocated) {
+  ExpectEqualsColocated({.prefill = 2, .decode = 2});
+}
 
 TEST(ClusterTest, WithoutPrefillWorkersDecodeWorkersPrefillLocally) {
   ExpectEqualsColocated({.prefill = 0, .decode = 1});
@@ -198,16 +218,18 @@ std::map<std::string, uint64_t> PushesByTransport(LocalCluster& cluster,
   return pushes;
 }
 
-constexpr char kWorkerArgs[] = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
+constexpr char kWorkerArgs[] =
+    "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
 
 TEST(ClusterTest, OnePrefillOneDecodeOverUcxSharedMemoryEqualsColocated) {
   if (!HasKvTransport("ucx:shm")) GTEST_SKIP() << "ucx is not built";
   const std::string args = absl::StrCat(kWorkerArgs, " --kv_transport=ucx:shm");
-  ExpectEqualsColocated({.prefill = 1, .decode = 1, .prefill_args = args, .decode_args = args},
-                        /*num_cases=*/12, [](LocalCluster& cluster) {
-                          EXPECT_EQ(PushesByTransport(cluster, "prefill-0", 12),
-                                    (std::map<std::string, uint64_t>{{"ucx:shm", 12}}));
-                        });
+  ExpectEqualsColocated(
+      {.prefill = 1, .decode = 1, .prefill_args = args, .decode_args = args},
+      /*num_cases=*/12, [](LocalCluster& cluster) {
+        EXPECT_EQ(PushesByTransport(cluster, "prefill-0", 12),
+                  (std::map<std::string, uint64_t>{{"ucx:shm", 12}}));
+      });
 }
 
 // The decode worker offers ucx:shm and tcp; the prefill worker runs only
@@ -229,25 +251,32 @@ TEST(ClusterTest, Stories260kThroughTheClusterGivesThePublishedText) {
   namespace fs = std::filesystem;
   const fs::path src = fs::path(PDSERVE_SHARED_DIR) / "models/stories260K";
   if (!fs::exists(src / "stories260K.bin")) GTEST_SKIP() << "no " << src;
-  const fs::path dir = fs::path(PDSERVE_BINARY_DIR) / "test-models/stories260K-cluster";
-  ASSERT_TRUE(ConvertLlama2cToHf(src / "stories260K.bin", src / "tok512.bin", dir).ok());
-  std::ifstream in(std::string(PDSERVE_FIXTURES_DIR) + "/stories260k_greedy.json");
+  const fs::path dir =
+      fs::path(PDSERVE_BINARY_DIR) / "test-models/stories260K-cluster";
+  ASSERT_TRUE(
+      ConvertLlama2cToHf(src / "stories260K.bin", src / "tok512.bin", dir)
+          .ok());
+  std::ifstream in(std::string(PDSERVE_FIXTURES_DIR) +
+                   "/stories260k_greedy.json");
   const nlohmann::json ref = nlohmann::json::parse(in);
   const auto want = ref["tokens"].get<std::vector<int32_t>>();
 
-  auto started = LocalCluster::Start({.prefill = 1, .decode = 1, .model = dir.string()});
+  auto started =
+      LocalCluster::Start({.prefill = 1, .decode = 1, .model = dir.string()});
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
   v1::GenerateRequest r;
-  for (int32_t id : ref["prompt_ids"].get<std::vector<int32_t>>()) r.mutable_token_ids()->add_ids(id);
+  for (int32_t id : ref["prompt_ids"].get<std::vector<int32_t>>())
+    r.mutable_token_ids()->add_ids(id);
   r.mutable_sampling()->set_temperature(0.0f);
   r.set_max_tokens(want.size());
   r.set_ignore_eos(true);
   const StreamResult got = Generate(cluster.router(), r);
   ASSERT_TRUE(got.status.ok()) << got.status.error_message();
   EXPECT_EQ(got.tokens, want);
-  EXPECT_TRUE(got.text.starts_with(
-      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."))
+  EXPECT_TRUE(
+      got.text.starts_with("Once upon a time, there was a little girl named "
+                           "Lily. She loved to play outside in the park."))
       << got.text;
 }
 
@@ -276,22 +305,27 @@ TEST(ClusterTest, CancelAndDeadlineFreeTheDecodeWorkersBlocks) {
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
   const int32_t idle = FreeBlocks(cluster, "decode-0");
-  Case long_case{RandomPrompt(100, 1), {.temperature = 0.0f, .max_tokens = 2000, .ignore_eos = true}};
+  Case long_case{RandomPrompt(100, 1),
+                 {.temperature = 0.0f, .max_tokens = 2000, .ignore_eos = true}};
 
   // Cancel after a few messages.
-  StreamResult cancelled = Generate(cluster.router(), ToRequest(long_case), absl::Seconds(60),
-                                    [](const v1::GenerateResponse&) { return false; });
+  StreamResult cancelled =
+      Generate(cluster.router(), ToRequest(long_case), absl::Seconds(60),
+               [](const v1::GenerateResponse&) { return false; });
   EXPECT_EQ(cancelled.status.error_code(), grpc::StatusCode::CANCELLED);
   ExpectBlocksReturnTo(cluster, idle);
 
   // A deadline that passes mid-stream.
-  StreamResult late = Generate(cluster.router(), ToRequest(long_case), absl::Milliseconds(300));
+  StreamResult late =
+      Generate(cluster.router(), ToRequest(long_case), absl::Milliseconds(300));
   EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   ExpectBlocksReturnTo(cluster, idle);
 
   // Still serving.
-  Case short_case{RandomPrompt(20, 2), {.temperature = 0.0f, .max_tokens = 5, .ignore_eos = true}};
-  EXPECT_EQ(Generate(cluster.router(), ToRequest(short_case)).tokens, Colocated({short_case})[0]);
+  Case short_case{RandomPrompt(20, 2),
+                  {.temperature = 0.0f, .max_tokens = 5, .ignore_eos = true}};
+  EXPECT_EQ(Generate(cluster.router(), ToRequest(short_case)).tokens,
+            Colocated({short_case})[0]);
   ExpectBlocksReturnTo(cluster, idle);
 }
 
@@ -301,7 +335,9 @@ TEST(ClusterTest, KilledPrefillWorkerUnderLoadEveryRequestStillCompletes) {
   LocalCluster& cluster = **started;
   std::vector<Case> cases;
   for (int i = 0; i < 16; ++i) {
-    cases.push_back({RandomPrompt(200 + 10 * i, 100 + i), {.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true}});
+    cases.push_back(
+        {RandomPrompt(200 + 10 * i, 100 + i),
+         {.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true}});
   }
   const auto want = Colocated(cases);
   // Killed as soon as it is computing prompts.
@@ -310,19 +346,24 @@ TEST(ClusterTest, KilledPrefillWorkerUnderLoadEveryRequestStillCompletes) {
     for (int i = 0; i < 5000; ++i) {
       grpc::ClientContext ctx;
       pdserve::internal::v1::LoadReport load;
-      if (prefill->GetLoad(&ctx, {}, &load).ok() && load.running() + load.waiting() > 0) break;
+      if (prefill->GetLoad(&ctx, {}, &load).ok() &&
+          load.running() + load.waiting() > 0)
+        break;
       absl::SleepFor(absl::Milliseconds(1));
     }
     EXPECT_TRUE(cluster.Kill("prefill-0"));
   });
-  const std::vector<StreamResult> got = RunConcurrently(cluster.router(), cases);
+  const std::vector<StreamResult> got =
+      RunConcurrently(cluster.router(), cases);
   killer.join();
   for (size_t i = 0; i < cases.size(); ++i) {
-    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
+    ASSERT_TRUE(got[i].status.ok())
+        << i << ": " << got[i].status.error_message();
     EXPECT_EQ(got[i].tokens, want[i]) << i;
   }
   // The kill hit prefills in flight, which the router retried elsewhere.
-  EXPECT_TRUE(cluster.Log("router").find("prefill worker prefill-0") != std::string::npos)
+  EXPECT_TRUE(cluster.Log("router").find("prefill worker prefill-0") !=
+              std::string::npos)
       << "no prefill was in flight on prefill-0 when it was killed";
   // And afterwards, on the surviving worker.
   EXPECT_EQ(Generate(cluster.router(), ToRequest(cases[0])).tokens, want[0]);
@@ -334,7 +375,9 @@ TEST(ClusterTest, KilledDecodeWorkerEndsOnlyItsStreamsAndIsNoLongerChosen) {
   LocalCluster& cluster = **started;
   std::vector<Case> cases;
   for (int i = 0; i < 8; ++i) {
-    cases.push_back({RandomPrompt(30, 200 + i), {.temperature = 0.0f, .max_tokens = 400, .ignore_eos = true}});
+    cases.push_back(
+        {RandomPrompt(30, 200 + i),
+         {.temperature = 0.0f, .max_tokens = 400, .ignore_eos = true}});
   }
   const auto want = Colocated(cases);
   std::atomic<int> streaming = 0;
@@ -343,14 +386,15 @@ TEST(ClusterTest, KilledDecodeWorkerEndsOnlyItsStreamsAndIsNoLongerChosen) {
   for (size_t i = 0; i < cases.size(); ++i) {
     threads.emplace_back([&, i] {
       bool counted = false;
-      got[i] = Generate(cluster.router(), ToRequest(cases[i]), absl::Seconds(120),
-                        [&](const v1::GenerateResponse&) {
+      got[i] = Generate(cluster.router(), ToRequest(cases[i]),
+                        absl::Seconds(120), [&](const v1::GenerateResponse&) {
                           if (!counted) streaming += counted = true;
                           return true;
                         });
     });
   }
-  while (streaming < static_cast<int>(cases.size())) absl::SleepFor(absl::Milliseconds(10));
+  while (streaming < static_cast<int>(cases.size()))
+    absl::SleepFor(absl::Milliseconds(10));
   ASSERT_TRUE(cluster.Kill("decode-0"));
   for (auto& t : threads) t.join();
   int unavailable = 0, completed = 0;
@@ -360,10 +404,13 @@ TEST(ClusterTest, KilledDecodeWorkerEndsOnlyItsStreamsAndIsNoLongerChosen) {
       EXPECT_EQ(got[i].tokens, want[i]) << i;
     } else {
       ++unavailable;
-      EXPECT_EQ(got[i].status.error_code(), grpc::StatusCode::UNAVAILABLE) << got[i].status.error_message();
+      EXPECT_EQ(got[i].status.error_code(), grpc::StatusCode::UNAVAILABLE)
+          << got[i].status.error_message();
       // The tokens streamed before the loss stand, and are right.
       ASSERT_LE(got[i].tokens.size(), want[i].size());
-      EXPECT_TRUE(std::equal(got[i].tokens.begin(), got[i].tokens.end(), want[i].begin())) << i;
+      EXPECT_TRUE(std::equal(got[i].tokens.begin(), got[i].tokens.end(),
+                             want[i].begin()))
+          << i;
     }
   }
   EXPECT_GT(unavailable, 0);
@@ -374,7 +421,8 @@ TEST(ClusterTest, KilledDecodeWorkerEndsOnlyItsStreamsAndIsNoLongerChosen) {
   const auto want_after = Colocated(after);
   const auto got_after = RunConcurrently(cluster.router(), after);
   for (size_t i = 0; i < after.size(); ++i) {
-    EXPECT_TRUE(got_after[i].status.ok()) << got_after[i].status.error_message();
+    EXPECT_TRUE(got_after[i].status.ok())
+        << got_after[i].status.error_message();
     EXPECT_EQ(got_after[i].tokens, want_after[i]);
   }
 }
@@ -390,27 +438,98 @@ TEST(ClusterTest, BadRequestsAreInvalidArgumentAndTheClusterKeepsServing) {
     return r;
   };
   std::vector<std::pair<std::string, v1::GenerateRequest>> bad;
-  bad.emplace_back("no prompt", [] { v1::GenerateRequest r; r.set_max_tokens(4); return r; }());
-  bad.emplace_back("empty text", [&] { auto r = base(); r.set_text(""); r.set_add_special_tokens(false); return r; }());
-  bad.emplace_back("empty ids", [&] { auto r = base(); r.mutable_token_ids(); return r; }());
-  bad.emplace_back("id outside vocab", [&] { auto r = base(); r.mutable_token_ids()->add_ids(100000); return r; }());
-  bad.emplace_back("negative id", [&] { auto r = base(); r.mutable_token_ids()->add_ids(-1); return r; }());
-  bad.emplace_back("longer than context", [&] { auto r = base(); r.set_text(std::string(5000, 'a')); return r; }());
-  bad.emplace_back("max_tokens 0", [&] { auto r = base(); r.set_max_tokens(0); return r; }());
-  bad.emplace_back("max_tokens huge", [&] { auto r = base(); r.set_max_tokens(4000000000u); return r; }());
-  bad.emplace_back("temperature < 0", [&] { auto r = base(); r.mutable_sampling()->set_temperature(-1); return r; }());
-  bad.emplace_back("top_p 0", [&] { auto r = base(); r.mutable_sampling()->set_top_p(0); return r; }());
-  bad.emplace_back("top_p > 1", [&] { auto r = base(); r.mutable_sampling()->set_top_p(1.5f); return r; }());
-  bad.emplace_back("top_k < 0", [&] { auto r = base(); r.mutable_sampling()->set_top_k(-3); return r; }());
-  bad.emplace_back("min_p > 1", [&] { auto r = base(); r.mutable_sampling()->set_min_p(2); return r; }());
-  bad.emplace_back("logprobs 21", [&] { auto r = base(); r.set_logprobs(21); return r; }());
-  bad.emplace_back("invalid UTF-8", [&] { auto r = base(); r.set_text(std::string("ab\xff\xfe", 4)); return r; }());
-  bad.emplace_back("unknown model", [&] { auto r = base(); r.set_model("no-such-model"); return r; }());
-  bad.emplace_back("stop id outside vocab", [&] { auto r = base(); r.add_stop_token_ids(99999); return r; }());
+  bad.emplace_back("no prompt", [] {
+    v1::GenerateRequest r;
+    r.set_max_tokens(4);
+    return r;
+  }());
+  bad.emplace_back("empty text", [&] {
+    auto r = base();
+    r.set_text("");
+    r.set_add_special_tokens(false);
+    return r;
+  }());
+  bad.emplace_back("empty ids", [&] {
+    auto r = base();
+    r.mutable_token_ids();
+    return r;
+  }());
+  bad.emplace_back("id outside vocab", [&] {
+    auto r = base();
+    r.mutable_token_ids()->add_ids(100000);
+    return r;
+  }());
+  bad.emplace_back("negative id", [&] {
+    auto r = base();
+    r.mutable_token_ids()->add_ids(-1);
+    return r;
+  }());
+  bad.emplace_back("longer than context", [&] {
+    auto r = base();
+    r.set_text(std::string(5000, 'a'));
+    return r;
+  }());
+  bad.emplace_back("max_tokens 0", [&] {
+    auto r = base();
+    r.set_max_tokens(0);
+    return r;
+  }());
+  bad.emplace_back("max_tokens huge", [&] {
+    auto r = base();
+    r.set_max_tokens(4000000000u);
+    return r;
+  }());
+  bad.emplace_back("temperature < 0", [&] {
+    auto r = base();
+    r.mutable_sampling()->set_temperature(-1);
+    return r;
+  }());
+  bad.emplace_back("top_p 0", [&] {
+    auto r = base();
+    r.mutable_sampling()->set_top_p(0);
+    return r;
+  }());
+  bad.emplace_back("top_p > 1", [&] {
+    auto r = base();
+    r.mutable_sampling()->set_top_p(1.5f);
+    return r;
+  }());
+  bad.emplace_back("top_k < 0", [&] {
+    auto r = base();
+    r.mutable_sampling()->set_top_k(-3);
+    return r;
+  }());
+  bad.emplace_back("min_p > 1", [&] {
+    auto r = base();
+    r.mutable_sampling()->set_min_p(2);
+    return r;
+  }());
+  bad.emplace_back("logprobs 21", [&] {
+    auto r = base();
+    r.set_logprobs(21);
+    return r;
+  }());
+  bad.emplace_back("invalid UTF-8", [&] {
+    auto r = base();
+    r.set_text(std::string("ab\xff\xfe", 4));
+    return r;
+  }());
+  bad.emplace_back("unknown model", [&] {
+    auto r = base();
+    r.set_model("no-such-model");
+    return r;
+  }());
+  bad.emplace_back("stop id outside vocab", [&] {
+    auto r = base();
+    r.add_stop_token_ids(99999);
+    return r;
+  }());
   for (const auto& [what, request] : bad) {
-    const StreamResult got = Generate(cluster.router(), request, absl::Seconds(10));
+    const StreamResult got =
+        Generate(cluster.router(), request, absl::Seconds(10));
     EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
-        << what << ": " << got.status.error_code() << " " << got.status.error_message();
+        << what << ": " << got.status.error_code() << " "
+        << got.status.error_message();
     EXPECT_FALSE(got.status.error_message().empty()) << what;
     EXPECT_EQ(got.messages, 0) << what;
   }
@@ -424,13 +543,18 @@ TEST(ClusterTest, BadRequestsAreInvalidArgumentAndTheClusterKeepsServing) {
 }
 
 TEST(ClusterTest, OverloadIsRefusedWithResourceExhaustedAndNothingLeaks) {
-  auto started = LocalCluster::Start({.prefill = 1, .decode = 1, .router_args = "--max_inflight=2 --max_queued=2"});
+  auto started =
+      LocalCluster::Start({.prefill = 1,
+                           .decode = 1,
+                           .router_args = "--max_inflight=2 --max_queued=2"});
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
   const int32_t idle = FreeBlocks(cluster, "decode-0");
   std::vector<Case> cases;
   for (int i = 0; i < 24; ++i) {
-    cases.push_back({RandomPrompt(40, 300 + i), {.temperature = 0.0f, .max_tokens = 60, .ignore_eos = true}});
+    cases.push_back(
+        {RandomPrompt(40, 300 + i),
+         {.temperature = 0.0f, .max_tokens = 60, .ignore_eos = true}});
   }
   const auto want = Colocated(cases);
   const auto got = RunConcurrently(cluster.router(), cases);
@@ -449,6 +573,79 @@ TEST(ClusterTest, OverloadIsRefusedWithResourceExhaustedAndNothingLeaks) {
   EXPECT_GE(served, 4);
   ExpectBlocksReturnTo(cluster, idle);
   EXPECT_TRUE(Generate(cluster.router(), ToRequest(cases[0])).status.ok());
+}
+
+// Workers on the cuda backend (label gpu; skipped without a device): the KV
+// pool in device memory, moved over tcp through pinned host staging on both
+// sides, or device to device over cuda_ipc (both workers on one GPU).
+// Requests run one at a time, so that the engines see the batch shapes of
+// the reference, a cuda decode worker prefilling locally, whose tokens they
+// must equal exactly.
+bool HasCudaDevice() {
+#if PDSERVE_HAVE_CUDA
+  return CudaDeviceCount() > 0;
+#else
+  return false;
+#endif
+}
+
+constexpr char kGpuWorkerArgs[] =
+    "--backend=cuda --max_batch_tokens=64 --kv_cache_mb=64";
+
+std::vector<StreamResult> RunOneByOne(LocalCluster& cluster,
+                                      const std::vector<Case>& cases) {
+  std::vector<StreamResult> out;
+  for (const Case& c : cases)
+    out.push_back(Generate(cluster.router(), ToRequest(c)));
+  return out;
+}
+
+void ExpectGpuClusterEqualsColocated(const std::string& prefill_transports,
+                                     const std::string& decode_transports,
+                                     const std::string& used_transport) {
+  if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  std::vector<Case> cases = MixedCases(77);
+  cases.resize(10);
+  std::vector<StreamResult> want;
+  {
+    auto colocated = LocalCluster::Start(
+        {.prefill = 0, .decode = 1, .decode_args = kGpuWorkerArgs});
+    ASSERT_TRUE(colocated.ok()) << colocated.status();
+    want = RunOneByOne(**colocated, cases);
+  }
+  auto started = LocalCluster::Start(
+      {.prefill = 1,
+       .decode = 1,
+       .prefill_args =
+           absl::StrCat(kGpuWorkerArgs, " --kv_transport=", prefill_transports),
+       .decode_args = absl::StrCat(kGpuWorkerArgs,
+                                   " --kv_transport=", decode_transports)});
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::vector<StreamResult> got = RunOneByOne(**started, cases);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_TRUE(want[i].status.ok())
+        << i << ": " << want[i].status.error_message();
+    ASSERT_TRUE(got[i].status.ok())
+        << i << ": " << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, want[i].tokens)
+        << "request " << i << ", prompt " << cases[i].prompt.size();
+  }
+  EXPECT_EQ(PushesByTransport(**started, "prefill-0", cases.size()),
+            (std::map<std::string, uint64_t>{{used_transport, cases.size()}}));
+}
+
+TEST(ClusterOnGpuTest, OverTcpThroughPinnedHostStagingEqualsColocated) {
+  ExpectGpuClusterEqualsColocated("tcp", "tcp", "tcp");
+}
+
+TEST(ClusterOnGpuTest, OverCudaIpcEqualsColocated) {
+  if (!HasKvTransport("cuda_ipc")) GTEST_SKIP() << "cuda_ipc is not built";
+  ExpectGpuClusterEqualsColocated("cuda_ipc,tcp", "cuda_ipc,tcp", "cuda_ipc");
+}
+
+TEST(ClusterOnGpuTest, DecodeOffersCudaIpcAndTcpPrefillRunsTcpEqualsColocated) {
+  if (!HasKvTransport("cuda_ipc")) GTEST_SKIP() << "cuda_ipc is not built";
+  ExpectGpuClusterEqualsColocated("tcp", "cuda_ipc,tcp", "tcp");
 }
 
 }  // namespace

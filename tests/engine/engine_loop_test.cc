@@ -16,10 +16,12 @@
 namespace pdserve {
 namespace {
 
-std::unique_ptr<EngineLoop> MakeLoop(absl::AnyInvocable<void(Generator&)> tick = nullptr) {
+std::unique_ptr<EngineLoop> MakeLoop(
+    absl::AnyInvocable<void(Generator&)> tick = nullptr) {
   auto model = MakeTinyModel();
   EXPECT_TRUE(model.ok());
-  auto runner = CreateModelRunner(*model, {.num_kv_blocks = 64, .num_threads = 1});
+  auto runner =
+      CreateModelRunner(*model, {.num_kv_blocks = 64, .num_threads = 1});
   EXPECT_TRUE(runner.ok());
   auto loop = EngineLoop::Create(*std::move(runner), {}, std::move(tick));
   EXPECT_TRUE(loop.ok());
@@ -29,7 +31,8 @@ std::unique_ptr<EngineLoop> MakeLoop(absl::AnyInvocable<void(Generator&)> tick =
 absl::Duration ProcessCpuTime() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  return absl::DurationFromTimeval(u.ru_utime) + absl::DurationFromTimeval(u.ru_stime);
+  return absl::DurationFromTimeval(u.ru_utime) +
+         absl::DurationFromTimeval(u.ru_stime);
 }
 
 TEST(EngineLoopTest, EventsReachTheirSinkAndLoadComesBackToIdle) {
@@ -64,7 +67,8 @@ TEST(EngineLoopTest, IdleLoopSleepsWithAndWithoutATick) {
     absl::SleepFor(absl::Milliseconds(50));
     const absl::Duration before = ProcessCpuTime();
     absl::SleepFor(absl::Milliseconds(500));
-    EXPECT_LT(ProcessCpuTime() - before, absl::Milliseconds(100)) << "with_tick " << with_tick;
+    EXPECT_LT(ProcessCpuTime() - before, absl::Milliseconds(100))
+        << "with_tick " << with_tick;
     if (with_tick) {
       EXPECT_GE(ticks, 5);  // Every 50 ms.
       EXPECT_LE(ticks, 20);
@@ -77,10 +81,12 @@ TEST(EngineLoopTest, DestructionCancelsSubscribedRequests) {
   std::atomic<bool> cancelled = false;
   absl::Notification subscribed;
   loop->Post([&](Generator& g) {
-    SamplingParams sp{.temperature = 0.0f, .max_tokens = 900, .ignore_eos = true};
+    SamplingParams sp{
+        .temperature = 0.0f, .max_tokens = 900, .ignore_eos = true};
     ASSERT_TRUE(g.Add({RequestId(1), {256, 1}, sp}).ok());
     loop->Subscribe(RequestId(1), [&](const GenerationEvent& e) {
-      if (!e.has_token && e.finish == FinishReason::kCancelled) cancelled = true;
+      if (!e.has_token && e.finish == FinishReason::kCancelled)
+        cancelled = true;
       return !e.has_token;
     });
     subscribed.Notify();
@@ -88,6 +94,31 @@ TEST(EngineLoopTest, DestructionCancelsSubscribedRequests) {
   ASSERT_TRUE(subscribed.WaitForNotificationWithTimeout(absl::Seconds(10)));
   loop.reset();
   EXPECT_TRUE(cancelled);
+}
+
+// A host pool is registered as it is with any transport of host memory,
+// never staged, and refused to a transport of device memory only. (The
+// staging of a device pool: CudaBackendTest.KvHostStagingCopiesRangesBothWays
+// and, across workers, ClusterOnGpuTest.)
+TEST(EngineLoopTest,
+     HostPoolIsRegisteredAsItIsOrRefusedToDeviceOnlyTransports) {
+  std::unique_ptr<EngineLoop> loop = MakeLoop();
+  for (const bool takes_device : {false, true}) {
+    bool staged = true;
+    auto memory = loop->KvMemoryForTransport(/*takes_host_memory=*/true,
+                                             takes_device, &staged);
+    ASSERT_TRUE(memory.ok()) << memory.status();
+    EXPECT_EQ(memory->data(), loop->kv_memory().data());
+    EXPECT_EQ(memory->size(), loop->kv_memory().size());
+    EXPECT_FALSE(staged);
+  }
+  bool staged = true;
+  auto refused =
+      loop->KvMemoryForTransport(/*takes_host_memory=*/false,
+                                 /*takes_device_memory=*/true, &staged);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("host memory"), std::string::npos);
+  EXPECT_FALSE(staged);
 }
 
 }  // namespace
