@@ -221,15 +221,25 @@ std::map<std::string, uint64_t> PushesByTransport(LocalCluster& cluster,
 constexpr char kWorkerArgs[] =
     "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
 
-TEST(ClusterTest, OnePrefillOneDecodeOverUcxSharedMemoryEqualsColocated) {
-  if (!HasKvTransport("ucx:shm")) GTEST_SKIP() << "ucx is not built";
-  const std::string args = absl::StrCat(kWorkerArgs, " --kv_transport=ucx:shm");
+// 1P1D with every request's KV over `transport`, counted as such.
+void ExpectOverTransportEqualsColocated(const std::string& transport) {
+  if (!HasKvTransport(transport)) GTEST_SKIP() << transport << " is not built";
+  const std::string args =
+      absl::StrCat(kWorkerArgs, " --kv_transport=", transport);
   ExpectEqualsColocated(
       {.prefill = 1, .decode = 1, .prefill_args = args, .decode_args = args},
-      /*num_cases=*/12, [](LocalCluster& cluster) {
+      /*num_cases=*/12, [&](LocalCluster& cluster) {
         EXPECT_EQ(PushesByTransport(cluster, "prefill-0", 12),
-                  (std::map<std::string, uint64_t>{{"ucx:shm", 12}}));
+                  (std::map<std::string, uint64_t>{{transport, 12}}));
       });
+}
+
+TEST(ClusterTest, OnePrefillOneDecodeOverUcxSharedMemoryEqualsColocated) {
+  ExpectOverTransportEqualsColocated("ucx:shm");
+}
+
+TEST(ClusterTest, OnePrefillOneDecodeOverUcxTcpEqualsColocated) {
+  ExpectOverTransportEqualsColocated("ucx:tcp");
 }
 
 // The decode worker offers ucx:shm and tcp; the prefill worker runs only

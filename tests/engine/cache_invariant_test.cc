@@ -66,6 +66,11 @@ struct Case {
   bool qkv_bias;
   int sliding_window;
 };
+// gtest names each case by its printed parameter: the fields, not the bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "block " << c.block_size << ", chunk " << c.chunk << (c.qkv_bias ? ", bias" : "")
+      << ", window " << c.sliding_window;
+}
 
 class CacheInvariantTest : public ::testing::TestWithParam<Case> {};
 

@@ -23,6 +23,10 @@ struct MatMulCase {
   int64_t m, n, k;
   DType dtype;
 };
+// gtest names each case by its printed parameter: the fields, not the bytes.
+void PrintTo(const MatMulCase& c, std::ostream* os) {
+  *os << "m=" << c.m << " n=" << c.n << " k=" << c.k << " " << DTypeName(c.dtype);
+}
 
 class MatMulTest : public ::testing::TestWithParam<MatMulCase> {};
 

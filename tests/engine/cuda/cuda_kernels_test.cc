@@ -121,6 +121,14 @@ struct RopeCase {
   RopeStyle style;
   bool llama3;
 };
+// gtest names each case by its printed parameter (ctest shows it): print
+// the fields, not the struct's bytes.
+void PrintTo(const RopeCase& c, std::ostream* os) {
+  *os << c.heads << "/" << c.kv_heads << " heads of " << c.head_dim
+      << (c.bias ? ", bias" : "")
+      << (c.style == RopeStyle::kAdjacentPairs ? ", adjacent pairs" : "")
+      << (c.llama3 ? ", llama3 scaling" : "");
+}
 
 class BiasRopeTest : public ::testing::TestWithParam<RopeCase> {};
 
@@ -234,6 +242,7 @@ struct AttentionCase {
   std::vector<std::pair<int, int>> seqs;  // (start_pos, new tokens)
   int num_splits;                         // 1: no context split.
 };
+void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
 
 class PagedAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
 
@@ -424,6 +433,9 @@ struct GemmCase {
   int64_t m, n, k;
   float beta;
 };
+void PrintTo(const GemmCase& c, std::ostream* os) {
+  *os << "m=" << c.m << " n=" << c.n << " k=" << c.k << " beta=" << c.beta;
+}
 
 class GemmTest : public ::testing::TestWithParam<GemmCase> {};
 
