@@ -7,7 +7,9 @@
 //     share of that time hidden behind the forward pass (the layer-wise
 //     push: only the tail after the last layer adds to TTFT);
 //   - decode tokens/s of the 1P1D cluster vs the engine alone.
-// Prints a Markdown table of medians.
+// The transfer figures come for each transport of --kv_transports (one
+// 1P1D cluster each); --transfer_only measures nothing else. Prints
+// Markdown tables of medians.
 #include <algorithm>
 #include <iostream>
 #include <random>
@@ -25,11 +27,21 @@
 #include "engine/model.h"
 #include "tests/cluster/local_cluster.h"
 
-ABSL_FLAG(std::string, model, "builtin:llama-110m", "Model every worker and the engine run");
+ABSL_FLAG(std::string, model, "builtin:llama-110m",
+          "Model every worker and the engine run");
 ABSL_FLAG(std::string, prompt_lens, "128,512,2048", "Prompt lengths for TTFT");
 ABSL_FLAG(int32_t, reps, 5, "Repetitions per figure (median reported)");
-ABSL_FLAG(int32_t, decode_tokens, 128, "Tokens generated for the decode-rate figure");
-ABSL_FLAG(int32_t, threads, 2, "CPU threads of each worker and of the engine alone");
+ABSL_FLAG(int32_t, decode_tokens, 128,
+          "Tokens generated for the decode-rate figure");
+ABSL_FLAG(int32_t, threads, 2,
+          "CPU threads of each worker and of the engine alone");
+ABSL_FLAG(std::string, kv_transports, "tcp",
+          "KV transports to measure the transfer over, one 1P1D cluster each; "
+          "the first "
+          "also gives the 1P1D TTFT and decode figures");
+ABSL_FLAG(bool, transfer_only, false,
+          "Measure only the transfer table (no engine-alone, colocated or "
+          "decode figures)");
 
 namespace pdserve {
 namespace {
@@ -47,7 +59,8 @@ double Median(std::vector<double> v) {
 std::vector<int32_t> Prompt(int n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> p = {256};
-  while (static_cast<int>(p.size()) < n) p.push_back(static_cast<int32_t>(rng() % 256));
+  while (static_cast<int>(p.size()) < n)
+    p.push_back(static_cast<int32_t>(rng() % 256));
   return p;
 }
 
@@ -58,7 +71,8 @@ struct StreamTiming {
 
 // Greedy, EOS ignored; times the first token and the rest.
 absl::StatusOr<StreamTiming> TimeStream(v1::Generation::Stub& router,
-                                        const std::vector<int32_t>& prompt, int max_tokens) {
+                                        const std::vector<int32_t>& prompt,
+                                        int max_tokens) {
   v1::GenerateRequest r;
   r.mutable_token_ids()->mutable_ids()->Assign(prompt.begin(), prompt.end());
   r.mutable_sampling()->set_temperature(0.0f);
@@ -80,14 +94,17 @@ absl::StatusOr<StreamTiming> TimeStream(v1::Generation::Stub& router,
   if (!s.ok()) return absl::InternalError(s.error_message());
   StreamTiming t;
   t.ttft_ms = absl::ToDoubleMilliseconds(first - start);
-  if (tokens > 1) t.decode_tokens_per_s = (tokens - 1) / absl::ToDoubleSeconds(last - first);
+  if (tokens > 1)
+    t.decode_tokens_per_s = (tokens - 1) / absl::ToDoubleSeconds(last - first);
   return t;
 }
 
 // The engine alone, in this process: TTFT and decode rate for one request.
-StreamTiming TimeEngine(ModelRunner& runner, const std::vector<int32_t>& prompt, int max_tokens) {
+StreamTiming TimeEngine(ModelRunner& runner, const std::vector<int32_t>& prompt,
+                        int max_tokens) {
   auto g = Generator::Create(&runner, {});
-  SamplingParams sp{.temperature = 0.0f, .max_tokens = max_tokens, .ignore_eos = true};
+  SamplingParams sp{
+      .temperature = 0.0f, .max_tokens = max_tokens, .ignore_eos = true};
   PD_CHECK((*g)->Add({RequestId(1), prompt, sp}).ok());
   const absl::Time start = absl::Now();
   absl::Time first;
@@ -103,7 +120,8 @@ StreamTiming TimeEngine(ModelRunner& runner, const std::vector<int32_t>& prompt,
   const absl::Time end = absl::Now();
   StreamTiming t;
   t.ttft_ms = absl::ToDoubleMilliseconds(first - start);
-  if (tokens > 1) t.decode_tokens_per_s = (tokens - 1) / absl::ToDoubleSeconds(end - first);
+  if (tokens > 1)
+    t.decode_tokens_per_s = (tokens - 1) / absl::ToDoubleSeconds(end - first);
   return t;
 }
 
@@ -114,7 +132,8 @@ struct TransferFigures {
 // Reserve on the decode worker, Prefill on the prefill worker directly, to
 // read the transfer figures the router does not expose.
 absl::StatusOr<TransferFigures> TimeTransfer(LocalCluster& cluster,
-                                             const std::vector<int32_t>& prompt, uint64_t id) {
+                                             const std::vector<int32_t>& prompt,
+                                             uint64_t id) {
   auto decode = cluster.DecodeStub("decode-0");
   auto prefill = cluster.PrefillStub("prefill-0");
   wire::Landing landing;
@@ -155,7 +174,8 @@ int Run() {
   const int threads = absl::GetFlag(FLAGS_threads);
   const int decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
   std::vector<int> lens;
-  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_prompt_lens), ',')) {
+  for (absl::string_view p :
+       absl::StrSplit(absl::GetFlag(FLAGS_prompt_lens), ',')) {
     int n = 0;
     PD_CHECK(absl::SimpleAtoi(p, &n) && n > 0) << "bad --prompt_lens";
     lens.push_back(n);
@@ -167,47 +187,69 @@ int Run() {
     return 1;
   };
 
-  // Engine alone.
-  auto model = Model::Load(model_name);
-  if (!model.ok()) return fail(model.status());
-  auto runner = CreateModelRunner(*model, {.kv_cache_bytes = size_t{512} << 20, .num_threads = threads});
-  if (!runner.ok()) return fail(runner.status());
-  std::vector<double> engine_ttft(lens.size());
-  for (size_t i = 0; i < lens.size(); ++i) {
-    std::vector<double> v;
-    for (int r = 0; r < reps; ++r) v.push_back(TimeEngine(**runner, Prompt(lens[i], r), 1).ttft_ms);
-    engine_ttft[i] = Median(v);
-  }
-  std::vector<double> engine_decode;
-  for (int r = 0; r < reps; ++r) {
-    engine_decode.push_back(TimeEngine(**runner, Prompt(128, r), decode_tokens).decode_tokens_per_s);
-  }
-  runner->reset();
+  const std::vector<std::string> transports = absl::StrSplit(
+      absl::GetFlag(FLAGS_kv_transports), ',', absl::SkipEmpty());
+  PD_CHECK(!transports.empty()) << "empty --kv_transports";
+  const bool transfer_only = absl::GetFlag(FLAGS_transfer_only);
 
-  // Colocated cluster, then 1P1D.
-  std::vector<double> ttft[2];
-  double cluster_decode = 0;
-  std::vector<TransferFigures> transfer(lens.size());
-  for (int prefill_workers : {0, 1}) {
-    auto cluster = LocalCluster::Start({.prefill = prefill_workers,
-                                        .decode = 1,
-                                        .model = model_name,
-                                        .prefill_args = worker_args,
-                                        .decode_args = worker_args},
-                                       PDSERVE_SOURCE_DIR, PDSERVE_BINARY_DIR);
-    if (!cluster.ok()) return fail(cluster.status());
+  // Engine alone.
+  std::vector<double> engine_ttft(lens.size());
+  std::vector<double> engine_decode;
+  if (!transfer_only) {
+    auto model = Model::Load(model_name);
+    if (!model.ok()) return fail(model.status());
+    auto runner = CreateModelRunner(
+        *model, {.kv_cache_bytes = size_t{512} << 20, .num_threads = threads});
+    if (!runner.ok()) return fail(runner.status());
     for (size_t i = 0; i < lens.size(); ++i) {
       std::vector<double> v;
       for (int r = 0; r < reps; ++r) {
-        auto t = TimeStream((*cluster)->router(), Prompt(lens[i], 1000 + r), 1);
-        if (!t.ok()) return fail(t.status());
-        v.push_back(t->ttft_ms);
+        v.push_back(TimeEngine(**runner, Prompt(lens[i], r), 1).ttft_ms);
       }
-      ttft[prefill_workers].push_back(Median(v));
-      if (prefill_workers == 1) {
+      engine_ttft[i] = Median(v);
+    }
+    for (int r = 0; r < reps; ++r) {
+      engine_decode.push_back(
+          TimeEngine(**runner, Prompt(128, r), decode_tokens)
+              .decode_tokens_per_s);
+    }
+  }
+
+  // Colocated cluster, then 1P1D over each transport.
+  std::vector<double> ttft[2];
+  double cluster_decode = 0;
+  // transfer[t][i]: transport t, prompt length i.
+  std::vector<std::vector<TransferFigures>> transfer(transports.size());
+  for (int setup = transfer_only ? 1 : 0;
+       setup <= static_cast<int>(transports.size()); ++setup) {
+    const bool colocated = setup == 0;
+    const bool timed = !transfer_only && setup <= 1;  // Colocated, first 1P1D.
+    const std::string kv_flag =
+        colocated ? ""
+                  : absl::StrCat(" --kv_transport=", transports[setup - 1]);
+    auto cluster = LocalCluster::Start({.prefill = colocated ? 0 : 1,
+                                        .decode = 1,
+                                        .model = model_name,
+                                        .prefill_args = worker_args + kv_flag,
+                                        .decode_args = worker_args + kv_flag},
+                                       PDSERVE_SOURCE_DIR, PDSERVE_BINARY_DIR);
+    if (!cluster.ok()) return fail(cluster.status());
+    for (size_t i = 0; i < lens.size(); ++i) {
+      if (timed) {
+        std::vector<double> v;
+        for (int r = 0; r < reps; ++r) {
+          auto t =
+              TimeStream((*cluster)->router(), Prompt(lens[i], 1000 + r), 1);
+          if (!t.ok()) return fail(t.status());
+          v.push_back(t->ttft_ms);
+        }
+        ttft[setup].push_back(Median(v));
+      }
+      if (!colocated) {
         std::vector<TransferFigures> f;
         for (int r = 0; r < reps; ++r) {
-          auto t = TimeTransfer(**cluster, Prompt(lens[i], 2000 + r), (uint64_t{1} << 40) | (i * reps + r));
+          auto t = TimeTransfer(**cluster, Prompt(lens[i], 2000 + r),
+                                (uint64_t{1} << 40) | (i * reps + r));
           if (!t.ok()) return fail(t.status());
           f.push_back(*t);
         }
@@ -216,14 +258,17 @@ int Run() {
           for (const auto& x : f) v.push_back(x.*field);
           return Median(v);
         };
-        transfer[i] = {med(&TransferFigures::kv_mib), med(&TransferFigures::prefill_ms),
-                       med(&TransferFigures::transfer_ms), med(&TransferFigures::tail_ms)};
+        transfer[setup - 1].push_back({med(&TransferFigures::kv_mib),
+                                       med(&TransferFigures::prefill_ms),
+                                       med(&TransferFigures::transfer_ms),
+                                       med(&TransferFigures::tail_ms)});
       }
     }
-    if (prefill_workers == 1) {
+    if (timed && !colocated) {
       std::vector<double> v;
       for (int r = 0; r < reps; ++r) {
-        auto t = TimeStream((*cluster)->router(), Prompt(128, 3000 + r), decode_tokens);
+        auto t = TimeStream((*cluster)->router(), Prompt(128, 3000 + r),
+                            decode_tokens);
         if (!t.ok()) return fail(t.status());
         v.push_back(t->decode_tokens_per_s);
       }
@@ -231,24 +276,47 @@ int Run() {
     }
   }
 
-  std::cout << absl::StrFormat("model %s, %d threads per worker, medians of %d\n\n", model_name,
-                               threads, reps);
-  std::cout << "| prompt | engine TTFT ms | colocated TTFT ms | 1P1D TTFT ms | 1P1D / colocated "
-               "| KV MiB | prefill ms | transfer ms | tail ms | hidden |\n"
-               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
-  for (size_t i = 0; i < lens.size(); ++i) {
-    const TransferFigures& f = transfer[i];
-    const double hidden = f.transfer_ms > 0 ? 1.0 - f.tail_ms / f.transfer_ms : 0.0;
-    std::cout << absl::StrFormat("| %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f%% |\n",
-                                 lens[i], engine_ttft[i], ttft[0][i], ttft[1][i],
-                                 ttft[1][i] / ttft[0][i], f.kv_mib, f.prefill_ms, f.transfer_ms,
-                                 f.tail_ms, 100 * hidden);
-  }
-  const double engine_rate = Median(engine_decode);
+  auto hidden = [](const TransferFigures& f) {
+    return f.transfer_ms > 0 ? 1.0 - f.tail_ms / f.transfer_ms : 0.0;
+  };
   std::cout << absl::StrFormat(
-      "\ndecode (prompt 128, %d tokens, batch 1): engine alone %.1f tok/s, 1P1D cluster %.1f tok/s "
-      "(%.0f%%)\n",
-      decode_tokens, engine_rate, cluster_decode, 100 * cluster_decode / engine_rate);
+      "model %s, %d threads per worker, medians of %d\n\n", model_name, threads,
+      reps);
+  if (!transfer_only) {
+    std::cout << "1P1D over " << transports[0] << "\n\n"
+              << "| prompt | engine TTFT ms | colocated TTFT ms | 1P1D TTFT ms "
+                 "| 1P1D / colocated "
+                 "| KV MiB | prefill ms | transfer ms | tail ms | hidden |\n"
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const TransferFigures& f = transfer[0][i];
+      std::cout << absl::StrFormat(
+          "| %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | "
+          "%.0f%% |\n",
+          lens[i], engine_ttft[i], ttft[0][i], ttft[1][i],
+          ttft[1][i] / ttft[0][i], f.kv_mib, f.prefill_ms, f.transfer_ms,
+          f.tail_ms, 100 * hidden(f));
+    }
+    const double engine_rate = Median(engine_decode);
+    std::cout << absl::StrFormat(
+        "\ndecode (prompt 128, %d tokens, batch 1): engine alone %.1f tok/s, "
+        "1P1D cluster %.1f "
+        "tok/s (%.0f%%)\n\n",
+        decode_tokens, engine_rate, cluster_decode,
+        100 * cluster_decode / engine_rate);
+  }
+  std::cout << "| prompt | transport | KV MiB | prefill ms | transfer ms | "
+               "tail ms | hidden |\n"
+               "|---:|---|---:|---:|---:|---:|---:|\n";
+  for (size_t i = 0; i < lens.size(); ++i) {
+    for (size_t t = 0; t < transports.size(); ++t) {
+      const TransferFigures& f = transfer[t][i];
+      std::cout << absl::StrFormat(
+          "| %d | %s | %.1f | %.1f | %.1f | %.1f | %.0f%% |\n", lens[i],
+          transports[t], f.kv_mib, f.prefill_ms, f.transfer_ms, f.tail_ms,
+          100 * hidden(f));
+    }
+  }
   return 0;
 }
 

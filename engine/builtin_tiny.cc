@@ -84,6 +84,7 @@ ModelConfig Llama110MConfig() {
   c.num_heads = 12;
   c.num_kv_heads = 4;
   c.head_dim = 64;
+  c.max_position_embeddings = 16384;
   c.torch_dtype = DType::kBF16;
   return c;
 }

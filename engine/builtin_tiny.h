@@ -26,7 +26,7 @@ absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(
     std::string name, const ModelConfig& config, DType dtype, uint64_t seed);
 
 // The shape of builtin:llama-110m: Llama 2 110M-like (vocab 32000, hidden
-// 768, 12 layers, 12 heads, 4 KV heads, FFN 2048, context 4096); its
+// 768, 12 layers, 12 heads, 4 KV heads, FFN 2048, context 16384); its
 // tokenizer is the byte-level one (ids 0..257 of the vocabulary).
 ModelConfig Llama110MConfig();
 
