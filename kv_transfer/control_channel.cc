@@ -16,17 +16,6 @@ constexpr size_t kRangeBytes = 24;
 // How often a blocked server thread looks at the stop flag.
 constexpr absl::Duration kStopPoll = absl::Milliseconds(50);
 
-template <typename T>
-void Put(std::byte* out, size_t at, T v) {
-  std::memcpy(out + at, &v, sizeof(T));  // Little-endian hosts only.
-}
-template <typename T>
-T Get(const std::byte* in, size_t at) {
-  T v;
-  std::memcpy(&v, in + at, sizeof(T));
-  return v;
-}
-
 }  // namespace
 
 uint32_t ControlPayloadLimit(ControlType type, uint32_t max_message_bytes) {
@@ -51,12 +40,12 @@ void EncodeControlHeader(ControlType type, uint32_t value,
                          std::span<const std::byte> payload,
                          std::byte out[kControlHeaderBytes]) {
   std::memset(out, 0, kControlHeaderBytes);
-  Put<uint32_t>(out, 0, kControlMagic);
-  Put<uint8_t>(out, 4, static_cast<uint8_t>(type));
-  Put<uint8_t>(out, 5, kControlVersion);
-  Put<uint32_t>(out, 8, value);
-  Put<uint32_t>(out, 12, static_cast<uint32_t>(payload.size()));
-  Put<uint32_t>(out, 16, Crc32c(payload));
+  StoreWire<uint32_t>(out, 0, kControlMagic);
+  StoreWire<uint8_t>(out, 4, static_cast<uint8_t>(type));
+  StoreWire<uint8_t>(out, 5, kControlVersion);
+  StoreWire<uint32_t>(out, 8, value);
+  StoreWire<uint32_t>(out, 12, static_cast<uint32_t>(payload.size()));
+  StoreWire<uint32_t>(out, 16, Crc32c(payload));
 }
 
 absl::Status SendControl(int fd, ControlType type, uint32_t value,
@@ -77,21 +66,21 @@ absl::Status RecvControl(int fd, uint32_t max_message_bytes,
   if (Io io = RecvAll(fd, raw, sizeof(raw), deadline); io != Io::kOk) {
     return IoStatus(io, "control channel");
   }
-  const uint8_t type = Get<uint8_t>(raw, 4);
-  if (Get<uint32_t>(raw, 0) != kControlMagic ||
+  const uint8_t type = LoadWire<uint8_t>(raw, 4);
+  if (LoadWire<uint32_t>(raw, 0) != kControlMagic ||
       type < static_cast<uint8_t>(ControlType::kHello) ||
       type > static_cast<uint8_t>(ControlType::kError) ||
-      Get<uint16_t>(raw, 6) != 0 || Get<uint32_t>(raw, 20) != 0) {
+      LoadWire<uint16_t>(raw, 6) != 0 || LoadWire<uint32_t>(raw, 20) != 0) {
     return absl::DataLossError("malformed control frame header");
   }
-  if (Get<uint8_t>(raw, 5) != kControlVersion) {
+  if (LoadWire<uint8_t>(raw, 5) != kControlVersion) {
     return absl::DataLossError(
-        absl::StrCat("control frame of version ", Get<uint8_t>(raw, 5),
+        absl::StrCat("control frame of version ", LoadWire<uint8_t>(raw, 5),
                      " (this side speaks ", kControlVersion, ")"));
   }
   frame.type = static_cast<ControlType>(type);
-  frame.value = Get<uint32_t>(raw, 8);
-  const uint32_t length = Get<uint32_t>(raw, 12);
+  frame.value = LoadWire<uint32_t>(raw, 8);
+  const uint32_t length = LoadWire<uint32_t>(raw, 12);
   const uint32_t limit = ControlPayloadLimit(frame.type, max_message_bytes);
   if (length > limit) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -102,7 +91,7 @@ absl::Status RecvControl(int fd, uint32_t max_message_bytes,
       io != Io::kOk) {
     return IoStatus(io, "control channel");
   }
-  if (Crc32c(frame.payload) != Get<uint32_t>(raw, 16)) {
+  if (Crc32c(frame.payload) != LoadWire<uint32_t>(raw, 16)) {
     return absl::DataLossError("control frame checksum mismatch");
   }
   return absl::OkStatus();

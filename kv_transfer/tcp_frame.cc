@@ -8,41 +8,29 @@
 #endif
 
 namespace pdserve::kv {
-namespace {
-
-template <typename T>
-void Put(std::byte* out, size_t at, T v) {
-  std::memcpy(out + at, &v, sizeof(T));  // Little-endian hosts only.
-}
-template <typename T>
-T Get(const std::byte* in, size_t at) {
-  T v;
-  std::memcpy(&v, in + at, sizeof(T));
-  return v;
-}
-
-}  // namespace
 
 void EncodeFrameHeader(const FrameHeader& h, std::byte out[kFrameHeaderBytes]) {
   std::memset(out, 0, kFrameHeaderBytes);
-  Put<uint32_t>(out, 0, kFrameMagic);
-  Put<uint8_t>(out, 4, static_cast<uint8_t>(h.type));
-  Put<uint32_t>(out, 8, h.region);
-  Put<uint32_t>(out, 12, h.length);
-  Put<uint64_t>(out, 16, h.offset);
-  Put<uint32_t>(out, 24, h.crc);
+  StoreWire<uint32_t>(out, 0, kFrameMagic);
+  StoreWire<uint8_t>(out, 4, static_cast<uint8_t>(h.type));
+  StoreWire<uint32_t>(out, 8, h.region);
+  StoreWire<uint32_t>(out, 12, h.length);
+  StoreWire<uint64_t>(out, 16, h.offset);
+  StoreWire<uint32_t>(out, 24, h.crc);
 }
 
 bool DecodeFrameHeader(const std::byte in[kFrameHeaderBytes], FrameHeader& h) {
-  if (Get<uint32_t>(in, 0) != kFrameMagic) return false;
-  const uint8_t type = Get<uint8_t>(in, 4);
+  if (LoadWire<uint32_t>(in, 0) != kFrameMagic) return false;
+  const uint8_t type = LoadWire<uint8_t>(in, 4);
   if (type < 1 || type > 5) return false;
-  if (Get<uint8_t>(in, 5) != 0 || Get<uint16_t>(in, 6) != 0 || Get<uint32_t>(in, 28) != 0) return false;
+  if (LoadWire<uint8_t>(in, 5) != 0 || LoadWire<uint16_t>(in, 6) != 0 ||
+      LoadWire<uint32_t>(in, 28) != 0)
+    return false;
   h.type = static_cast<FrameType>(type);
-  h.region = Get<uint32_t>(in, 8);
-  h.length = Get<uint32_t>(in, 12);
-  h.offset = Get<uint64_t>(in, 16);
-  h.crc = Get<uint32_t>(in, 24);
+  h.region = LoadWire<uint32_t>(in, 8);
+  h.length = LoadWire<uint32_t>(in, 12);
+  h.offset = LoadWire<uint64_t>(in, 16);
+  h.crc = LoadWire<uint32_t>(in, 24);
   return true;
 }
 
@@ -55,18 +43,21 @@ uint32_t Crc32c(std::span<const std::byte> data) {
     std::memcpy(&v, data.data() + i, 8);
     crc = static_cast<uint32_t>(_mm_crc32_u64(crc, v));
   }
-  for (; i < data.size(); ++i) crc = _mm_crc32_u8(crc, static_cast<uint8_t>(data[i]));
+  for (; i < data.size(); ++i)
+    crc = _mm_crc32_u8(crc, static_cast<uint8_t>(data[i]));
 #else
   static const std::array<uint32_t, 256> table = [] {
     std::array<uint32_t, 256> t{};
     for (uint32_t b = 0; b < 256; ++b) {
       uint32_t c = b;
-      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+      for (int k = 0; k < 8; ++k)
+        c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
       t[b] = c;
     }
     return t;
   }();
-  for (; i < data.size(); ++i) crc = table[(crc ^ static_cast<uint8_t>(data[i])) & 0xFF] ^ (crc >> 8);
+  for (; i < data.size(); ++i)
+    crc = table[(crc ^ static_cast<uint8_t>(data[i])) & 0xFF] ^ (crc >> 8);
 #endif
   return ~crc;
 }

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 namespace pdserve::kv {
@@ -24,7 +25,13 @@ namespace pdserve::kv {
 constexpr uint32_t kFrameMagic = 0x564B4450;  // "PDKV" little-endian.
 constexpr size_t kFrameHeaderBytes = 32;
 
-enum class FrameType : uint8_t { kWrite = 1, kNotify = 2, kSync = 3, kAck = 4, kError = 5 };
+enum class FrameType : uint8_t {
+  kWrite = 1,
+  kNotify = 2,
+  kSync = 3,
+  kAck = 4,
+  kError = 5
+};
 
 struct FrameHeader {
   FrameType type = FrameType::kWrite;
@@ -40,6 +47,20 @@ bool DecodeFrameHeader(const std::byte in[kFrameHeaderBytes], FrameHeader& h);
 
 // CRC-32C (Castagnoli), as iSCSI and ext4 use it.
 uint32_t Crc32c(std::span<const std::byte> data);
+
+// An integer of the wire formats (these frames, the device transports'
+// control frames) stored at / loaded from byte `at`: little-endian, as
+// every supported host is.
+template <typename T>
+void StoreWire(std::byte* out, size_t at, T v) {
+  std::memcpy(out + at, &v, sizeof(T));
+}
+template <typename T>
+T LoadWire(const std::byte* in, size_t at) {
+  T v;
+  std::memcpy(&v, in + at, sizeof(T));
+  return v;
+}
 
 }  // namespace pdserve::kv
 
