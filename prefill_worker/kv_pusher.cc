@@ -121,7 +121,6 @@ void KvPusher::PushLayer(int32_t layer, std::span<const LayerKv> kvs) {
       if (kv.push->first_layer_queued_ == absl::InfinitePast()) {
         kv.push->first_layer_queued_ = now;
       }
-      kv.push->last_layer_queued_ = now;
     }
     // Only the blocks the range touches: positions are rebased on the first.
     const int32_t first = kv.begin / bs;
@@ -139,6 +138,10 @@ void KvPusher::PushLayer(int32_t layer, std::span<const LayerKv> kvs) {
 
 void KvPusher::Finish(std::shared_ptr<KvPush> push, std::string notification,
                       DoneCallback done) {
+  {
+    absl::MutexLock push_lock(&push->mu_);
+    push->finish_queued_ = absl::Now();
+  }
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
@@ -349,7 +352,7 @@ void KvPusher::RunFinish(Job& job) {
       absl::MutexLock lock(&push.mu_);
       if (push.first_layer_queued_ != absl::InfinitePast()) {
         stats.transfer = now - push.first_layer_queued_;
-        stats.transfer_tail = now - push.last_layer_queued_;
+        stats.transfer_tail = now - push.finish_queued_;
       }
     } else {
       Fail(job.push, link.ok() ? link->offer : nullptr, std::move(s));

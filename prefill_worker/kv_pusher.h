@@ -92,10 +92,11 @@ class KvPush {
   const KvLandingTarget target_;
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  // When the first and the last layer were queued (the starts of the
-  // transfer and of its tail).
+  // When the first layer was queued (the transfer's start) and when Finish
+  // was called: the forward pass that computed the last layer had ended
+  // (the start of the transfer's tail).
   absl::Time first_layer_queued_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time last_layer_queued_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time finish_queued_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Pusher thread only.
   uint64_t kv_bytes_ = 0;
   // The offer of target_.offers the push connected to (-1 before), and
@@ -112,8 +113,9 @@ struct KvPushStats {
   // whole transfer, most of it overlapping the forward pass. Zero when no
   // notification was sent.
   absl::Duration transfer = absl::ZeroDuration();
-  // From the last layer queued to the notification acknowledged: the part
-  // that did not overlap. Zero when no notification was sent.
+  // From Finish (the forward pass over the last layer had ended) to the
+  // notification acknowledged: the part that did not overlap compute. Zero
+  // when no notification was sent.
   absl::Duration transfer_tail = absl::ZeroDuration();
 };
 
