@@ -5,7 +5,7 @@
 //     (0P1D: the decode worker prefills) vs the engine alone in-process;
 //   - the KV bytes a prefill moves, the time its transfer took, and the
 //     share of that time hidden behind the forward pass (the layer-wise
-//     push: only the tail after the last layer adds to TTFT);
+//     push: only the tail after the forward pass adds to TTFT);
 //   - decode tokens/s of the 1P1D cluster vs the engine alone.
 // The transfer figures come for each transport of --kv_transports (one
 // 1P1D cluster each); --transfer_only measures nothing else. Prints
@@ -292,7 +292,7 @@ int Run() {
       const TransferFigures& f = transfer[0][i];
       std::cout << absl::StrFormat(
           "| %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | "
-          "%.0f%% |\n",
+          "%.1f%% |\n",
           lens[i], engine_ttft[i], ttft[0][i], ttft[1][i],
           ttft[1][i] / ttft[0][i], f.kv_mib, f.prefill_ms, f.transfer_ms,
           f.tail_ms, 100 * hidden(f));
@@ -312,7 +312,7 @@ int Run() {
     for (size_t t = 0; t < transports.size(); ++t) {
       const TransferFigures& f = transfer[t][i];
       std::cout << absl::StrFormat(
-          "| %d | %s | %.1f | %.1f | %.1f | %.1f | %.0f%% |\n", lens[i],
+          "| %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f%% |\n", lens[i],
           transports[t], f.kv_mib, f.prefill_ms, f.transfer_ms, f.tail_ms,
           100 * hidden(f));
     }
