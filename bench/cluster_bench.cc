@@ -35,6 +35,8 @@ ABSL_FLAG(int32_t, decode_tokens, 128,
           "Tokens generated for the decode-rate figure");
 ABSL_FLAG(int32_t, threads, 2,
           "CPU threads of each worker and of the engine alone");
+ABSL_FLAG(std::string, backend, "cpu",
+          "Engine backend of each worker and of the engine alone (cpu, cuda)");
 ABSL_FLAG(std::string, kv_transports, "tcp",
           "KV transports to measure the transfer over, one 1P1D cluster each; "
           "the first "
@@ -180,8 +182,9 @@ int Run() {
     PD_CHECK(absl::SimpleAtoi(p, &n) && n > 0) << "bad --prompt_lens";
     lens.push_back(n);
   }
-  const std::string worker_args =
-      absl::StrFormat("--num_threads=%d --kv_cache_mb=512", threads);
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  const std::string worker_args = absl::StrFormat(
+      "--backend=%s --num_threads=%d --kv_cache_mb=512", backend, threads);
   auto fail = [](const absl::Status& s) {
     std::cerr << "pd-cluster-bench: " << s << "\n";
     return 1;
@@ -198,8 +201,10 @@ int Run() {
   if (!transfer_only) {
     auto model = Model::Load(model_name);
     if (!model.ok()) return fail(model.status());
-    auto runner = CreateModelRunner(
-        *model, {.kv_cache_bytes = size_t{512} << 20, .num_threads = threads});
+    auto runner =
+        CreateModelRunner(*model, {.backend = backend,
+                                   .kv_cache_bytes = size_t{512} << 20,
+                                   .num_threads = threads});
     if (!runner.ok()) return fail(runner.status());
     for (size_t i = 0; i < lens.size(); ++i) {
       std::vector<double> v;
@@ -280,8 +285,8 @@ int Run() {
     return f.transfer_ms > 0 ? 1.0 - f.tail_ms / f.transfer_ms : 0.0;
   };
   std::cout << absl::StrFormat(
-      "model %s, %d threads per worker, medians of %d\n\n", model_name, threads,
-      reps);
+      "model %s, backend %s, %d threads per worker, medians of %d\n\n",
+      model_name, backend, threads, reps);
   if (!transfer_only) {
     std::cout << "1P1D over " << transports[0] << "\n\n"
               << "| prompt | engine TTFT ms | colocated TTFT ms | 1P1D TTFT ms "

@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
 # One GPU session of pdserve: build, the gpu-labelled tests, pd-cuda-bench,
 # its PyTorch peer (bench/torch_peer.py, eager and compiled) and
-# pd-kv-transfer-bench, each stage under a timeout, logs into $OUT.
+# pd-kv-transfer-bench and pd-cluster-bench, each stage under a timeout,
+# logs into $OUT.
 #
 #   bench/gpu_session.sh [STAGE...]        # from the repository root
 #
 # Stages, run in the order given (none given: env build test cuda-bench
-# torch-peer kv-bench summary):
+# torch-peer kv-bench cluster-bench summary):
 #   env             nvidia-smi, nvcc --version, compilers, torch/transformers
 #   deps            unpack carried Debian packages (.gpudeps/, made by
 #                   pack-deps) into $BUILD_DIR/deps when the machine lacks
 #                   the C++ dependencies; build does this by itself
 #   build           configure (Ninja, -DPDSERVE_BUILD_BENCH=ON) and build
-#                   only the gpu-labelled test binaries, pd-cuda-bench and
-#                   pd-kv-transfer-bench
+#                   only the gpu-labelled test binaries, pd-cuda-bench,
+#                   pd-kv-transfer-bench and pd-cluster-bench with the
+#                   workers
 #   test            ctest -L gpu --output-on-failure
 #   cuda-bench      build/bench/pd-cuda-bench
 #   torch-peer      torch-eager, then torch-compiled
 #   torch-eager     bench/torch_peer.py --modes eager
 #   torch-compiled  bench/torch_peer.py --modes compiled
 #   kv-bench        pd-kv-transfer-bench
+#   cluster-bench   pd-cluster-bench --backend=cuda over cuda_ipc and tcp
+#                   (staged): TTFT, the transfer's hidden share at 512 /
+#                   2048 / 8192 tokens, decode rate
 #   summary         stage results and pd-cuda-bench / PyTorch time ratios
 #   pack-deps       (on the development machine, not the GPU one) download
 #                   the Debian packages of deploy/install-deps.sh into
@@ -35,7 +40,7 @@
 #
 # Environment (defaults in brackets): OUT [gpu-session-out], BUILD_DIR
 # [build-gpusession], JOBS [16], DEPS_DEBS [.gpudeps], CUDA_BENCH_ARGS,
-# TORCH_PEER_ARGS, KV_BENCH_ARGS (extra flags), T_<STAGE> (seconds, e.g.
+# TORCH_PEER_ARGS, KV_BENCH_ARGS, CLUSTER_BENCH_ARGS (extra flags), T_<STAGE> (seconds, e.g.
 # T_BUILD=540; see the defaults below), TARGETS (build these instead of the
 # gpu tests and the two benches), FORCE_CARRIED_DEPS=1 (use .gpudeps even
 # where the system has the packages: to try that path on a dev machine).
@@ -63,6 +68,7 @@ T_CUDA_BENCH=${T_CUDA_BENCH:-240}
 T_TORCH_EAGER=${T_TORCH_EAGER:-240}
 T_TORCH_COMPILED=${T_TORCH_COMPILED:-480}
 T_KV_BENCH=${T_KV_BENCH:-180}
+T_CLUSTER_BENCH=${T_CLUSTER_BENCH:-300}
 
 # The packages deploy/install-deps.sh installs for building, with the
 # run-time libraries and -dev packages they pull in beyond a CUDA image's
@@ -196,7 +202,8 @@ build_targets() {
   fi
   log "gpu test targets: ${targets[*]}"
   cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]}" \
-    pd-cuda-bench pd-kv-transfer-bench
+    pd-cuda-bench pd-kv-transfer-bench pd-cluster-bench pd-router \
+    pd-prefill pd-decode
 }
 
 stage_env() {
@@ -265,6 +272,15 @@ stage_kv_bench() {
   "$BUILD_DIR/bench/pd-kv-transfer-bench" ${KV_BENCH_ARGS:-}
 }
 
+stage_cluster_bench() {
+  need_binary "$BUILD_DIR/bench/pd-cluster-bench" || return 1
+  use_deps
+  # shellcheck disable=SC2086  # CLUSTER_BENCH_ARGS is a list of flags.
+  "$BUILD_DIR/bench/pd-cluster-bench" --backend=cuda \
+    --kv_transports=cuda_ipc,tcp --prompt_lens=512,2048,8192 \
+    ${CLUSTER_BENCH_ARGS:-}
+}
+
 stage_summary() {
   echo "# GPU session summary ($(date -u +%FT%TZ))"
   echo
@@ -302,6 +318,14 @@ stage_summary() {
     "$PYTHON" "$ROOT/bench/torch_peer.py" --load-json "${jsons[@]}" \
       --compare "$LOGS/cuda-bench.log"
   fi
+  for m in kv-bench cluster-bench; do
+    if [[ -f $LOGS/$m.log ]]; then
+      echo
+      echo "## $m"
+      echo
+      grep -E '^(\||model|decode|skipped)' "$LOGS/$m.log" || true
+    fi
+  done
 }
 
 stage_pack_deps() {
@@ -337,7 +361,7 @@ finish() {
 trap finish EXIT
 
 if (($# == 0)); then
-  set -- env build test cuda-bench torch-peer kv-bench summary
+  set -- env build test cuda-bench torch-peer kv-bench cluster-bench summary
 fi
 failed=0
 for stage in "$@"; do
@@ -355,6 +379,8 @@ for stage in "$@"; do
       run_stage torch-eager "$T_TORCH_EAGER" stage_torch eager || failed=1
       run_stage torch-compiled "$T_TORCH_COMPILED" stage_torch compiled ;;
     kv-bench) run_stage kv-bench "$T_KV_BENCH" stage_kv_bench ;;
+    cluster-bench)
+      run_stage cluster-bench "$T_CLUSTER_BENCH" stage_cluster_bench ;;
     summary) run_stage summary 60 stage_summary ;;
     pack-deps) stage_pack_deps ;;
     *) log "unknown stage '$stage'"; false ;;
