@@ -164,7 +164,11 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void OnCancel() override {
     std::optional<BoundedExecutor::Ticket> ticket;
+    BoundedExecutor* executor = nullptr;
     {
+      // Every member this reaction reads, it reads under mu_, which OnDone
+      // takes before the call can go (gRPC runs OnDone after OnCancel, but
+      // through code ThreadSanitizer cannot see).
       absl::MutexLock lock(&mu_);
       cancelled_ = true;
       // Under mu_: RemoveDownstream waits, so no context is destroyed while
@@ -172,9 +176,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       // runs no reaction of ours.)
       for (grpc::ClientContext* context : downstream_) context->TryCancel();
       ticket = ticket_;
+      executor = executor_;
     }
     // Still queued: it will never run, so end it here.
-    if (ticket && executor_->Remove(*ticket)) {
+    if (ticket && executor->Remove(*ticket)) {
       FinishWith(absl::CancelledError("the client cancelled the request"));
     }
   }
