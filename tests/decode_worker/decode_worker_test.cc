@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -32,9 +33,9 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "tests/engine/test_util.h"
 #include "kv_transfer/transport.h"
 #include "proto/convert.h"
+#include "tests/engine/test_util.h"
 
 extern char** environ;
 
@@ -311,9 +312,12 @@ class DecodeWorkerTest : public ::testing::Test {
 
   // Runs a Decode call to its end (or, with cancel_after > 0, cancels it
   // once that many messages came).
+  // Cancels after `cancel_after` messages, or at the first message after
+  // `*cancel` turns true.
   Stream Decode(const wire::DecodeRequest& r,
                 absl::Duration deadline = absl::Seconds(10),
-                int cancel_after = 0) {
+                int cancel_after = 0,
+                const std::atomic<bool>* cancel = nullptr) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
     auto reader = stub_->Decode(&ctx, r);
@@ -328,7 +332,9 @@ class DecodeWorkerTest : public ::testing::Test {
         out.output.tokens.push_back(FromWire(t));
       }
       out.output.finish = FromWireFinish(msg.finish_reason());
-      if (out.messages == cancel_after) ctx.TryCancel();
+      if (out.messages == cancel_after || (cancel != nullptr && *cancel)) {
+        ctx.TryCancel();
+      }
     }
     out.status = reader->Finish();
     return out;
@@ -404,7 +410,8 @@ TEST_F(DecodeWorkerTest, KvLandedOverTcpDecodesToTheColocatedOutput) {
   // 100 tokens: two prefill chunks, so each layer arrives in two writes.
   for (int len : {1, 17, 100}) {
     for (const SamplingParams& sp : {Greedy(20), Seeded(20, 7)}) {
-      const GenerationRequest r{RequestId(id++), RandomPrompt(len, len + 1), sp};
+      const GenerationRequest r{RequestId(id++), RandomPrompt(len, len + 1),
+                                sp};
       ExpectSameTokens(Disaggregated(prefill, r), RunOnEngine(r));
       ExpectIdle();
     }
@@ -464,7 +471,8 @@ TEST_F(DecodeWorkerTest, DeadlineWhileWaitingForKvFreesTheReservation) {
   Start(options);
   wire::Landing landing;
   ASSERT_TRUE(Reserve(1, 40, &landing).ok());
-  wire::DecodeRequest d = MakeDecode({RequestId(1), RandomPrompt(20, 1), Greedy(20)});
+  wire::DecodeRequest d =
+      MakeDecode({RequestId(1), RandomPrompt(20, 1), Greedy(20)});
   d.mutable_first_token()->set_token_id(7);
   Stream s = Decode(d, absl::Milliseconds(200));
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
@@ -512,7 +520,8 @@ TEST_F(DecodeWorkerTest, LandingOffersEveryTransportInPreferenceOrder) {
   EXPECT_TRUE(landing.offers(0).endpoint().starts_with("ucx://"));
   EXPECT_EQ(landing.offers(1).transport(), "tcp");
   EXPECT_FALSE(landing.offers(1).endpoint().empty());
-  EXPECT_TRUE(landing.transport().empty()) << "the single-offer fields stay unset";
+  EXPECT_TRUE(landing.transport().empty())
+      << "the single-offer fields stay unset";
   EXPECT_TRUE(Release(1).ok());
   // KV and its notification arriving over the second offer work as well.
   TestPrefill prefill;
@@ -547,7 +556,8 @@ TEST_F(DecodeWorkerTest, UnusedReservationExpiresAndFreesItsBlocks) {
 TEST_F(DecodeWorkerTest, DecodeWhoseKvNeverArrivesEndsWithDeadlineExceeded) {
   wire::Landing landing;
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
-  wire::DecodeRequest d = MakeDecode({RequestId(1), RandomPrompt(8, 1), Greedy(4)});
+  wire::DecodeRequest d =
+      MakeDecode({RequestId(1), RandomPrompt(8, 1), Greedy(4)});
   d.mutable_first_token()->set_token_id(7);
   const absl::Time start = absl::Now();
   Stream s = Decode(d);
@@ -567,7 +577,8 @@ TEST_F(DecodeWorkerTest, ReleaseFreesAReservationAndEndsItsWaitingDecode) {
   EXPECT_TRUE(Release(0).ok());
 
   ASSERT_TRUE(Reserve(2, 12, &landing).ok());
-  wire::DecodeRequest d = MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(4)});
+  wire::DecodeRequest d =
+      MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(4)});
   d.mutable_first_token()->set_token_id(7);
   std::thread release([&] {
     absl::SleepFor(absl::Milliseconds(100));
@@ -707,14 +718,16 @@ TEST_F(DecodeWorkerTest, NotificationsThatAreNotOursAreIgnored) {
   EXPECT_TRUE(conn.Notify("\xff\xff not a proto").ok());
   EXPECT_TRUE(conn.Notify("").ok());
   EXPECT_TRUE(conn.Notify(std::string(1000, '\x0a')).ok());
-  prefill.Notify(landing.offers(0).endpoint(), RequestId(12345), 8);  // Unknown id.
+  prefill.Notify(landing.offers(0).endpoint(), RequestId(12345),
+                 8);  // Unknown id.
   prefill.Notify(landing.offers(0).endpoint(), RequestId(0), 8);
   // Raw bytes on the KV port that are no frame at all.
   {
     const size_t colon = landing.offers(0).endpoint().rfind(':');
     ASSERT_NE(colon, std::string::npos);
     int port = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(landing.offers(0).endpoint().substr(colon + 1), &port));
+    ASSERT_TRUE(absl::SimpleAtoi(landing.offers(0).endpoint().substr(colon + 1),
+                                 &port));
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -745,20 +758,29 @@ TEST_F(DecodeWorkerTest, NotificationsThatAreNotOursAreIgnored) {
 TEST_F(DecodeWorkerTest, CancelWhileWaitingForABatchSlotFreesBlocks) {
   DecodeServerOptions options = Options();
   options.worker.engine.max_running = 1;
+  options.worker.engine.kv_cache_bytes = size_t{16} << 20;  // 8192 tokens.
   Start(options);
+  // The busy request holds the only slot until request 2 has given up:
+  // it could not finish first (4000 tokens) unless the machine decoded
+  // faster than ~25k tokens/s.
+  std::atomic<bool> release_slot = false;
   std::thread busy([&] {
-    const GenerationRequest r{RequestId(1), RandomPrompt(8, 1), Greedy(400)};
-    EXPECT_TRUE(Decode(MakeDecode(r), absl::Seconds(120)).status.ok());
+    const GenerationRequest r{RequestId(1), RandomPrompt(8, 1), Greedy(4000)};
+    const grpc::Status s =
+        Decode(MakeDecode(r), absl::Seconds(120), 0, &release_slot).status;
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
   });
   absl::SleepFor(absl::Milliseconds(50));
   wire::Landing landing;
   ASSERT_TRUE(Reserve(2, 20, &landing).ok());
   TestPrefill prefill;
   prefill.Notify(landing.offers(0).endpoint(), RequestId(2), 8);
-  wire::DecodeRequest d = MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(10)});
+  wire::DecodeRequest d =
+      MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(10)});
   d.mutable_first_token()->set_token_id(7);
   EXPECT_EQ(Decode(d, absl::Milliseconds(100)).status.error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);
+  release_slot = true;
   busy.join();
   ExpectIdle();
 }
