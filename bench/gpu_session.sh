@@ -176,7 +176,7 @@ configure() {
 # The test executables whose tests carry the ctest label gpu, read from the
 # gtest_discover_tests post-build steps in build.ninja.
 gpu_test_targets() {
-  grep -oE 'TEST_TARGET=[A-Za-z0-9_]+ .*TEST_PROPERTIES=LABELS;([a-z0-9_]+;)*gpu[;"]' \
+  grep -oE 'TEST_TARGET=[A-Za-z0-9_]+ .*TEST_PROPERTIES=[^"]*LABELS;gpu[;"]' \
       "$BUILD_DIR/build.ninja" |
     sed -E 's/^TEST_TARGET=([A-Za-z0-9_]+) .*/\1/' | sort -u
 }
