@@ -74,9 +74,9 @@ absl::StatusOr<std::span<std::byte>> EngineLoop::KvMemoryForTransport(
   if (runner_->kv_memory_kind() == KvMemoryKind::kHost) {
     if (!takes_host_memory) {
       return absl::FailedPreconditionError(
-          "the transport moves device memory only, and this backend's KV pool "
-          "is in host "
-          "memory (run the cuda backend, or a host-memory transport)");
+          "the transport moves device memory only, and this backend's KV "
+          "pool is in host memory (run the cuda backend, or a host-memory "
+          "transport)");
     }
     return runner_->kv_memory();
   }
