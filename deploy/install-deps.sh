@@ -14,6 +14,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler  # RPC
   libgtest-dev libgmock-dev googletest  # unit tests
   libucx-dev             # kv_transfer "ucx" transport (built when found)
+  libboost-dev           # Boost.Beast/Asio: the router's HTTP server
   python3
 )
 

@@ -8,7 +8,9 @@
 #include "common/status_macros.h"
 #include "router/bounded_executor.h"
 #include "router/cluster_config.h"
+#include "router/openai_service.h"
 #include "router/orchestrator.h"
+#include "router/router_metrics.h"
 #include "router/router_service.h"
 #include "router/served_model.h"
 #include "router/worker_registry.h"
@@ -53,9 +55,36 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
           .control_timeout = options.control_timeout});
   router->executor_ = std::make_unique<BoundedExecutor>(options.max_inflight,
                                                         options.max_queued);
+  router->metrics_ = std::make_unique<RouterMetrics>();
   router->service_ = std::make_unique<RouterService>(
       router->model_, router->registry_.get(), router->orchestrator_.get(),
-      router->executor_.get(), options.default_deadline);
+      router->executor_.get(), options.default_deadline,
+      router->metrics_.get());
+  if (!options.http_listen.empty()) {
+    Router* raw = router.get();
+    router->openai_ = std::make_unique<OpenAiService>(OpenAiService::Deps{
+        .model = router->model_,
+        .registry = router->registry_.get(),
+        .orchestrator = router->orchestrator_.get(),
+        .executor = router->executor_.get(),
+        .metrics = router->metrics_.get(),
+        .api_keys = nullptr,
+        .gauges = [raw](std::string* out) { raw->WriteGauges(out); },
+        .request_deadline = options.default_deadline});
+    HttpServer::Options http = options.http;
+    http.listen = options.http_listen;
+    OpenAiService* openai = router->openai_.get();
+    auto http_server = HttpServer::Start(
+        http, [openai](HttpRequest request,
+                       std::shared_ptr<HttpExchange> exchange) {
+          openai->Handle(std::move(request), std::move(exchange));
+        });
+    if (!http_server.ok()) {
+      router->Shutdown(absl::ZeroDuration());
+      return http_server.status();
+    }
+    router->http_ = *std::move(http_server);
+  }
 
   auto started = StartGrpcServer(options.listen, {router->service_.get()});
   if (!started.ok()) {
@@ -65,7 +94,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
   router->server_ = std::move(started->server);
   router->port_ = started->port;
   PD_LOG(INFO) << "pd-router serving model '" << router->model_->name()
-               << "' on port " << router->port_ << " with "
+               << "' on port " << router->port_ << " (gRPC) and "
+               << router->http_port() << " (HTTP) with "
                << options.cluster.prefill_workers_size() << " prefill and "
                << options.cluster.decode_workers_size() << " decode workers";
   return router;
@@ -78,10 +108,36 @@ void Router::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   // Calls still running after the grace period are cancelled, which cancels
   // their downstream calls; the request threads then finish them.
+  // HTTP connections close at once: their requests are cancelled like
+  // those of gRPC calls past the grace period.
+  if (http_) http_->Stop();
   if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   if (executor_) executor_->Stop();
   if (server_) server_->Wait();
   registry_.reset();  // Stops polling.
+}
+
+void Router::WriteGauges(std::string* out) const {
+  absl::StrAppend(
+      out,
+      "# HELP pdserve_router_requests_running Generation requests being "
+      "served now.\n# TYPE pdserve_router_requests_running gauge\n"
+      "pdserve_router_requests_running ",
+      executor_->running(),
+      "\n# HELP pdserve_router_requests_queued Generation requests waiting "
+      "for a router thread.\n# TYPE pdserve_router_requests_queued gauge\n"
+      "pdserve_router_requests_queued ",
+      executor_->queued(),
+      "\n# HELP pdserve_router_http_connections Open HTTP connections.\n"
+      "# TYPE pdserve_router_http_connections gauge\n"
+      "pdserve_router_http_connections ",
+      http_ ? http_->connections() : 0,
+      "\n# HELP pdserve_router_healthy_workers Workers answering load "
+      "reports, by role.\n# TYPE pdserve_router_healthy_workers gauge\n"
+      "pdserve_router_healthy_workers{role=\"prefill\"} ",
+      registry_->healthy_prefill(),
+      "\npdserve_router_healthy_workers{role=\"decode\"} ",
+      registry_->healthy_decode(), "\n");
 }
 
 int Router::running_requests() const { return executor_->running(); }

@@ -18,13 +18,16 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "router/http_server.h"
 #include "grpcpp/grpcpp.h"
 #include "pdserve/internal/v1/cluster_config.pb.h"
 
 namespace pdserve {
 
 class BoundedExecutor;
+class OpenAiService;
 class RequestOrchestrator;
+class RouterMetrics;
 class RouterService;
 class ServedModel;
 class WorkerRegistry;
@@ -54,6 +57,11 @@ struct RouterOptions {
   absl::Duration default_deadline = absl::Minutes(10);
   // Deadline of Reserve and Release calls. Default: 5 s.
   absl::Duration control_timeout = absl::Seconds(5);
+  // Address of the OpenAI-compatible HTTP API; port 0 picks a free port,
+  // empty serves no HTTP. Default: "127.0.0.1:0".
+  std::string http_listen = "127.0.0.1:0";
+  // The HTTP server's threads and bounds (its listen field is ignored).
+  HttpServer::Options http;
 };
 
 class Router {
@@ -69,6 +77,8 @@ class Router {
 
   // The bound port.
   int port() const { return port_; }
+  // The bound HTTP port; 0 when no HTTP is served.
+  int http_port() const { return http_ ? http_->port() : 0; }
 
   // Stops taking calls, lets those in flight run for up to `grace`, then
   // cancels the rest; stops the workers' polling. Idempotent.
@@ -78,6 +88,9 @@ class Router {
   int running_requests() const;
   int queued_requests() const;
 
+  // The gauge lines of /metrics.
+  void WriteGauges(std::string* out) const;
+
  private:
   Router() = default;
 
@@ -86,7 +99,10 @@ class Router {
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<RequestOrchestrator> orchestrator_;
   std::unique_ptr<BoundedExecutor> executor_;
+  std::unique_ptr<RouterMetrics> metrics_;
   std::unique_ptr<RouterService> service_;
+  std::unique_ptr<OpenAiService> openai_;
+  std::unique_ptr<HttpServer> http_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

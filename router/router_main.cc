@@ -3,6 +3,7 @@
 // cluster config.
 //
 //   pd-router --config=cluster.json [--listen=127.0.0.1:0] [--port_file=F]
+//             [--http_listen=127.0.0.1:8000] [--http_port_file=F]
 #include <iostream>
 #include <string>
 
@@ -29,6 +30,12 @@ ABSL_FLAG(int32_t, poll_interval_ms, 100,
           "Period of the workers' load reports, in milliseconds");
 ABSL_FLAG(int32_t, prefill_retries, 2,
           "Other prefill workers to try when a prefill fails");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:0",
+          "Address of the OpenAI-compatible HTTP API (port 0: any free port; "
+          "empty: no HTTP)");
+ABSL_FLAG(std::string, http_port_file, "",
+          "Write the bound HTTP port to this file once serving");
+ABSL_FLAG(int32_t, http_threads, 2, "Threads serving HTTP connections");
 ABSL_FLAG(int32_t, short_prompt_tokens, 0,
           "Prompts of at most this many tokens are prefilled on the decode "
           "worker (0: always use prefill workers when any is healthy)");
@@ -56,10 +63,20 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_poll_interval_ms));
   options.prefill_retries = absl::GetFlag(FLAGS_prefill_retries);
   options.short_prompt_tokens = absl::GetFlag(FLAGS_short_prompt_tokens);
+  options.http_listen = absl::GetFlag(FLAGS_http_listen);
+  options.http.threads = absl::GetFlag(FLAGS_http_threads);
   auto router = pdserve::Router::Start(options);
   if (!router.ok()) {
     std::cerr << "pd-router: " << router.status() << "\n";
     return 1;
+  }
+  if (const std::string file = absl::GetFlag(FLAGS_http_port_file);
+      !file.empty()) {
+    if (absl::Status s = pdserve::WritePortFile(file, (*router)->http_port());
+        !s.ok()) {
+      std::cerr << "pd-router: " << s << "\n";
+      return 1;
+    }
   }
   const bool announced = pdserve::AnnounceAndWaitForSignal(
       "pd-router", (*router)->port(), absl::GetFlag(FLAGS_port_file));

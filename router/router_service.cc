@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "proto/convert.h"
+#include "router/downstream_calls.h"
 #include "router/response_assembler.h"
 
 namespace pdserve {
@@ -58,9 +59,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                              const v1::GenerateRequest& request,
                              RequestOrchestrator* orchestrator,
                              BoundedExecutor* executor,
-                             absl::Duration default_deadline) {
+                             absl::Duration default_deadline,
+                             RouterMetrics* metrics) {
     auto call = std::shared_ptr<GenerateCall>(new GenerateCall(
-        context, request, orchestrator, executor, default_deadline));
+        context, request, orchestrator, executor, default_deadline, metrics));
     {
       absl::MutexLock lock(&call->mu_);
       call->self_ = call;
@@ -86,25 +88,25 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   // GenerateStream.
   absl::Time deadline() const override { return deadline_; }
   bool AddDownstream(grpc::ClientContext* context) override {
-    absl::MutexLock lock(&mu_);
-    if (cancelled_) return false;
-    downstream_.push_back(context);
-    return true;
+    return downstream_.Add(context);
   }
   void RemoveDownstream(grpc::ClientContext* context) override {
-    absl::MutexLock lock(&mu_);
-    downstream_.erase(
-        std::remove(downstream_.begin(), downstream_.end(), context),
-        downstream_.end());
+    downstream_.Remove(context);
   }
-  bool cancelled() const override {
-    absl::MutexLock lock(&mu_);
-    return cancelled_;
-  }
+  bool cancelled() const override { return downstream_.cancelled(); }
   void Send(v1::GenerateResponse message) override {
     {
       absl::MutexLock lock(&mu_);
       if (final_status_ || write_failed_) return;
+      if (ttft_ == absl::ZeroDuration() && message.token_ids_size() > 0) {
+        ttft_ = absl::Now() - started_;
+      }
+      if (message.has_usage()) {
+        if (message.index() == 0) {
+          prompt_tokens_ += message.usage().prompt_tokens();
+        }
+        completion_tokens_ += message.usage().completion_tokens();
+      }
       if (write_in_flight_) {
         if (pending_) {
           MergeResponse(std::move(message), &*pending_);
@@ -129,6 +131,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       absl::MutexLock lock(&mu_);
       if (final_status_) return;
       final_status_ = status;
+      metrics_->RequestFinished("grpc", OutcomeName(status.raw_code()),
+                                prompt_tokens_, completion_tokens_, ttft_,
+                                absl::Now() - started_);
       if (write_in_flight_) return;  // OnWriteDone finishes.
     }
     Finish(ToGrpcStatus(status));
@@ -170,11 +175,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       // takes before the call can go (gRPC runs OnDone after OnCancel, but
       // through code ThreadSanitizer cannot see).
       absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-      // Under mu_: RemoveDownstream waits, so no context is destroyed while
-      // it is being cancelled. (Downstream calls are synchronous: TryCancel
-      // runs no reaction of ours.)
-      for (grpc::ClientContext* context : downstream_) context->TryCancel();
+      downstream_.Cancel();
       ticket = ticket_;
       executor = executor_;
     }
@@ -198,10 +199,12 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   GenerateCall(grpc::CallbackServerContext* context,
                const v1::GenerateRequest& request,
                RequestOrchestrator* orchestrator, BoundedExecutor* executor,
-               absl::Duration default_deadline)
+               absl::Duration default_deadline, RouterMetrics* metrics)
       : request_(request),
         orchestrator_(orchestrator),
         executor_(executor),
+        metrics_(metrics),
+        started_(absl::Now()),
         deadline_(ClientDeadline(context, default_deadline)) {}
 
   static absl::Time ClientDeadline(grpc::CallbackServerContext* context,
@@ -216,13 +219,18 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   const v1::GenerateRequest request_;
   RequestOrchestrator* const orchestrator_;
   BoundedExecutor* const executor_;
+  RouterMetrics* const metrics_;
+  const absl::Time started_;
   const absl::Time deadline_;
+  // For the metrics.
+  absl::Duration ttft_ ABSL_GUARDED_BY(mu_);
+  uint64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<GenerateCall> self_ ABSL_GUARDED_BY(mu_);
   std::optional<BoundedExecutor::Ticket> ticket_ ABSL_GUARDED_BY(mu_);
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<grpc::ClientContext*> downstream_ ABSL_GUARDED_BY(mu_);
+  DownstreamCalls downstream_;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<v1::GenerateResponse> pending_ ABSL_GUARDED_BY(mu_);
@@ -237,12 +245,14 @@ RouterService::RouterService(std::shared_ptr<const ServedModel> model,
                              WorkerRegistry* registry,
                              RequestOrchestrator* orchestrator,
                              BoundedExecutor* executor,
-                             absl::Duration default_deadline)
+                             absl::Duration default_deadline,
+                             RouterMetrics* metrics)
     : model_(std::move(model)),
       registry_(registry),
       orchestrator_(orchestrator),
       executor_(executor),
-      default_deadline_(default_deadline) {}
+      default_deadline_(default_deadline),
+      metrics_(metrics) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
@@ -251,7 +261,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
     return new FinishedWriteReactor(s);
   }
   return GenerateCall::Start(context, request, orchestrator_, executor_,
-                             default_deadline_);
+                             default_deadline_, metrics_);
 }
 
 grpc::ServerUnaryReactor* RouterService::Tokenize(

@@ -27,6 +27,7 @@
 #include "pdserve/v1/generation.grpc.pb.h"
 #include "router/bounded_executor.h"
 #include "router/orchestrator.h"
+#include "router/router_metrics.h"
 #include "router/served_model.h"
 #include "router/worker_registry.h"
 
@@ -41,9 +42,11 @@ using RouterServiceBase = v1::Generation::WithRawCallbackMethod_Generate<
 class RouterService final : public RouterServiceBase {
  public:
   // `default_deadline` bounds a Generate call whose client set none.
+  // `metrics` records every Generate call.
   RouterService(std::shared_ptr<const ServedModel> model,
                 WorkerRegistry* registry, RequestOrchestrator* orchestrator,
-                BoundedExecutor* executor, absl::Duration default_deadline);
+                BoundedExecutor* executor, absl::Duration default_deadline,
+                RouterMetrics* metrics);
 
   // GenerateRequest in, GenerateResponse messages out.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(
@@ -67,6 +70,7 @@ class RouterService final : public RouterServiceBase {
   RequestOrchestrator* const orchestrator_;
   BoundedExecutor* const executor_;
   const absl::Duration default_deadline_;
+  RouterMetrics* const metrics_;
 };
 
 }  // namespace pdserve

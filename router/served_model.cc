@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/sampler.h"
@@ -25,9 +26,27 @@ absl::StatusOr<std::shared_ptr<const ServedModel>> ServedModel::Load(
         model.status().code(),
         absl::StrCat("loading model '", spec, "': ", model.status().message()));
   }
-  std::string name =
-      config.served_model_name().empty() ? spec : config.served_model_name();
+  std::string name = config.served_model_name().empty()
+                         ? DefaultServedModelName(spec)
+                         : config.served_model_name();
   return FromModel(std::move(name), *std::move(model));
+}
+
+std::string DefaultServedModelName(absl::string_view spec) {
+  if (absl::StartsWith(spec, "builtin:")) return std::string(spec);
+  while (spec.size() > 1 && spec.back() == '/') spec.remove_suffix(1);
+  const size_t slash = spec.rfind('/');
+  return std::string(slash == absl::string_view::npos ? spec
+                                                     : spec.substr(slash + 1));
+}
+
+absl::StatusOr<std::string> ServedModel::RenderChat(
+    const nlohmann::json& messages, const nlohmann::json& tools,
+    bool add_generation_prompt, const nlohmann::json& kwargs) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model '", name_,
+      "' has no chat template (tokenizer_config.json 'chat_template' or "
+      "chat_template.jinja); use /v1/completions"));
 }
 
 std::shared_ptr<const ServedModel> ServedModel::FromModel(

@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/generator.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "nlohmann/json.hpp"
 #include "pdserve/internal/v1/cluster_config.pb.h"
 #include "pdserve/v1/generation.pb.h"
 
@@ -50,6 +52,16 @@ class ServedModel {
   // INVALID_ARGUMENT unless `requested` is empty or this model's name.
   absl::Status CheckName(const std::string& requested) const;
 
+  // The prompt of a chat conversation, rendered by the model's chat
+  // template: `messages` (OpenAI messages), `tools` (null or a list),
+  // `kwargs` (an object of extra template variables, e.g. enable_thinking).
+  // FAILED_PRECONDITION when the model has none; INVALID_ARGUMENT when the
+  // template rejects the conversation (its raise_exception message).
+  absl::StatusOr<std::string> RenderChat(const nlohmann::json& messages,
+                                         const nlohmann::json& tools,
+                                         bool add_generation_prompt,
+                                         const nlohmann::json& kwargs) const;
+
  private:
   ServedModel(std::string name, std::shared_ptr<const Model> model);
 
@@ -66,6 +78,10 @@ struct ValidatedRequest {
   std::vector<std::string> stop_strings;
   bool skip_special_tokens = true;
 };
+
+// The name a model is served under by default: "builtin:..." as is, a
+// directory's base name ("/models/Llama-3.1-8B/" -> "Llama-3.1-8B").
+std::string DefaultServedModelName(absl::string_view spec);
 
 // Checks `request` against `model` and tokenizes a text prompt.
 // INVALID_ARGUMENT with a message naming the field for: no prompt, an empty

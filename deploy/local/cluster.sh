@@ -16,6 +16,8 @@
 #   --bin B            build directory with the binaries (default build)
 #   --router-port P    router's gRPC port (default 0: any free port; the
 #                      chosen one is in D/router.port)
+#   --http-port P      router's OpenAI-compatible HTTP port (default 0: any
+#                      free port; the chosen one is in D/router.http_port)
 #   --prefill-args A, --decode-args A, --router-args A
 #                      extra flags for every worker of that kind, e.g.
 #                      --decode-args "--kv_transport=ucx:shm,tcp" (KV
@@ -29,7 +31,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cmd="${1:-}"
 shift || true
 prefill=1 decode=1 model=builtin:tiny dir="$root/build/local-cluster" bin="$root/build"
-router_port=0 prefill_args="" decode_args="" router_args=""
+router_port=0 http_port=0 prefill_args="" decode_args="" router_args=""
 while (($#)); do
   case "$1" in
     --prefill) prefill="$2"; shift 2 ;;
@@ -38,6 +40,7 @@ while (($#)); do
     --dir) dir="$2"; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
     --router-port) router_port="$2"; shift 2 ;;
+    --http-port) http_port="$2"; shift 2 ;;
     --prefill-args) prefill_args="$2"; shift 2 ;;
     --decode-args) decode_args="$2"; shift 2 ;;
     --router-args) router_args="$2"; shift 2 ;;
@@ -125,7 +128,9 @@ up() {
 }
 JSON
   # shellcheck disable=SC2086
+  rm -f "$dir/router.http_port"
   start router "$bin/router/pd-router" --listen="127.0.0.1:$router_port" \
+    --http_listen="127.0.0.1:$http_port" --http_port_file="$dir/router.http_port" \
     --config="$dir/cluster.json" $router_args
   wait_port router
 
@@ -134,7 +139,7 @@ JSON
   for _ in $(seq 1 300); do
     status="$("$bin/client/pdctl" status --server="127.0.0.1:$(cat "$dir/router.port")" 2>&1 || true)"
     if grep -q "serving: true" <<<"$status" && grep -q "$want" <<<"$status"; then
-      echo "cluster up: router 127.0.0.1:$(cat "$dir/router.port"), $prefill prefill, $decode decode, model $model (logs in $dir)"
+      echo "cluster up: router 127.0.0.1:$(cat "$dir/router.port") (gRPC), http://127.0.0.1:$(cat "$dir/router.http_port") (OpenAI API), $prefill prefill, $decode decode, model $model (logs in $dir)"
       return 0
     fi
     sleep 0.1
