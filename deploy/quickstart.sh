@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Sets pdserve up on this machine and runs it: installs dependencies, builds,
 # starts a local disaggregated cluster (router + 1 prefill + 1 decode worker)
-# and streams a generation through it with pdctl, then stops the cluster.
-# The model is the first argument, or, when ../shared holds the stories260K
-# llama2.c checkpoint, that model converted to Hugging Face layout under
-# build/models/, or else builtin:tiny (random weights: gibberish by design).
+# and asks it for a story three ways — pdctl over gRPC, then curl on the
+# OpenAI-compatible /v1/completions and /v1/chat/completions — then stops
+# the cluster.
+#
+#   deploy/quickstart.sh [MODEL]
+#
+# MODEL is a Hugging Face model directory or builtin:tiny; by default the
+# stories260K model shipped in deploy/models/ (a real tiny Llama that writes
+# children's stories), converted to Hugging Face layout under build/models/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,15 +18,32 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build --target pdctl pd-router pd-prefill pd-decode
 
 model="${1:-}"
-stories=../shared/models/stories260K
-if [[ -z "$model" && -f "$stories/stories260K.bin" ]]; then
+if [[ -z "$model" ]]; then
   model=build/models/stories260K
-  build/client/pdctl convert-llama2c "$stories/stories260K.bin" "$stories/tok512.bin" "$model"
+  shipped=deploy/models/stories260K
+  build/client/pdctl convert-llama2c "$shipped/stories260K.bin" "$shipped/tok512.bin" "$model"
+  cp "$shipped/chat_template.jinja" "$model/"
 fi
-model="${model:-builtin:tiny}"
 
 cluster=deploy/local/cluster.sh
 trap '$cluster down' EXIT
 $cluster up --prefill 1 --decode 1 --model "$model"
-build/client/pdctl generate --server="127.0.0.1:$(cat build/local-cluster/router.port)" \
-  --max_tokens=128 --temperature=0 "Once upon a time"
+grpc="127.0.0.1:$(cat build/local-cluster/router.port)"
+http="http://127.0.0.1:$(cat build/local-cluster/router.http_port)"
+name="$(basename "$model")"
+[[ "$model" == builtin:* ]] && name="$model"
+
+echo; echo "== pdctl generate (gRPC $grpc)"
+build/client/pdctl generate --server="$grpc" --max_tokens=128 --temperature=0 "Once upon a time"
+
+echo; echo "== curl $http/v1/completions"
+curl -sS "$http/v1/completions" -H 'Content-Type: application/json' -d @- <<JSON
+{"model": "$name", "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0}
+JSON
+echo
+
+echo; echo "== curl $http/v1/chat/completions (streamed)"
+curl -sSN "$http/v1/chat/completions" -H 'Content-Type: application/json' -d @- <<JSON
+{"model": "$name", "messages": [{"role": "user", "content": "Tom had a red ball."}],
+ "max_tokens": 64, "temperature": 0.8, "seed": 7, "stream": true}
+JSON

@@ -259,8 +259,7 @@ TEST(ClusterTest, DecodeOffersUcxAndTcpPrefillRunsTcpEqualsColocated) {
 
 TEST(ClusterTest, Stories260kThroughTheClusterGivesThePublishedText) {
   namespace fs = std::filesystem;
-  const fs::path src = fs::path(PDSERVE_SHARED_DIR) / "models/stories260K";
-  if (!fs::exists(src / "stories260K.bin")) GTEST_SKIP() << "no " << src;
+  const fs::path src = fs::path(PDSERVE_MODELS_DIR) / "stories260K";
   const fs::path dir =
       fs::path(PDSERVE_BINARY_DIR) / "test-models/stories260K-cluster";
   ASSERT_TRUE(
