@@ -3,6 +3,7 @@
 #include <atomic>
 #include <sys/resource.h>
 
+#include <array>
 #include <chrono>
 #include <exception>
 #include <iterator>
@@ -100,15 +101,22 @@ class Session;
 
 struct HttpServer::Impl {
   Impl(const Options& o, Handler h)
-      : options(o), handler(std::move(h)), acceptor(ioc), accept_retry(ioc) {}
+      : options(o),
+        handler(std::move(h)),
+        acceptor_strand(net::make_strand(ioc)),
+        acceptor(acceptor_strand),
+        accept_retry(acceptor_strand) {}
 
   void Accept();
-  void Register(const std::shared_ptr<Session>& session);
+  // False (not registered) once Stop() has begun.
+  bool Register(const std::shared_ptr<Session>& session);
   void Unregister(Session* session);
 
   const Options options;
   const Handler handler;
   net::io_context ioc;
+  // The acceptor, its retry timer and their handlers live on one strand.
+  net::strand<net::io_context::executor_type> acceptor_strand;
   tcp::acceptor acceptor;
   net::steady_timer accept_retry;
   std::vector<std::thread> threads;
@@ -123,6 +131,7 @@ struct HttpServer::Impl {
   absl::Mutex mu;
   absl::flat_hash_map<Session*, std::weak_ptr<Session>> sessions
       ABSL_GUARDED_BY(mu);
+  bool closing ABSL_GUARDED_BY(mu) = false;
 };
 
 namespace {
@@ -181,6 +190,7 @@ class Session : public std::enable_shared_from_this<Session> {
   tcp::socket socket_;
   net::steady_timer timer_;
   std::string in_;  // Bytes read and not yet parsed.
+  std::array<char, kReadChunk> read_buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool reading_ = false;
   bool request_started_ = false;
@@ -366,12 +376,10 @@ void Session::Read() {
     return Close();
   }
   reading_ = true;
-  const size_t old_size = in_.size();
-  in_.resize(old_size + kReadChunk);
   socket_.async_read_some(
-      net::buffer(in_.data() + old_size, kReadChunk),
-      [self = shared_from_this(), old_size](error_code ec, size_t bytes) {
-        self->in_.resize(old_size + bytes);
+      net::buffer(read_buffer_),
+      [self = shared_from_this()](error_code ec, size_t bytes) {
+        self->in_.append(self->read_buffer_.data(), bytes);
         self->OnRead(ec, bytes);
       });
 }
@@ -507,9 +515,11 @@ void Session::Close() {
   server_->Unregister(this);
 }
 
-void HttpServer::Impl::Register(const std::shared_ptr<Session>& session) {
+bool HttpServer::Impl::Register(const std::shared_ptr<Session>& session) {
   absl::MutexLock lock(&mu);
+  if (closing) return false;
   sessions.emplace(session.get(), session);
+  return true;
 }
 
 void HttpServer::Impl::Unregister(Session* session) {
@@ -521,12 +531,14 @@ void HttpServer::Impl::Accept() {
   acceptor.async_accept(
       net::make_strand(ioc), [this](error_code ec, tcp::socket socket) {
         if (ec) {
-          if (ec == net::error::operation_aborted) return;
+          if (ec == net::error::operation_aborted || !acceptor.is_open()) {
+            return;  // Stopped.
+          }
           // Out of descriptors, say: try again shortly rather than spin.
           PD_LOG(WARNING) << "HTTP accept failed: " << ec.message();
           accept_retry.expires_after(std::chrono::milliseconds(50));
           accept_retry.async_wait([this](error_code wait_ec) {
-            if (!wait_ec) Accept();
+            if (!wait_ec && acceptor.is_open()) Accept();
           });
           return;
         } else {
@@ -536,7 +548,7 @@ void HttpServer::Impl::Accept() {
               connections.fetch_add(1) >= options.max_connections;
           socket.set_option(tcp::no_delay(true), ec);
           auto session = std::make_shared<Session>(self, std::move(socket));
-          Register(session);
+          if (!Register(session)) return;  // Stopping: it closes unused.
           net::post(session->executor(),
                     [session, over] { session->Start(over); });
         }
@@ -607,13 +619,15 @@ void HttpServer::Stop() {
     if (impl_->stopped) return;
     impl_->stopped = true;
   }
-  net::post(impl_->ioc, [impl = impl_.get()] {
+  net::post(impl_->acceptor_strand, [impl = impl_.get()] {
     error_code ignored;
     impl->acceptor.close(ignored);
+    impl->accept_retry.cancel();
   });
   std::vector<std::shared_ptr<Session>> sessions;
   {
     absl::MutexLock lock(&impl_->mu);
+    impl_->closing = true;
     for (auto& [raw, weak] : impl_->sessions) {
       if (auto session = weak.lock()) sessions.push_back(std::move(session));
     }
