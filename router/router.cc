@@ -138,6 +138,20 @@ void Router::WriteGauges(std::string* out) const {
       registry_->healthy_prefill(),
       "\npdserve_router_healthy_workers{role=\"decode\"} ",
       registry_->healthy_decode(), "\n");
+  // The decode workers' KV pools as of their last load report: free blocks
+  // returning to the total is how a client sees that nothing leaked.
+  const std::vector<WorkerSnapshot> workers = registry_->Snapshot();
+  absl::StrAppend(out,
+                  "# HELP pdserve_router_worker_kv_blocks KV blocks of each "
+                  "decode worker, as of its last load report.\n"
+                  "# TYPE pdserve_router_worker_kv_blocks gauge\n");
+  for (const WorkerSnapshot& w : workers) {
+    if (w.role != WorkerRole::kDecode) continue;
+    absl::StrAppend(out, "pdserve_router_worker_kv_blocks{worker=\"", w.id,
+                    "\",state=\"total\"} ", w.last_report.total_blocks(),
+                    "\npdserve_router_worker_kv_blocks{worker=\"", w.id,
+                    "\",state=\"free\"} ", w.last_report.free_blocks(), "\n");
+  }
 }
 
 int Router::running_requests() const { return executor_->running(); }
