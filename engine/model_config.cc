@@ -230,10 +230,10 @@ absl::Status ModelConfig::Validate() const {
   // ToHfConfigJson) about; a window is not written back for it either.
   const bool qwen3 = architecture == "Qwen3ForCausalLM";
   if (qk_norm != qwen3) {
-    return FieldError("architectures",
-                      absl::StrCat("'", architecture, "' ",
-                                   qwen3 ? "needs" : "does not take",
-                                   " the per-head q/k norm"));
+    return FieldError(
+        "architectures",
+        absl::StrCat("'", architecture, "' ", qwen3 ? "needs" : "does not take",
+                     " the per-head q/k norm"));
   }
   if (qwen3 && sliding_window != 0) {
     return FieldError("sliding_window",
@@ -298,9 +298,9 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json) {
     c.head_dim = c.hidden_size / c.num_heads;
   }
   PD_RETURN_IF_ERROR(ReadInt(j, "head_dim", c.head_dim));
-  if (auto it = j.find("head_dim"); !qwen3 && (it == j.end() || it->is_null()) &&
-                                    c.num_heads > 0 &&
-                                    c.hidden_size % c.num_heads != 0) {
+  if (auto it = j.find("head_dim");
+      !qwen3 && (it == j.end() || it->is_null()) && c.num_heads > 0 &&
+      c.hidden_size % c.num_heads != 0) {
     return FieldError(
         "hidden_size",
         absl::StrCat("(", c.hidden_size,

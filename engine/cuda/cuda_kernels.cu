@@ -585,14 +585,12 @@ cudaError_t SiluMul(const float* gate_up, int64_t n_rows, int64_t n,
 cudaError_t BiasRope(float* qkv, int64_t row_stride, int64_t row_width,
                      int64_t n_tokens, const int32_t* positions,
                      const float* inv_freq, int num_heads, int num_kv_heads,
-                     int head_dim, const float* bias,
-                     const HeadNorm& head_norm, RopeStyle style,
-                     cudaStream_t stream) {
+                     int head_dim, const float* bias, const HeadNorm& head_norm,
+                     RopeStyle style, cudaStream_t stream) {
   if (n_tokens == 0) return cudaSuccess;
   PD_LAUNCH(BiasRopeKernel, n_tokens, 128, 0, stream, qkv, row_stride,
-            row_width, positions, inv_freq, num_heads,
-            num_heads + num_kv_heads, head_dim, bias, head_norm,
-            style == RopeStyle::kAdjacentPairs);
+            row_width, positions, inv_freq, num_heads, num_heads + num_kv_heads,
+            head_dim, bias, head_norm, style == RopeStyle::kAdjacentPairs);
   return PD_LAUNCH_ERROR();
 }
 

@@ -63,9 +63,8 @@ struct HeadNorm {
 cudaError_t BiasRope(float* qkv, int64_t row_stride, int64_t row_width,
                      int64_t n_tokens, const int32_t* positions,
                      const float* inv_freq, int num_heads, int num_kv_heads,
-                     int head_dim, const float* bias,
-                     const HeadNorm& head_norm, RopeStyle style,
-                     cudaStream_t stream);
+                     int head_dim, const float* bias, const HeadNorm& head_norm,
+                     RopeStyle style, cudaStream_t stream);
 
 // Where one layer of a bf16 paged KV pool lives (engine/kv_layout.h).
 struct PagedKvLayer {

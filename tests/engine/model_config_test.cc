@@ -123,7 +123,8 @@ TEST(ModelConfigTest, Qwen3HeadNormExplicitHeadDimNoBias) {
 TEST(ModelConfigTest, Qwen3DefaultsAsTransformersAndHonoursAttentionBias) {
   // model_type only, no head_dim (Qwen3Config's default is 128, whatever
   // hidden / heads is), attention_bias set, a linear rope scaling.
-  auto c = ParseHfConfig(R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64,
+  auto c = ParseHfConfig(
+      R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "attention_bias": true,
     "rope_scaling": {"rope_type": "linear", "factor": 2.0}})");

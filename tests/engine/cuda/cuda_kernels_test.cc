@@ -162,11 +162,11 @@ TEST_P(BiasRopeTest, MatchesCpu) {
   DeviceVector<int32_t> d_pos(positions);
   const HeadNorm head_norm =
       p.head_norm ? HeadNorm{d_q_norm.get(), d_k_norm.get(), eps} : HeadNorm{};
-  ASSERT_EQ(BiasRope(d_qkv.get(), stride, width, n_tokens, d_pos.get(),
-                     d_inv.get(), p.heads, p.kv_heads, p.head_dim,
-                     p.bias ? d_bias.get() : nullptr, head_norm, p.style,
-                     nullptr),
-            cudaSuccess);
+  ASSERT_EQ(
+      BiasRope(d_qkv.get(), stride, width, n_tokens, d_pos.get(), d_inv.get(),
+               p.heads, p.kv_heads, p.head_dim, p.bias ? d_bias.get() : nullptr,
+               head_norm, p.style, nullptr),
+      cudaSuccess);
   const std::vector<float> got = d_qkv.Download();
 
   const int half = p.head_dim / 2;
@@ -182,8 +182,8 @@ TEST_P(BiasRopeTest, MatchesCpu) {
     if (p.head_norm) {
       for (int h = 0; h < p.heads + p.kv_heads; ++h) {
         float* v = row + h * p.head_dim;
-        cpu::RmsNorm(v, h < p.heads ? q_norm.data() : k_norm.data(),
-                     p.head_dim, eps, v);
+        cpu::RmsNorm(v, h < p.heads ? q_norm.data() : k_norm.data(), p.head_dim,
+                     eps, v);
       }
     }
     cpu::RopeAngles(positions[t], inv_freq, cos.data(), sin.data());
