@@ -112,6 +112,10 @@ absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(std::string name,
       L.bk = make.Vector(kv_dim, 0.0f, 0.1f);
       L.bv = make.Vector(kv_dim, 0.0f, 0.1f);
     }
+    if (config.qk_norm) {
+      L.q_norm = make.Vector(config.head_dim, 1.0f, 0.2f);
+      L.k_norm = make.Vector(config.head_dim, 1.0f, 0.2f);
+    }
     L.ffn_norm = make.Vector(hidden, 1.0f, 0.2f);
     L.w_gate = make.Matrix(config.intermediate_size, hidden, 1.0f);
     L.w_up = make.Matrix(config.intermediate_size, hidden, 1.0f);

@@ -19,7 +19,8 @@ namespace pdserve {
 ModelConfig TinyModelConfig();
 
 // A model of any Llama shape with weights drawn from `seed` (each weight
-// uniform in ±sqrt(3)·scale/sqrt(fan_in)-ish) in `dtype`. The tokenizer is
+// uniform in ±sqrt(3)·scale/sqrt(fan_in)-ish) in `dtype`; QKV biases and
+// q/k norm weights too when the config has them. The tokenizer is
 // the byte-level one (its ids past 257 special "<extra_ID>" padding) when the
 // vocabulary can hold it, else none.
 absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(

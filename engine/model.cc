@@ -63,6 +63,10 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& c, const Checkpoint&
       PD_ASSIGN_OR_RETURN(L.bk, GetVector(ckpt, p + "self_attn.k_proj.bias", kv_dim));
       PD_ASSIGN_OR_RETURN(L.bv, GetVector(ckpt, p + "self_attn.v_proj.bias", kv_dim));
     }
+    if (c.qk_norm) {
+      PD_ASSIGN_OR_RETURN(L.q_norm, GetVector(ckpt, p + "self_attn.q_norm.weight", c.head_dim));
+      PD_ASSIGN_OR_RETURN(L.k_norm, GetVector(ckpt, p + "self_attn.k_norm.weight", c.head_dim));
+    }
     PD_ASSIGN_OR_RETURN(L.ffn_norm, GetVector(ckpt, p + "post_attention_layernorm.weight", c.hidden_size));
     PD_ASSIGN_OR_RETURN(L.w_gate, GetMatrix(ckpt, p + "mlp.gate_proj.weight", c.intermediate_size, c.hidden_size));
     PD_ASSIGN_OR_RETURN(L.w_up, GetMatrix(ckpt, p + "mlp.up_proj.weight", c.intermediate_size, c.hidden_size));
@@ -123,6 +127,10 @@ absl::Status ValidateWeights(const ModelConfig& c, const ModelWeights& w) {
       PD_RETURN_IF_ERROR(CheckVector(L.bq, q_dim, "q_proj.bias"));
       PD_RETURN_IF_ERROR(CheckVector(L.bk, kv_dim, "k_proj.bias"));
       PD_RETURN_IF_ERROR(CheckVector(L.bv, kv_dim, "v_proj.bias"));
+    }
+    if (c.qk_norm) {
+      PD_RETURN_IF_ERROR(CheckVector(L.q_norm, c.head_dim, "q_norm"));
+      PD_RETURN_IF_ERROR(CheckVector(L.k_norm, c.head_dim, "k_norm"));
     }
   }
   return absl::OkStatus();

@@ -39,6 +39,7 @@ struct LayerWeights {
   std::vector<float> attn_norm;  // [hidden]
   WeightMatrix wq, wk, wv, wo;   // q: [heads*head_dim][hidden], o: [hidden][heads*head_dim]
   std::vector<float> bq, bk, bv; // Empty unless config.qkv_bias.
+  std::vector<float> q_norm, k_norm;  // [head_dim]; empty unless config.qk_norm.
   std::vector<float> ffn_norm;   // [hidden]
   WeightMatrix w_gate, w_up;     // [intermediate][hidden]
   WeightMatrix w_down;           // [hidden][intermediate]

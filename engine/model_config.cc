@@ -226,6 +226,19 @@ absl::Status ModelConfig::Validate() const {
   }
   if (sliding_window < 0)
     return FieldError("sliding_window", "must not be negative");
+  // Qwen3's q/k norm is what its architecture name tells transformers (and
+  // ToHfConfigJson) about; a window is not written back for it either.
+  const bool qwen3 = architecture == "Qwen3ForCausalLM";
+  if (qk_norm != qwen3) {
+    return FieldError(
+        "architectures",
+        absl::StrCat("'", architecture, "' ", qwen3 ? "needs" : "does not take",
+                     " the per-head q/k norm"));
+  }
+  if (qwen3 && sliding_window != 0) {
+    return FieldError("sliding_window",
+                      "is not supported for Qwen3ForCausalLM");
+  }
   for (int32_t id : eos_token_ids) {
     if (id >= vocab_size)
       return FieldError("eos_token_id", "is outside the vocabulary");
@@ -256,17 +269,19 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json) {
   const bool llama = family == "LlamaForCausalLM" || family == "llama";
   const bool mistral = family == "MistralForCausalLM" || family == "mistral";
   const bool qwen2 = family == "Qwen2ForCausalLM" || family == "qwen2";
-  if (!llama && !mistral && !qwen2) {
+  const bool qwen3 = family == "Qwen3ForCausalLM" || family == "qwen3";
+  if (!llama && !mistral && !qwen2 && !qwen3) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.json: unsupported architecture '", c.architecture,
                      "' (model_type '", model_type,
                      "'); supported: LlamaForCausalLM, MistralForCausalLM, "
-                     "Qwen2ForCausalLM"));
+                     "Qwen2ForCausalLM, Qwen3ForCausalLM"));
   }
   if (c.architecture.empty()) {
     c.architecture = llama     ? "LlamaForCausalLM"
                      : mistral ? "MistralForCausalLM"
-                               : "Qwen2ForCausalLM";
+                     : qwen2   ? "Qwen2ForCausalLM"
+                               : "Qwen3ForCausalLM";
   }
   PD_RETURN_IF_ERROR(ReadInt(j, "vocab_size", c.vocab_size));
   PD_RETURN_IF_ERROR(ReadInt(j, "hidden_size", c.hidden_size));
@@ -275,11 +290,17 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json) {
   PD_RETURN_IF_ERROR(ReadInt(j, "num_attention_heads", c.num_heads));
   c.num_kv_heads = c.num_heads;
   PD_RETURN_IF_ERROR(ReadInt(j, "num_key_value_heads", c.num_kv_heads));
-  if (c.num_heads > 0) c.head_dim = c.hidden_size / c.num_heads;
+  // transformers' Qwen3Config defaults head_dim to 128 whatever the hidden
+  // size; the others derive it.
+  if (qwen3) {
+    c.head_dim = 128;
+  } else if (c.num_heads > 0) {
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
   PD_RETURN_IF_ERROR(ReadInt(j, "head_dim", c.head_dim));
-  if (auto it = j.find("head_dim"); (it == j.end() || it->is_null()) &&
-                                    c.num_heads > 0 &&
-                                    c.hidden_size % c.num_heads != 0) {
+  if (auto it = j.find("head_dim");
+      !qwen3 && (it == j.end() || it->is_null()) && c.num_heads > 0 &&
+      c.hidden_size % c.num_heads != 0) {
     return FieldError(
         "hidden_size",
         absl::StrCat("(", c.hidden_size,
@@ -303,6 +324,17 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json) {
     c.qkv_bias = true;
     PD_RETURN_IF_ERROR(
         ReadQwen2SlidingWindow(j, c.num_layers, c.sliding_window));
+  } else if (qwen3) {
+    c.qk_norm = true;
+    PD_RETURN_IF_ERROR(ReadBool(j, "attention_bias", c.qkv_bias));
+    // Released Qwen3 checkpoints attend to the full context; a sliding
+    // window (in the layers from max_window_layers on) is not implemented.
+    bool use_sliding_window = false;
+    PD_RETURN_IF_ERROR(ReadBool(j, "use_sliding_window", use_sliding_window));
+    if (use_sliding_window) {
+      return FieldError("use_sliding_window",
+                        "true is not supported for Qwen3ForCausalLM");
+    }
   } else {
     PD_RETURN_IF_ERROR(ReadBool(j, "attention_bias", c.qkv_bias));
     if (mistral)
@@ -343,6 +375,7 @@ std::string ToHfConfigJson(const ModelConfig& c) {
   j["architectures"] = {c.architecture};
   j["model_type"] = c.architecture == "MistralForCausalLM" ? "mistral"
                     : c.architecture == "Qwen2ForCausalLM" ? "qwen2"
+                    : c.architecture == "Qwen3ForCausalLM" ? "qwen3"
                                                            : "llama";
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -359,7 +392,11 @@ std::string ToHfConfigJson(const ModelConfig& c) {
   j["torch_dtype"] = c.torch_dtype == DType::kBF16  ? "bfloat16"
                      : c.torch_dtype == DType::kF16 ? "float16"
                                                     : "float32";
-  if (c.architecture == "LlamaForCausalLM") j["attention_bias"] = c.qkv_bias;
+  if (c.architecture == "LlamaForCausalLM" ||
+      c.architecture == "Qwen3ForCausalLM") {
+    j["attention_bias"] = c.qkv_bias;
+  }
+  if (c.architecture == "Qwen3ForCausalLM") j["use_sliding_window"] = false;
   // transformers' defaults would slide a 4096 window in Mistral when the key
   // is absent, and in Qwen2 only from layer 28 on: spell both out.
   if (c.architecture == "Qwen2ForCausalLM") {

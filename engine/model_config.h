@@ -3,7 +3,8 @@
 //
 // Supported: LlamaForCausalLM (Llama 2/3/3.1, rope_scaling "llama3" and
 // "linear"), MistralForCausalLM (sliding_window), Qwen2ForCausalLM (QKV bias,
-// optional sliding window), GQA, explicit head_dim, tie_word_embeddings.
+// optional sliding window), Qwen3ForCausalLM (per-head RMSNorm of q and k,
+// no sliding window), GQA, explicit head_dim, tie_word_embeddings.
 #ifndef PDSERVE_ENGINE_MODEL_CONFIG_H_
 #define PDSERVE_ENGINE_MODEL_CONFIG_H_
 
@@ -36,12 +37,16 @@ struct ModelConfig {
   int num_layers = 0;
   int num_heads = 0;
   int num_kv_heads = 0;  // Defaults to num_heads when absent.
-  int head_dim = 0;      // Defaults to hidden_size / num_heads when absent.
+  int head_dim = 0;      // When absent: hidden_size / num_heads (Qwen3: 128,
+                         // as transformers' Qwen3Config).
   int max_position_embeddings = 2048;
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
-  bool qkv_bias = false;          // Qwen2: always; Llama: `attention_bias`.
+  bool qkv_bias = false;  // Qwen2: always; Llama, Qwen3: `attention_bias`.
+  // Qwen3: RMSNorm (weights q_norm / k_norm, [head_dim], rms_norm_eps) of
+  // every q and k head after the projection (and bias), before RoPE.
+  bool qk_norm = false;
   bool tie_word_embeddings = false;
   int sliding_window = 0;         // 0: full attention.
   DType torch_dtype = DType::kF32;

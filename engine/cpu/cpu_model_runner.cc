@@ -161,6 +161,16 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::span<float>
         for (int64_t i = 0; i < kv_dim; ++i) k[i] += L.bk[i];
         for (int64_t i = 0; i < kv_dim; ++i) v[i] += L.bv[i];
       }
+      if (c.qk_norm) {  // Qwen3: every head normalized on its own.
+        for (int h = 0; h < c.num_heads; ++h) {
+          float* qh = q + static_cast<int64_t>(h) * c.head_dim;
+          cpu::RmsNorm(qh, L.q_norm.data(), c.head_dim, c.rms_norm_eps, qh);
+        }
+        for (int h = 0; h < c.num_kv_heads; ++h) {
+          float* kh = k + static_cast<int64_t>(h) * c.head_dim;
+          cpu::RmsNorm(kh, L.k_norm.data(), c.head_dim, c.rms_norm_eps, kh);
+        }
+      }
       cpu::ApplyRope(q, c.num_heads, c.head_dim, &cos_[t * half], &sin_[t * half],
                      cpu::RopeStyle::kHalfRotation);
       cpu::ApplyRope(k, c.num_kv_heads, c.head_dim, &cos_[t * half], &sin_[t * half],

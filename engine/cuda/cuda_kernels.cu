@@ -96,15 +96,32 @@ __global__ void SiluMulKernel(const float* gate_up, int64_t n_rows, int64_t n,
   }
 }
 
+// One block per token. With a head norm, warp w normalizes heads w,
+// w + warps, ... (one head_dim row each, as RmsNormKernel does a hidden
+// row, but fp32 in place: RoPE and the attention's q read fp32).
 __global__ void BiasRopeKernel(float* qkv, int64_t row_stride,
                                int64_t row_width, const int32_t* positions,
-                               const float* inv_freq, int rotated_heads,
-                               int head_dim, const float* bias,
+                               const float* inv_freq, int num_heads,
+                               int rotated_heads, int head_dim,
+                               const float* bias, HeadNorm norm,
                                bool adjacent_pairs) {
   float* row = qkv + static_cast<int64_t>(blockIdx.x) * row_stride;
   if (bias != nullptr) {
     for (int64_t i = threadIdx.x; i < row_width; i += blockDim.x) {
       row[i] += bias[i];
+    }
+    __syncthreads();
+  }
+  if (norm.q_weight != nullptr) {
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int h = threadIdx.x / 32; h < rotated_heads; h += warps) {
+      float* v = row + static_cast<int64_t>(h) * head_dim;
+      const float* weight = h < num_heads ? norm.q_weight : norm.k_weight;
+      float ss = 0.0f;
+      for (int i = lane; i < head_dim; i += 32) ss += v[i] * v[i];
+      ss = WarpSum(ss);
+      const float inv = rsqrtf(ss / static_cast<float>(head_dim) + norm.eps);
+      for (int i = lane; i < head_dim; i += 32) v[i] = weight[i] * (v[i] * inv);
     }
     __syncthreads();
   }
@@ -568,12 +585,12 @@ cudaError_t SiluMul(const float* gate_up, int64_t n_rows, int64_t n,
 cudaError_t BiasRope(float* qkv, int64_t row_stride, int64_t row_width,
                      int64_t n_tokens, const int32_t* positions,
                      const float* inv_freq, int num_heads, int num_kv_heads,
-                     int head_dim, const float* bias, RopeStyle style,
-                     cudaStream_t stream) {
+                     int head_dim, const float* bias, const HeadNorm& head_norm,
+                     RopeStyle style, cudaStream_t stream) {
   if (n_tokens == 0) return cudaSuccess;
   PD_LAUNCH(BiasRopeKernel, n_tokens, 128, 0, stream, qkv, row_stride,
-            row_width, positions, inv_freq, num_heads + num_kv_heads, head_dim,
-            bias, style == RopeStyle::kAdjacentPairs);
+            row_width, positions, inv_freq, num_heads, num_heads + num_kv_heads,
+            head_dim, bias, head_norm, style == RopeStyle::kAdjacentPairs);
   return PD_LAUNCH_ERROR();
 }
 

@@ -46,16 +46,25 @@ enum class RopeStyle {
   kAdjacentPairs,  // llama2.c / GPT-J: pairs (2i, 2i + 1).
 };
 
+// Qwen3's RMSNorm of every q and k head on its own (cpu::RmsNorm over
+// head_dim, fp32 in and out), between the bias and the rotation.
+struct HeadNorm {
+  const float* q_weight = nullptr;  // [head_dim]; null: no head norm.
+  const float* k_weight = nullptr;  // [head_dim]; set with q_weight.
+  float eps = 0.0f;
+};
+
 // For each of n_tokens rows of `qkv` (row stride `row_stride` floats):
 // adds `bias` (nullable; row_width floats) to the first `row_width`
-// elements, then rotates the first num_heads heads (q) and the following
-// num_kv_heads heads (k) by positions[t] * inv_freq (head_dim / 2 of them),
+// elements, normalizes each of the first num_heads heads (q) and the
+// following num_kv_heads heads (k) when `head_norm` has weights, then
+// rotates those heads by positions[t] * inv_freq (head_dim / 2 of them),
 // angles computed in fp32 and cos/sin in double as the CPU backend does.
 cudaError_t BiasRope(float* qkv, int64_t row_stride, int64_t row_width,
                      int64_t n_tokens, const int32_t* positions,
                      const float* inv_freq, int num_heads, int num_kv_heads,
-                     int head_dim, const float* bias, RopeStyle style,
-                     cudaStream_t stream);
+                     int head_dim, const float* bias, const HeadNorm& head_norm,
+                     RopeStyle style, cudaStream_t stream);
 
 // Where one layer of a bf16 paged KV pool lives (engine/kv_layout.h).
 struct PagedKvLayer {

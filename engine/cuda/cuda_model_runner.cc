@@ -90,6 +90,7 @@ struct DeviceLayer {
   DevicePtr<float> attn_norm, ffn_norm;
   DevicePtr<uint16_t> wqkv;       // [q_dim + 2 kv_dim][hidden]
   DevicePtr<float> bqkv;          // [q_dim + 2 kv_dim], or null.
+  DevicePtr<float> q_norm, k_norm;  // [head_dim] each, or null (no qk_norm).
   DevicePtr<uint16_t> wo;         // [hidden][q_dim]
   DevicePtr<uint16_t> w_gate_up;  // [2 ffn][hidden]
   DevicePtr<uint16_t> w_down;     // [hidden][ffn]
@@ -405,6 +406,10 @@ absl::Status CudaModelRunner::Init() {
       b.insert(b.end(), L.bk.begin(), L.bk.end());
       b.insert(b.end(), L.bv.begin(), L.bv.end());
       PD_ASSIGN_OR_RETURN(d.bqkv, Upload(b, "qkv bias"));
+    }
+    if (c.qk_norm) {
+      PD_ASSIGN_OR_RETURN(d.q_norm, Upload(L.q_norm, "q norm"));
+      PD_ASSIGN_OR_RETURN(d.k_norm, Upload(L.k_norm, "k norm"));
     }
     PD_ASSIGN_OR_RETURN(d.wo, UploadBf16({&L.wo}, "wo"));
     PD_ASSIGN_OR_RETURN(d.w_gate_up,
@@ -749,7 +754,9 @@ absl::Status CudaModelRunner::EnqueueLayers(
     PD_RETURN_IF_ERROR(CudaStatus(
         cuda::BiasRope(wide, qkv_dim, qkv_dim, T, plan.positions,
                        inv_freq_.get(), c.num_heads, c.num_kv_heads, c.head_dim,
-                       L.bqkv.get(), cuda::RopeStyle::kHalfRotation, stream_),
+                       L.bqkv.get(),
+                       {L.q_norm.get(), L.k_norm.get(), c.rms_norm_eps},
+                       cuda::RopeStyle::kHalfRotation, stream_),
         "rope"));
     PD_RETURN_IF_ERROR(
         CudaStatus(cuda::WriteKv(wide, qkv_dim, q_dim, q_dim + kv_dim, T,

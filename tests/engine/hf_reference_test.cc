@@ -1,7 +1,8 @@
-// Our logits and greedy tokens against Hugging Face transformers on three
-// small random models saved with save_pretrained (tests/fixtures/hf, made by
+// Our logits and greedy tokens against Hugging Face transformers on small
+// random models saved with save_pretrained (tests/fixtures/hf, made by
 // tests/fixtures/make_hf_fixtures.py): Llama with GQA and llama3 rope
-// scaling, Qwen2 with QKV bias and tied embeddings, Mistral in bf16.
+// scaling, Qwen2 with QKV bias and tied embeddings, Mistral in bf16, Qwen3
+// with its per-head q/k norm and head_dim != hidden / heads.
 #include <fstream>
 #include <sstream>
 
@@ -65,7 +66,8 @@ TEST_P(HfReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfReferenceTest,
-                         ::testing::Values("llama_gqa_rope3", "qwen2_bias_tied", "mistral"));
+                         ::testing::Values("llama_gqa_rope3", "qwen2_bias_tied", "mistral",
+                                           "qwen3_qk_norm_tied"));
 
 }  // namespace
 }  // namespace pdserve

@@ -47,6 +47,16 @@ constexpr char kQwen2_0_5b[] = R"({
   "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
   "torch_dtype": "bfloat16", "use_sliding_window": false, "vocab_size": 151936})";
 
+constexpr char kQwen3_0_6b[] = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+
 TEST(ModelConfigTest, Llama2) {
   auto c = ParseHfConfig(kLlama2_7b);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -86,6 +96,66 @@ TEST(ModelConfigTest, MistralSlidingWindowAndQwen2Bias) {
   EXPECT_EQ(q->head_dim, 64);
 }
 
+TEST(ModelConfigTest, Qwen3HeadNormExplicitHeadDimNoBias) {
+  auto c = ParseHfConfig(kQwen3_0_6b);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "Qwen3ForCausalLM");
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->head_dim, 128);  // hidden / heads would be 64.
+  EXPECT_EQ(c->num_kv_heads, 8);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-6f);
+  EXPECT_EQ(c->bos_token_id, 151643);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{151645});
+  EXPECT_EQ(c->torch_dtype, DType::kBF16);
+  // Llama, Mistral and Qwen2 have no head norm.
+  for (const char* other : {kLlama2_7b, kMistral7b, kQwen2_0_5b}) {
+    auto o = ParseHfConfig(other);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_FALSE(o->qk_norm) << o->architecture;
+  }
+}
+
+TEST(ModelConfigTest, Qwen3DefaultsAsTransformersAndHonoursAttentionBias) {
+  // model_type only, no head_dim (Qwen3Config's default is 128, whatever
+  // hidden / heads is), attention_bias set, a linear rope scaling.
+  auto c = ParseHfConfig(
+      R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "attention_bias": true,
+    "rope_scaling": {"rope_type": "linear", "factor": 2.0}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "Qwen3ForCausalLM");
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  auto again = ParseHfConfig(ToHfConfigJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->qkv_bias);
+  EXPECT_EQ(again->head_dim, 128);
+}
+
+TEST(ModelConfigTest, HeadNormBelongsToQwen3Only) {
+  auto llama = ParseHfConfig(kLlama2_7b);
+  ASSERT_TRUE(llama.ok());
+  llama->qk_norm = true;  // ToHfConfigJson could not say so.
+  EXPECT_EQ(llama->Validate().code(), absl::StatusCode::kInvalidArgument);
+  auto qwen3 = ParseHfConfig(kQwen3_0_6b);
+  ASSERT_TRUE(qwen3.ok());
+  qwen3->qk_norm = false;
+  EXPECT_EQ(qwen3->Validate().code(), absl::StatusCode::kInvalidArgument);
+  qwen3->qk_norm = true;
+  qwen3->sliding_window = 4096;
+  const absl::Status s = qwen3->Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("sliding_window"), std::string::npos) << s;
+}
+
 TEST(ModelConfigTest, Transformers5SpellingWithRopeParameters) {
   auto c = ParseHfConfig(
       R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -102,7 +172,8 @@ TEST(ModelConfigTest, Transformers5SpellingWithRopeParameters) {
 }
 
 TEST(ModelConfigTest, RoundTripsThroughToHfConfigJson) {
-  for (const char* text : {kLlama2_7b, kLlama31_8b, kMistral7b, kQwen2_0_5b}) {
+  for (const char* text :
+       {kLlama2_7b, kLlama31_8b, kMistral7b, kQwen2_0_5b, kQwen3_0_6b}) {
     auto c = ParseHfConfig(text);
     ASSERT_TRUE(c.ok());
     auto again = ParseHfConfig(ToHfConfigJson(*c));
@@ -220,6 +291,14 @@ TEST(ModelConfigTest, ParsesTheTransformersFixtures) {
   EXPECT_EQ(mistral->head_dim, 32);
   EXPECT_EQ(mistral->torch_dtype, DType::kBF16);
   EXPECT_EQ(mistral->sliding_window, 4096);
+  auto qwen3 = ParseHfConfig(read("qwen3_qk_norm_tied"));
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_FALSE(qwen3->qkv_bias);
+  EXPECT_EQ(qwen3->head_dim, 32);  // Not hidden / heads (16).
+  EXPECT_TRUE(qwen3->tie_word_embeddings);
+  EXPECT_FLOAT_EQ(qwen3->rope_theta, 1e6f);
+  EXPECT_EQ(qwen3->sliding_window, 0);
 }
 
 struct BadCase {
@@ -301,6 +380,22 @@ TEST(ModelConfigTest, BadConfigsNameTheProblem) {
       {"bias type",
        R"({"model_type": "llama", )" + base + R"(, "attention_bias": 1})",
        "attention_bias"},
+      {"qwen3 sliding window",
+       R"({"model_type": "qwen3", )" + base +
+           R"(, "use_sliding_window": true, "sliding_window": 4096, "max_window_layers": 0})",
+       "use_sliding_window"},
+      {"qwen3 yarn",
+       R"({"architectures": ["Qwen3ForCausalLM"], )" + base +
+           R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+             "original_max_position_embeddings": 32768}})",
+       "yarn"},
+      {"qwen3 odd head_dim",
+       R"({"model_type": "qwen3", )" + base + R"(, "head_dim": 33})",
+       "head_dim"},
+      {"qwen3 moe",
+       R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", )" +
+           base + "}",
+       "Qwen3MoeForCausalLM"},
       {"llama3 factors",
        R"({"model_type": "llama", )" + base +
            R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}})",

@@ -76,6 +76,8 @@ fs::path WriteDir(const std::string& name, const Model& model, const std::string
     mat(p + "self_attn.k_proj.weight", L.wk);
     mat(p + "self_attn.v_proj.weight", L.wv);
     mat(p + "self_attn.o_proj.weight", L.wo);
+    if (!L.q_norm.empty()) vec(p + "self_attn.q_norm.weight", L.q_norm);
+    if (!L.k_norm.empty()) vec(p + "self_attn.k_norm.weight", L.k_norm);
     vec(p + "post_attention_layernorm.weight", L.ffn_norm);
     mat(p + "mlp.gate_proj.weight", L.w_gate);
     mat(p + "mlp.up_proj.weight", L.w_up);
@@ -120,6 +122,46 @@ TEST(ModelLoadTest, DirectoryRoundTripGivesTheSameLogits) {
     EXPECT_EQ((*loaded)->config().tie_word_embeddings, tied);
     EXPECT_EQ(LastLogits(*loaded, {1, 5, 9, 200}), LastLogits(*model, {1, 5, 9, 200}));
   }
+}
+
+ModelConfig SmallQwen3Config() {
+  ModelConfig c = SmallConfig();
+  c.architecture = "Qwen3ForCausalLM";
+  c.qk_norm = true;
+  c.head_dim = 16;  // Not hidden / heads.
+  c.rope_theta = 1e6f;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+TEST(ModelLoadTest, Qwen3DirectoryRoundTripsWithItsHeadNorms) {
+  auto model = MakeRandomModel("q3", SmallQwen3Config(), DType::kF32, 9);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto loaded = Model::Load(WriteDir("qwen3", **model).string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE((*loaded)->config().qk_norm);
+  EXPECT_EQ((*loaded)->weights().layers[1].k_norm, (*model)->weights().layers[1].k_norm);
+  EXPECT_EQ(LastLogits(*loaded, {1, 5, 9, 200}), LastLogits(*model, {1, 5, 9, 200}));
+}
+
+TEST(ModelLoadTest, Qwen3HeadNormWeightsAreRequiredInTheirShape) {
+  auto model = MakeRandomModel("q3", SmallQwen3Config(), DType::kF32, 9);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string k_norm = "model.layers.1.self_attn.k_norm.weight";
+  auto missing = Model::Load(WriteDir("q3missing", **model, k_norm).string());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_NE(missing.status().message().find(k_norm), std::string::npos) << missing.status();
+  const std::string q_norm = "model.layers.0.self_attn.q_norm.weight";
+  auto shape = Model::Load(WriteDir("q3shape", **model, "", q_norm).string());
+  EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument) << shape.status();
+  EXPECT_NE(shape.status().message().find(q_norm), std::string::npos) << shape.status();
+
+  // Assembled in memory: a q norm of the wrong length is named too.
+  ModelWeights w = (*model)->weights();
+  w.layers[0].q_norm.pop_back();
+  const absl::Status s = ValidateWeights((*model)->config(), w);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("q_norm"), std::string::npos) << s;
 }
 
 TEST(ModelLoadTest, BrokenDirectoriesGivePreciseErrors) {

@@ -120,6 +120,7 @@ struct RopeCase {
   bool bias;
   RopeStyle style;
   bool llama3;
+  bool head_norm = false;  // Qwen3's q/k norm before the rotation.
 };
 // gtest names each case by its printed parameter (ctest shows it): print
 // the fields, not the struct's bytes.
@@ -127,7 +128,8 @@ void PrintTo(const RopeCase& c, std::ostream* os) {
   *os << c.heads << "/" << c.kv_heads << " heads of " << c.head_dim
       << (c.bias ? ", bias" : "")
       << (c.style == RopeStyle::kAdjacentPairs ? ", adjacent pairs" : "")
-      << (c.llama3 ? ", llama3 scaling" : "");
+      << (c.llama3 ? ", llama3 scaling" : "")
+      << (c.head_norm ? ", head norm" : "");
 }
 
 class BiasRopeTest : public ::testing::TestWithParam<RopeCase> {};
@@ -149,13 +151,22 @@ TEST_P(BiasRopeTest, MatchesCpu) {
   const int stride = width + 3;  // Rows with a gap after them.
   std::vector<float> qkv = Random(n_tokens * stride, rng);
   const std::vector<float> bias = Random(width, rng, 0.1f);
+  std::vector<float> q_norm = Random(p.head_dim, rng, 0.2f);
+  std::vector<float> k_norm = Random(p.head_dim, rng, 0.2f);
+  for (float& w : q_norm) w += 1.0f;
+  for (float& w : k_norm) w -= 1.0f;  // Unlike q's: a mix-up shows.
+  const float eps = 1e-6f;
 
   DeviceVector<float> d_qkv(qkv), d_bias(bias), d_inv(inv_freq);
+  DeviceVector<float> d_q_norm(q_norm), d_k_norm(k_norm);
   DeviceVector<int32_t> d_pos(positions);
-  ASSERT_EQ(BiasRope(d_qkv.get(), stride, width, n_tokens, d_pos.get(),
-                     d_inv.get(), p.heads, p.kv_heads, p.head_dim,
-                     p.bias ? d_bias.get() : nullptr, p.style, nullptr),
-            cudaSuccess);
+  const HeadNorm head_norm =
+      p.head_norm ? HeadNorm{d_q_norm.get(), d_k_norm.get(), eps} : HeadNorm{};
+  ASSERT_EQ(
+      BiasRope(d_qkv.get(), stride, width, n_tokens, d_pos.get(), d_inv.get(),
+               p.heads, p.kv_heads, p.head_dim, p.bias ? d_bias.get() : nullptr,
+               head_norm, p.style, nullptr),
+      cudaSuccess);
   const std::vector<float> got = d_qkv.Download();
 
   const int half = p.head_dim / 2;
@@ -167,6 +178,13 @@ TEST_P(BiasRopeTest, MatchesCpu) {
     float* row = &qkv[t * stride];
     if (p.bias) {
       for (int i = 0; i < width; ++i) row[i] += bias[i];
+    }
+    if (p.head_norm) {
+      for (int h = 0; h < p.heads + p.kv_heads; ++h) {
+        float* v = row + h * p.head_dim;
+        cpu::RmsNorm(v, h < p.heads ? q_norm.data() : k_norm.data(), p.head_dim,
+                     eps, v);
+      }
     }
     cpu::RopeAngles(positions[t], inv_freq, cos.data(), sin.data());
     cpu::ApplyRope(row, p.heads + p.kv_heads, p.head_dim, cos.data(),
@@ -185,13 +203,17 @@ INSTANTIATE_TEST_SUITE_P(
         RopeCase{3, 1, 6, true, RopeStyle::kHalfRotation, false},
         RopeCase{5, 5, 10, true, RopeStyle::kAdjacentPairs, false},
         RopeCase{8, 2, 128, false, RopeStyle::kHalfRotation, true},
-        RopeCase{2, 1, 256, true, RopeStyle::kAdjacentPairs, true}),
+        RopeCase{2, 1, 256, true, RopeStyle::kAdjacentPairs, true},
+        // Qwen3: 5 heads of 128 over 4 warps (one warp takes two), a head
+        // shorter than a warp, bias with the norm.
+        RopeCase{4, 1, 128, false, RopeStyle::kHalfRotation, false, true},
+        RopeCase{3, 3, 10, true, RopeStyle::kHalfRotation, false, true}),
     [](const auto& info) {
       const RopeCase& p = info.param;
       return absl::StrCat(
           "h", p.heads, "kv", p.kv_heads, "d", p.head_dim, p.bias ? "Bias" : "",
           p.style == RopeStyle::kHalfRotation ? "Half" : "Adjacent",
-          p.llama3 ? "Llama3" : "");
+          p.llama3 ? "Llama3" : "", p.head_norm ? "HeadNorm" : "");
     });
 
 TEST(CudaKernelsTest, WriteKvStoresSlotsInTheWireLayout) {

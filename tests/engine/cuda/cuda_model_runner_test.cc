@@ -372,6 +372,20 @@ TEST(CudaConformanceTest, HeadDim128SlidingWindowLlama3Rope) {
   ExpectBackendsAgree(*model, 0.03, /*long_context=*/500);
 }
 
+// Qwen3's shape: per-head q/k norm, head_dim 128 with q_dim (512) four
+// times hidden, GQA, theta 1e6, tied embeddings.
+TEST(CudaConformanceTest, Qwen3HeadNormHeadDim128) {
+  PD_REQUIRE_CUDA_DEVICE();
+  ModelConfig c = Variant(4, 2, 128);
+  c.architecture = "Qwen3ForCausalLM";
+  c.qk_norm = true;
+  c.rope_theta = 1e6f;
+  c.tie_word_embeddings = true;
+  auto model = MakeRandomModel("qwen3-d128", c, DType::kBF16, 7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ExpectBackendsAgree(*model, 0.03, /*long_context=*/300);
+}
+
 TEST(CudaConformanceTest, HeadDim16Group4) {
   PD_REQUIRE_CUDA_DEVICE();
   PD_SKIP_UNDER_EMULATION("the kernel tests cover head_dim 16");
@@ -464,8 +478,9 @@ class CudaHfFixtureTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaHfFixtureTest, MatchesCpu) {
   PD_REQUIRE_CUDA_DEVICE();
-  if (GetParam() != "qwen2_bias_tied") {
-    PD_SKIP_UNDER_EMULATION("qwen2_bias_tied stands for the fixtures");
+  if (GetParam() != "qwen2_bias_tied" && GetParam() != "qwen3_qk_norm_tied") {
+    PD_SKIP_UNDER_EMULATION(
+        "qwen2_bias_tied and qwen3_qk_norm_tied stand for the fixtures");
   }
   auto model =
       Model::Load(std::string(PDSERVE_FIXTURES_DIR) + "/hf/" + GetParam());
@@ -482,7 +497,7 @@ TEST_P(CudaHfFixtureTest, MatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaHfFixtureTest,
                          ::testing::Values("llama_gqa_rope3", "qwen2_bias_tied",
-                                           "mistral"));
+                                           "mistral", "qwen3_qk_norm_tied"));
 
 constexpr char kPublished[] =
     "Once upon a time, there was a little girl named Lily. She loved to play "
