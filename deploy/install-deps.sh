@@ -15,6 +15,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev googletest  # unit tests
   libucx-dev             # kv_transfer "ucx" transport (built when found)
   libboost-dev           # Boost.Beast/Asio: the router's HTTP server
+  libcpp-httplib-dev     # pd-http-bench only: the HTTP library Beast was measured against
   python3
 )
 
