@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
   PD_RETURN_IF_ERROR(ValidateClusterConfig(options.cluster));
 
   std::unique_ptr<Router> router(new Router());
+  PD_ASSIGN_OR_RETURN(router->api_keys_, ApiKeys::Create(options.api_keys));
   PD_ASSIGN_OR_RETURN(router->model_, ServedModel::Load(options.cluster));
   const ModelConfig& config = router->model_->config();
   PD_ASSIGN_OR_RETURN(
@@ -55,7 +56,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
                                                         options.max_queued);
   router->service_ = std::make_unique<RouterService>(
       router->model_, router->registry_.get(), router->orchestrator_.get(),
-      router->executor_.get(), options.default_deadline);
+      router->executor_.get(), &router->api_keys_, options.default_deadline);
 
   auto started = StartGrpcServer(options.listen, {router->service_.get()});
   if (!started.ok()) {
@@ -67,7 +68,11 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
   PD_LOG(INFO) << "pd-router serving model '" << router->model_->name()
                << "' on port " << router->port_ << " with "
                << options.cluster.prefill_workers_size() << " prefill and "
-               << options.cluster.decode_workers_size() << " decode workers";
+               << options.cluster.decode_workers_size() << " decode workers"
+               << (router->api_keys_.enabled()
+                       ? absl::StrCat(", ", router->api_keys_.size(),
+                                      " API keys required")
+                       : ", no API key required");
   return router;
 }
 
