@@ -103,8 +103,8 @@ absl::StatusOr<std::vector<std::string>> ReadApiKeyFile(
   std::ifstream in(path);
   if (!in) {
     const int error = errno;
-    const std::string why = absl::StrCat("cannot read the API key file '",
-                                         path, "': ", std::strerror(error));
+    const std::string why = absl::StrCat("cannot read the API key file '", path,
+                                         "': ", std::strerror(error));
     if (error == ENOENT) return absl::NotFoundError(why);
     if (error == EACCES) return absl::PermissionDeniedError(why);
     return absl::InvalidArgumentError(why);
@@ -122,9 +122,9 @@ absl::StatusOr<std::vector<std::string>> ReadApiKeyFile(
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line.front() == '#') continue;
     if (std::string problem = KeyProblem(line); !problem.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the API key file '", path, "' line ", line_number, ": the key ",
-          problem));
+      return absl::InvalidArgumentError(absl::StrCat("the API key file '", path,
+                                                     "' line ", line_number,
+                                                     ": the key ", problem));
     }
     keys.emplace_back(line);
   }

@@ -49,16 +49,16 @@ TEST(ApiKeysTest, RefusesMissingMalformedAndWrongValues) {
   EXPECT_THAT(missing.message(), HasSubstr("requires an API key"));
   EXPECT_THAT(missing.message(), HasSubstr("authorization: Bearer <key>"));
 
-  for (const char* value : {"alpha-1", "Basic alpha-1", "Bearer", "Bearer ",
-                            "Beareralpha-1"}) {
+  for (const char* value :
+       {"alpha-1", "Basic alpha-1", "Bearer", "Bearer ", "Beareralpha-1"}) {
     const absl::Status s = keys->Check(value);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << value;
     EXPECT_THAT(s.message(), HasSubstr("not 'Bearer <key>'")) << value;
   }
   // Prefixes, extensions and near misses of the key.
-  for (const char* value : {"Bearer alpha-", "Bearer alpha-12",
-                            "Bearer alpha-2", "Bearer Alpha-1",
-                            "Bearer blpha-1", "Bearer alpha-1 x"}) {
+  for (const char* value :
+       {"Bearer alpha-", "Bearer alpha-12", "Bearer alpha-2", "Bearer Alpha-1",
+        "Bearer blpha-1", "Bearer alpha-1 x"}) {
     const absl::Status s = keys->Check(value);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << value;
     EXPECT_THAT(s.message(), HasSubstr("not valid")) << value;
@@ -99,13 +99,14 @@ class ApiKeyFileTest : public ::testing::Test {
 };
 
 TEST_F(ApiKeyFileTest, ReadsOneKeyPerLineSkippingBlanksAndComments) {
-  const std::string path = Write(
-      "keys", "# production keys\n\nkey-one\n   \n  # indented comment\n"
-              "  key-two  \r\nkey-three");
+  const std::string path =
+      Write("keys",
+            "# production keys\n\nkey-one\n   \n  # indented comment\n"
+            "  key-two  \r\nkey-three");
   auto keys = ReadApiKeyFile(path);
   ASSERT_TRUE(keys.ok()) << keys.status();
-  EXPECT_EQ(*keys, (std::vector<std::string>{"key-one", "key-two",
-                                             "key-three"}));
+  EXPECT_EQ(*keys,
+            (std::vector<std::string>{"key-one", "key-two", "key-three"}));
   auto set = ApiKeys::Create(*keys);
   ASSERT_TRUE(set.ok());
   EXPECT_TRUE(set->Check("Bearer key-two").ok());

@@ -135,8 +135,7 @@ TEST(RouterApiKeysTest, EveryCallButHealthNeedsAValidKey) {
     EXPECT_EQ(text, "");
     EXPECT_EQ(r.Tokenize(bad).error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << bad;
-    EXPECT_EQ(r.ListModels(bad).error_code(),
-              grpc::StatusCode::UNAUTHENTICATED)
+    EXPECT_EQ(r.ListModels(bad).error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << bad;
   }
   // Refused calls never reached a worker.
