@@ -7,8 +7,10 @@
 #include "client/pdserve_client.h"
 
 #include <atomic>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "router/router.h"
 #include "tests/router/fake_workers.h"
@@ -441,6 +444,70 @@ TEST(GenerationClientTest, CreateRefusesBadOptions) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+std::string Fixture(const std::string& name) {
+  std::ifstream in(std::string(PDSERVE_FIXTURES_DIR) + "/tls/" + name);
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+// A TLS server of the public API answering Health: pd-router serves
+// plaintext (TLS ends in front of it), so the client's TLS options are
+// tested against this one, with the self-signed certificate of
+// tests/fixtures/tls.
+class TlsHealthServer final : public v1::Generation::Service {
+ public:
+  TlsHealthServer() {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back(
+        {Fixture("server.key"), Fixture("server.pem")});
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::SslServerCredentials(ssl),
+                             &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~TlsHealthServer() override {
+    server_->Shutdown(absl::ToChronoTime(absl::Now()));
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*,
+                      v1::HealthResponse* response) override {
+    response->set_serving(true);
+    return grpc::Status::OK;
+  }
+
+ private:
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(GenerationClientTest, TlsWithTheServersRootCertificate) {
+  const std::string pem = Fixture("server.pem");
+  ASSERT_FALSE(pem.empty());
+  TlsHealthServer server;
+  const RetryPolicy once = {.max_attempts = 1};
+  auto trusted = *GenerationClient::Create(
+      server.address(),
+      {.retry = once, .tls = true, .tls_root_certificates = pem});
+  auto health = trusted->Health();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_TRUE(health->serving());
+
+  // Plaintext to a TLS server, and TLS with roots that do not sign its
+  // certificate (the system's), both fail to connect.
+  auto plaintext = *GenerationClient::Create(
+      server.address(), {.call_timeout = absl::Seconds(2), .retry = once});
+  EXPECT_EQ(plaintext->Health().status().code(),
+            absl::StatusCode::kUnavailable);
+  auto untrusting = *GenerationClient::Create(
+      server.address(),
+      {.call_timeout = absl::Seconds(2), .retry = once, .tls = true});
+  EXPECT_EQ(untrusting->Health().status().code(),
+            absl::StatusCode::kUnavailable);
 }
 
 }  // namespace
