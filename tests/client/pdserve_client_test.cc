@@ -363,12 +363,15 @@ TEST(GenerationClientTest, CancelFromTheCallbackStopsTheMessages) {
   EXPECT_LT(calls, 50);
   EXPECT_TRUE(Eventually([&] { return c.decode().decodes_cancelled == 1; }));
 
-  // Returning false from the callback cancels as well.
+  // Returning false from the callback cancels as well (at the third
+  // message, when the decode worker is streaming: the first comes from the
+  // prefill worker).
+  int seen = 0;
   const Result stopped =
       Generate(*client, Text("x", 1000, true), nullptr,
-               [](const v1::GenerateResponse&) { return false; });
+               [&](const v1::GenerateResponse&) { return ++seen < 3; });
   EXPECT_EQ(stopped.status.code(), absl::StatusCode::kCancelled);
-  EXPECT_EQ(stopped.request_ids.size(), 1u);
+  EXPECT_EQ(stopped.request_ids.size(), 3u);
   EXPECT_TRUE(Eventually([&] { return c.decode().decodes_cancelled == 2; }));
 }
 
