@@ -136,7 +136,6 @@ absl::Status ServerStatus(const std::string& server, std::ostream& out,
   PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
                       GenerationClient::Create(server, options));
   PD_ASSIGN_OR_RETURN(v1::HealthResponse health, client->Health());
-  PD_ASSIGN_OR_RETURN(v1::ListModelsResponse models, client->ListModels());
   // Every field always printed (scripts grep for them, zeros included).
   out << "serving: " << (health.serving() ? "true" : "false")
       << " prefill_workers: " << health.prefill_workers()
@@ -149,6 +148,11 @@ absl::Status ServerStatus(const std::string& server, std::ostream& out,
           << " bytes: " << t.bytes() << " fallbacks: " << t.fallbacks() << "\n";
     }
   }
+  // Health is printed before ListModels is asked: a router with API keys
+  // answers Health without one, so the lines above serve as a probe
+  // (deploy/local/cluster.sh) even when the models need a key.
+  out << std::flush;
+  PD_ASSIGN_OR_RETURN(v1::ListModelsResponse models, client->ListModels());
   for (const v1::ModelInfo& m : models.models()) {
     out << "model: " << m.name() << " context_length: " << m.context_length()
         << " vocab_size: " << m.vocab_size() << "\n";

@@ -58,6 +58,8 @@ absl::Status TokenizeRemote(
 //     kv_transport: ucx:shm pushes: 12 bytes: 3145728 fallbacks: 0
 //   worker: decode-0 role: decode healthy: true
 //   model: NAME context_length: 4096 vocab_size: 258
+// The health and worker lines come first, whatever ListModels answers (a
+// router with API keys answers Health without a key).
 absl::Status ServerStatus(
     const std::string& server, std::ostream& out,
     const GenerationClient::Options& client = GenerationClient::Options());

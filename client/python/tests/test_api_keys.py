@@ -4,11 +4,13 @@ api_key: every call but Health needs `authorization: Bearer <key>`."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 
 import pytest
 
 import pdserve
-from conftest import wait_serving
+from conftest import BUILD, wait_serving
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +63,23 @@ def test_keys_on_the_command_line(cluster):
     with pdserve.Client(address, api_key="k-one,k-two") as client:
         with pytest.raises(pdserve.UnauthenticatedError):
             client.generate("x", max_tokens=2)
+
+
+def test_pdctl_sends_its_key(keyed_router):
+    with pdserve.Client(keyed_router) as client:
+        wait_serving(client)
+
+    def pdctl(*args, env=None):
+        return subprocess.run([str(BUILD / "client/pdctl"), "status", "--server=" + keyed_router,
+                               *args], capture_output=True, text=True, env=env)
+
+    env = {k: v for k, v in os.environ.items() if k != "PDSERVE_API_KEY"}
+    keyless = pdctl(env=env)
+    assert keyless.returncode == 1 and "UNAUTHENTICATED" in keyless.stderr
+    # Health needs no key: its lines come first, so a keyless probe still
+    # sees the cluster (deploy/local/cluster.sh waits on them).
+    assert "serving: true" in keyless.stdout and "model:" not in keyless.stdout
+    keyed = pdctl("--api_key=second-key", env=env)
+    assert keyed.returncode == 0 and "model: builtin:tiny" in keyed.stdout
+    from_env = pdctl(env=dict(env, PDSERVE_API_KEY="first-key"))
+    assert from_env.returncode == 0 and "model: builtin:tiny" in from_env.stdout
