@@ -12,27 +12,37 @@
 
 namespace pdserve {
 
-absl::Status GenerateLocal(const LocalGenerateOptions& options, const std::string& prompt,
-                           std::ostream& out, std::ostream& err) {
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(options.model));
+absl::Status GenerateLocal(const LocalGenerateOptions& options,
+                           const std::string& prompt, std::ostream& out,
+                           std::ostream& err) {
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
+                      Model::Load(options.model));
   const Tokenizer* tokenizer = model->tokenizer();
   if (tokenizer == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat("model '", options.model, "' has no tokenizer.json; cannot encode text"));
+        absl::StrCat("model '", options.model,
+                     "' has no tokenizer.json; cannot encode text"));
   }
-  PD_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(prompt, options.add_bos));
-  if (ids.empty()) return absl::InvalidArgumentError("prompt encodes to no tokens");
+  PD_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                      tokenizer->Encode(prompt, options.add_bos));
+  if (ids.empty())
+    return absl::InvalidArgumentError("prompt encodes to no tokens");
 
   ModelRunnerOptions runner_options;
   runner_options.backend = options.backend;
   runner_options.num_threads = options.num_threads;
-  const int32_t context = static_cast<int32_t>(ids.size()) + options.sampling.max_tokens;
-  runner_options.num_kv_blocks = (context + runner_options.block_size - 1) / runner_options.block_size;
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateModelRunner(model, runner_options));
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
-                      Generator::Create(runner.get(), GeneratorOptions{.max_batch_tokens = 512,
-                                                                       .max_running = 1}));
-  PD_RETURN_IF_ERROR(generator->Add({.id = RequestId(1), .prompt = ids, .sampling = options.sampling}));
+  const int32_t context =
+      static_cast<int32_t>(ids.size()) + options.sampling.max_tokens;
+  runner_options.num_kv_blocks =
+      (context + runner_options.block_size - 1) / runner_options.block_size;
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                      CreateModelRunner(model, runner_options));
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<Generator> generator,
+      Generator::Create(runner.get(), GeneratorOptions{.max_batch_tokens = 512,
+                                                       .max_running = 1}));
+  PD_RETURN_IF_ERROR(generator->Add(
+      {.id = RequestId(1), .prompt = ids, .sampling = options.sampling}));
 
   out << prompt << std::flush;
   IncrementalDetokenizer detok(*tokenizer, /*skip_special_tokens=*/true);
@@ -56,19 +66,24 @@ absl::Status GenerateLocal(const LocalGenerateOptions& options, const std::strin
   out << detok.Flush() << "\n";
   if (options.print_stats) {
     const auto end = std::chrono::steady_clock::now();
-    const double ttft = std::chrono::duration<double>(first_token - start).count();
-    const double decode = std::chrono::duration<double>(end - first_token).count();
+    const double ttft =
+        std::chrono::duration<double>(first_token - start).count();
+    const double decode =
+        std::chrono::duration<double>(end - first_token).count();
     err << absl::StrFormat(
-        "[%s] prompt %d tokens, generated %d (%s); TTFT %.1f ms, decode %.1f tokens/s\n",
-        model->name(), ids.size(), generated, finish == FinishReason::kStop ? "stop" : "length",
-        ttft * 1e3, generated > 1 ? (generated - 1) / decode : 0.0);
+        "[%s] prompt %d tokens, generated %d (%s); TTFT %.1f ms, decode %.1f "
+        "tokens/s\n",
+        model->name(), ids.size(), generated,
+        finish == FinishReason::kStop ? "stop" : "length", ttft * 1e3,
+        generated > 1 ? (generated - 1) / decode : 0.0);
   }
   return absl::OkStatus();
 }
 
 absl::Status Tokenize(const std::string& model_spec, const std::string& text,
                       bool add_special_tokens, std::ostream& out) {
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(model_spec));
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
+                      Model::Load(model_spec));
   if (model->tokenizer() == nullptr) {
     return absl::FailedPreconditionError("model has no tokenizer.json");
   }
@@ -82,9 +97,10 @@ absl::Status Tokenize(const std::string& model_spec, const std::string& text,
 
 absl::Status GenerateRemote(const std::string& server,
                             const v1::GenerateRequest& request,
-                            std::ostream& out, std::ostream& err) {
+                            std::ostream& out, std::ostream& err,
+                            const GenerationClient::Options& options) {
   PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
-                      GenerationClient::Create(server));
+                      GenerationClient::Create(server, options));
   if (request.has_text()) out << request.text() << std::flush;
   v1::GenerateResponse last;
   const absl::Status status =
@@ -103,23 +119,23 @@ absl::Status GenerateRemote(const std::string& server,
 }
 
 absl::Status TokenizeRemote(const std::string& server, const std::string& text,
-                            bool add_special_tokens, std::ostream& out) {
+                            bool add_special_tokens, std::ostream& out,
+                            const GenerationClient::Options& options) {
   PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
-                      GenerationClient::Create(server));
+                      GenerationClient::Create(server, options));
   v1::TokenizeRequest request;
   request.set_text(text);
   request.set_add_special_tokens(add_special_tokens);
-  PD_ASSIGN_OR_RETURN(v1::TokenizeResponse response,
-                      client->Tokenize(request));
+  PD_ASSIGN_OR_RETURN(v1::TokenizeResponse response, client->Tokenize(request));
   for (int32_t id : response.token_ids()) out << id << "\n";
   return absl::OkStatus();
 }
 
-absl::Status ServerStatus(const std::string& server, std::ostream& out) {
+absl::Status ServerStatus(const std::string& server, std::ostream& out,
+                          const GenerationClient::Options& options) {
   PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
-                      GenerationClient::Create(server));
+                      GenerationClient::Create(server, options));
   PD_ASSIGN_OR_RETURN(v1::HealthResponse health, client->Health());
-  PD_ASSIGN_OR_RETURN(v1::ListModelsResponse models, client->ListModels());
   // Every field always printed (scripts grep for them, zeros included).
   out << "serving: " << (health.serving() ? "true" : "false")
       << " prefill_workers: " << health.prefill_workers()
@@ -129,10 +145,14 @@ absl::Status ServerStatus(const std::string& server, std::ostream& out) {
         << " healthy: " << (w.healthy() ? "true" : "false") << "\n";
     for (const v1::KvTransportUsage& t : w.kv_transports()) {
       out << "  kv_transport: " << t.transport() << " pushes: " << t.pushes()
-          << " bytes: " << t.bytes() << " fallbacks: " << t.fallbacks()
-          << "\n";
+          << " bytes: " << t.bytes() << " fallbacks: " << t.fallbacks() << "\n";
     }
   }
+  // Health is printed before ListModels is asked: a router with API keys
+  // answers Health without one, so the lines above serve as a probe
+  // (deploy/local/cluster.sh) even when the models need a key.
+  out << std::flush;
+  PD_ASSIGN_OR_RETURN(v1::ListModelsResponse models, client->ListModels());
   for (const v1::ModelInfo& m : models.models()) {
     out << "model: " << m.name() << " context_length: " << m.context_length()
         << " vocab_size: " << m.vocab_size() << "\n";

@@ -6,14 +6,22 @@
 //   pdctl tokenize [--model=...] TEXT
 //   pdctl status --server=HOST:PORT
 //   pdctl convert-llama2c CHECKPOINT.bin TOKENIZER.bin OUT_DIR
+//
+// Remote commands take --api_key (default: $PDSERVE_API_KEY), --tls and
+// --tls_root_certs=PEM_FILE.
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pdserve/v1/generation.pb.h"
 #include "client/pdctl_commands.h"
@@ -37,6 +45,13 @@ ABSL_FLAG(bool, add_special_tokens, true, "Add BOS (as the tokenizer says) to th
 ABSL_FLAG(bool, stats, false, "Print prompt size, TTFT and decode speed on stderr (--local)");
 ABSL_FLAG(std::vector<std::string>, stop, {},
           "Stop strings, comma-separated (remote generate)");
+ABSL_FLAG(std::string, api_key, "",
+          "API key sent to the router as 'authorization: Bearer KEY' "
+          "(default: $PDSERVE_API_KEY)");
+ABSL_FLAG(bool, tls, false, "Connect to the router over TLS");
+ABSL_FLAG(std::string, tls_root_certs, "",
+          "PEM file of the root certificates for --tls (default: the "
+          "system's)");
 
 namespace {
 
@@ -47,7 +62,8 @@ constexpr char kUsage[] =
     "  tokenize --server=HOST:PORT TEXT                       print token ids (server's tokenizer)\n"
     "  tokenize [--model=DIR|builtin:tiny] TEXT               ... and their pieces, locally\n"
     "  status --server=HOST:PORT                              health, workers and models\n"
-    "  convert-llama2c CHECKPOINT TOKENIZER OUT_DIR           llama2.c -> HF directory";
+    "  convert-llama2c CHECKPOINT TOKENIZER OUT_DIR           llama2.c -> HF directory\n"
+    "remote commands: --api_key=KEY (default $PDSERVE_API_KEY), --tls, --tls_root_certs=PEM";
 
 std::string LocalModel() {
   const std::string model = absl::GetFlag(FLAGS_model);
@@ -71,6 +87,30 @@ pdserve::v1::GenerateRequest RemoteRequest(const std::string& prompt) {
   return r;
 }
 
+// The SDK options of the remote commands, from the flags.
+absl::StatusOr<pdserve::GenerationClient::Options> ClientOptions() {
+  pdserve::GenerationClient::Options options;
+  options.api_key = absl::GetFlag(FLAGS_api_key);
+  if (const char* env = std::getenv("PDSERVE_API_KEY");
+      options.api_key.empty() && env != nullptr) {
+    options.api_key = env;
+  }
+  options.tls = absl::GetFlag(FLAGS_tls);
+  if (const std::string path = absl::GetFlag(FLAGS_tls_root_certs);
+      !path.empty()) {
+    std::ifstream in(path);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read --tls_root_certs file '", path, "'"));
+    }
+    std::stringstream pem;
+    pem << in.rdbuf();
+    options.tls = true;
+    options.tls_root_certificates = pem.str();
+  }
+  return options;
+}
+
 int Fail(const absl::Status& status) {
   std::cerr << "pdctl: " << status << "\n";
   return 1;
@@ -89,6 +129,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> rest(args.begin() + 2, args.end());
 
   const std::string server = absl::GetFlag(FLAGS_server);
+  const absl::StatusOr<pdserve::GenerationClient::Options> client = ClientOptions();
+  if (!client.ok()) return Fail(client.status());
   if (command == "generate") {
     if (rest.empty()) return Fail(absl::InvalidArgumentError("generate needs a PROMPT"));
     if (!absl::GetFlag(FLAGS_local)) {
@@ -96,7 +138,7 @@ int main(int argc, char** argv) {
         return Fail(absl::InvalidArgumentError("generate needs --server=HOST:PORT or --local"));
       }
       const absl::Status s = pdserve::GenerateRemote(
-          server, RemoteRequest(absl::StrJoin(rest, " ")), std::cout, std::cerr);
+          server, RemoteRequest(absl::StrJoin(rest, " ")), std::cout, std::cerr, *client);
       return s.ok() ? 0 : Fail(s);
     }
     pdserve::LocalGenerateOptions o;
@@ -123,12 +165,13 @@ int main(int argc, char** argv) {
             ? pdserve::Tokenize(LocalModel(), absl::StrJoin(rest, " "),
                                 absl::GetFlag(FLAGS_add_special_tokens), std::cout)
             : pdserve::TokenizeRemote(server, absl::StrJoin(rest, " "),
-                                      absl::GetFlag(FLAGS_add_special_tokens), std::cout);
+                                      absl::GetFlag(FLAGS_add_special_tokens), std::cout,
+                                      *client);
     return s.ok() ? 0 : Fail(s);
   }
   if (command == "status") {
     if (server.empty()) return Fail(absl::InvalidArgumentError("status needs --server=HOST:PORT"));
-    const absl::Status s = pdserve::ServerStatus(server, std::cout);
+    const absl::Status s = pdserve::ServerStatus(server, std::cout, *client);
     return s.ok() ? 0 : Fail(s);
   }
   if (command == "convert-llama2c") {

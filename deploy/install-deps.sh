@@ -2,7 +2,8 @@
 # Installs every build and test dependency of pdserve by package name.
 # Idempotent: packages already present are left as they are.
 #
-#   deploy/install-deps.sh            build + test dependencies (Debian packages)
+#   deploy/install-deps.sh            build + test dependencies (Debian packages,
+#                                     and the PyPI tools of the Python tests)
 #   deploy/install-deps.sh --fixtures also the PyPI tools that regenerate test
 #                                     fixtures (torch, transformers, tokenizers)
 set -euo pipefail
@@ -30,6 +31,22 @@ if ((${#missing[@]})); then
   $SUDO apt-get update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+
+# --- PyPI: the Python test tools --------------------------------------------
+# For the python3 on PATH (a pyenv Python on the development machines and
+# CI): the Python SDK's pytest suite (ctest python_sdk, client/python/tests),
+# which builds the SDK with grpcio-tools and setuptools into a fresh
+# temporary directory on every run (the SDK itself is not installed here),
+# and the OpenAI-compatible HTTP API's tests (openai).
+PYPI_TEST_PACKAGES=(
+  grpcio grpcio-tools protobuf  # the SDK's runtime and its stub generator
+  setuptools                    # builds client/python (pyproject + setup.py)
+  pytest                        # the runner
+  openai                        # the official client, against /v1 of pd-router
+)
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+  "${PYPI_TEST_PACKAGES[@]}"
+# ------------------------------------------------------------------------------
 
 if [[ "${1:-}" == "--fixtures" ]]; then
   # Only needed to regenerate tests/fixtures; the tests read committed files.

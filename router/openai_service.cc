@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "engine/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "router/api_keys.h"
 #include "router/bounded_executor.h"
 #include "router/downstream_calls.h"
 #include "router/openai_api.h"
@@ -293,7 +294,8 @@ void OpenAiService::Handle(HttpRequest request,
 
 absl::Status OpenAiService::CheckApiKey(const HttpRequest& request) const {
   if (deps_.api_keys == nullptr) return absl::OkStatus();
-  return absl::OkStatus();
+  const absl::string_view header = request.Header("authorization");
+  return deps_.api_keys->Check(std::string_view(header.data(), header.size()));
 }
 
 void OpenAiService::Generate(bool chat, HttpRequest request,

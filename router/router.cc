@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
   PD_RETURN_IF_ERROR(ValidateClusterConfig(options.cluster));
 
   std::unique_ptr<Router> router(new Router());
+  PD_ASSIGN_OR_RETURN(router->api_keys_, ApiKeys::Create(options.api_keys));
   PD_ASSIGN_OR_RETURN(router->model_, ServedModel::Load(options.cluster));
   const ModelConfig& config = router->model_->config();
   PD_ASSIGN_OR_RETURN(
@@ -58,7 +59,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
   router->metrics_ = std::make_unique<RouterMetrics>();
   router->service_ = std::make_unique<RouterService>(
       router->model_, router->registry_.get(), router->orchestrator_.get(),
-      router->executor_.get(), options.default_deadline,
+      router->executor_.get(), &router->api_keys_, options.default_deadline,
       router->metrics_.get());
   if (!options.http_listen.empty()) {
     Router* raw = router.get();
@@ -68,7 +69,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
         .orchestrator = router->orchestrator_.get(),
         .executor = router->executor_.get(),
         .metrics = router->metrics_.get(),
-        .api_keys = nullptr,
+        .api_keys = &router->api_keys_,
         .gauges = [raw](std::string* out) { raw->WriteGauges(out); },
         .request_deadline = options.default_deadline});
     HttpServer::Options http = options.http;
@@ -97,7 +98,11 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
                << "' on port " << router->port_ << " (gRPC) and "
                << router->http_port() << " (HTTP) with "
                << options.cluster.prefill_workers_size() << " prefill and "
-               << options.cluster.decode_workers_size() << " decode workers";
+               << options.cluster.decode_workers_size() << " decode workers"
+               << (router->api_keys_.enabled()
+                       ? absl::StrCat(", ", router->api_keys_.size(),
+                                      " API keys required")
+                       : ", no API key required");
   return router;
 }
 

@@ -7,7 +7,8 @@
 //   ...
 //   (*router)->Shutdown();
 //
-// Thread-safety: port() and stats from any thread; Shutdown() from one.
+// Thread-safety: port(), api_keys() and stats from any thread; Shutdown()
+// from one.
 // Ownership: the Router owns the gRPC server, the worker registry (and its
 // poller) and the request threads.
 #ifndef PDSERVE_ROUTER_ROUTER_H_
@@ -15,12 +16,14 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "router/http_server.h"
 #include "grpcpp/grpcpp.h"
 #include "pdserve/internal/v1/cluster_config.pb.h"
+#include "router/api_keys.h"
 
 namespace pdserve {
 
@@ -62,6 +65,10 @@ struct RouterOptions {
   std::string http_listen = "127.0.0.1:0";
   // The HTTP server's threads and bounds (its listen field is ignored).
   HttpServer::Options http;
+  // API keys: when any is set, every call but Health must carry
+  // `authorization: Bearer <key>` for one of them (ApiKeys). Each must be a
+  // valid key (api_keys.h). Default: none (open).
+  std::vector<std::string> api_keys;
 };
 
 class Router {
@@ -84,6 +91,10 @@ class Router {
   // cancels the rest; stops the workers' polling. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
+  // The keys every front door checks (the gRPC service does; the HTTP
+  // server calls api_keys().Check with the Authorization header's value).
+  const ApiKeys& api_keys() const { return api_keys_; }
+
   // Generate calls running / waiting for a thread now.
   int running_requests() const;
   int queued_requests() const;
@@ -95,6 +106,7 @@ class Router {
   Router() = default;
 
   // Destroyed in reverse: the server before what its calls use.
+  ApiKeys api_keys_;
   std::shared_ptr<const ServedModel> model_;
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<RequestOrchestrator> orchestrator_;

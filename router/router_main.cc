@@ -4,8 +4,15 @@
 //
 //   pd-router --config=cluster.json [--listen=127.0.0.1:0] [--port_file=F]
 //             [--http_listen=127.0.0.1:8000] [--http_port_file=F]
+//             [--api_key=K1,K2] [--api_key_file=PATH]
+//
+// API keys: the keys of --api_key (a comma-separated list) and of
+// --api_key_file (one per line) together; with any, every call but Health
+// needs `authorization: Bearer <key>`. Prefer the file: a command line is
+// visible to every user of the machine (ps).
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -13,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "router/api_keys.h"
 #include "router/cluster_config.h"
 #include "router/router.h"
 
@@ -39,6 +47,13 @@ ABSL_FLAG(int32_t, http_threads, 2, "Threads serving HTTP connections");
 ABSL_FLAG(int32_t, short_prompt_tokens, 0,
           "Prompts of at most this many tokens are prefilled on the decode "
           "worker (0: always use prefill workers when any is healthy)");
+ABSL_FLAG(std::vector<std::string>, api_key, {},
+          "API keys, comma-separated: every call but Health must then send "
+          "'authorization: Bearer <key>' with one of them (visible in ps: "
+          "prefer --api_key_file)");
+ABSL_FLAG(std::string, api_key_file, "",
+          "File of API keys, one per line (blank lines and #comments "
+          "ignored), added to --api_key");
 
 int main(int argc, char** argv) {
   pdserve::BlockTerminationSignals();
@@ -65,6 +80,17 @@ int main(int argc, char** argv) {
   options.short_prompt_tokens = absl::GetFlag(FLAGS_short_prompt_tokens);
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.http.threads = absl::GetFlag(FLAGS_http_threads);
+  options.api_keys = absl::GetFlag(FLAGS_api_key);
+  if (const std::string file = absl::GetFlag(FLAGS_api_key_file);
+      !file.empty()) {
+    auto keys = pdserve::ReadApiKeyFile(file);
+    if (!keys.ok()) {
+      std::cerr << "pd-router: --api_key_file: " << keys.status() << "\n";
+      return 1;
+    }
+    options.api_keys.insert(options.api_keys.end(), keys->begin(),
+                            keys->end());
+  }
   auto router = pdserve::Router::Start(options);
   if (!router.ok()) {
     std::cerr << "pd-router: " << router.status() << "\n";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,16 @@ void Serialize(const google::protobuf::MessageLite& message,
   grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(
       message, out, &own_buffer)
       .IgnoreError();
+}
+
+// The API-key check of a call (ApiKeys::Check on its `authorization`).
+absl::Status Authorize(const grpc::CallbackServerContext& context,
+                       const ApiKeys& keys) {
+  if (!keys.enabled()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  if (it == metadata.end()) return keys.Check("");
+  return keys.Check(std::string_view(it->second.data(), it->second.size()));
 }
 
 // Ends a call at once with a status.
@@ -245,17 +256,22 @@ RouterService::RouterService(std::shared_ptr<const ServedModel> model,
                              WorkerRegistry* registry,
                              RequestOrchestrator* orchestrator,
                              BoundedExecutor* executor,
+                             const ApiKeys* api_keys,
                              absl::Duration default_deadline,
                              RouterMetrics* metrics)
     : model_(std::move(model)),
       registry_(registry),
       orchestrator_(orchestrator),
       executor_(executor),
+      api_keys_(api_keys),
       default_deadline_(default_deadline),
       metrics_(metrics) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  if (absl::Status s = Authorize(*context, *api_keys_); !s.ok()) {
+    return new FinishedWriteReactor(s);
+  }
   v1::GenerateRequest request;
   if (absl::Status s = ParseRequest(*raw, &request); !s.ok()) {
     return new FinishedWriteReactor(s);
@@ -272,7 +288,8 @@ grpc::ServerUnaryReactor* RouterService::Tokenize(
   v1::TokenizeResponse tokenized;
   const v1::TokenizeRequest* request = &parsed;
   v1::TokenizeResponse* response = &tokenized;
-  absl::Status status = ParseRequest(*raw, &parsed);
+  absl::Status status = Authorize(*context, *api_keys_);
+  if (status.ok()) status = ParseRequest(*raw, &parsed);
   if (status.ok()) status = model_->CheckName(request->model());
   if (status.ok() && model_->tokenizer() == nullptr) {
     status = absl::FailedPreconditionError(
@@ -297,11 +314,15 @@ grpc::ServerUnaryReactor* RouterService::Tokenize(
 grpc::ServerUnaryReactor* RouterService::ListModels(
     grpc::CallbackServerContext* context, const v1::ListModelsRequest*,
     v1::ListModelsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = Authorize(*context, *api_keys_); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   v1::ModelInfo* info = response->add_models();
   info->set_name(model_->name());
   info->set_context_length(model_->context_length());
   info->set_vocab_size(model_->vocab_size());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -8,6 +8,11 @@
 // cancels (or whose deadline passes) has every downstream call cancelled.
 // Tokenize, ListModels and Health answer inline.
 //
+// API keys: when the ApiKeys set is enabled, Generate, Tokenize and
+// ListModels answer UNAUTHENTICATED unless the call's `authorization`
+// metadata passes ApiKeys::Check; Health stays open (load balancers and
+// deploy/local/cluster.sh probe it without a key).
+//
 // Generate and Tokenize take their request as raw bytes and parse it
 // themselves: a proto3 string field holding invalid UTF-8 (a prompt that is
 // not text) fails to parse, which gRPC's generated handlers would answer
@@ -25,6 +30,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "pdserve/v1/generation.grpc.pb.h"
+#include "router/api_keys.h"
 #include "router/bounded_executor.h"
 #include "router/orchestrator.h"
 #include "router/router_metrics.h"
@@ -45,8 +51,8 @@ class RouterService final : public RouterServiceBase {
   // `metrics` records every Generate call.
   RouterService(std::shared_ptr<const ServedModel> model,
                 WorkerRegistry* registry, RequestOrchestrator* orchestrator,
-                BoundedExecutor* executor, absl::Duration default_deadline,
-                RouterMetrics* metrics);
+                BoundedExecutor* executor, const ApiKeys* api_keys,
+                absl::Duration default_deadline, RouterMetrics* metrics);
 
   // GenerateRequest in, GenerateResponse messages out.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(
@@ -69,6 +75,7 @@ class RouterService final : public RouterServiceBase {
   WorkerRegistry* const registry_;
   RequestOrchestrator* const orchestrator_;
   BoundedExecutor* const executor_;
+  const ApiKeys* const api_keys_;
   const absl::Duration default_deadline_;
   RouterMetrics* const metrics_;
 };

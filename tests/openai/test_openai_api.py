@@ -282,3 +282,26 @@ def test_bad_http_input_gets_clear_4xx(cluster):
     # The router still serves.
     assert client(cluster).completions.create(
         model=MODEL_NAME, prompt=PROMPT, max_tokens=2).choices[0].text
+
+
+def test_api_key_is_required_when_set(start_cluster):
+    keyed = start_cluster(0, 1, "--api_key=sk-test-1,sk-test-2")
+    with pytest.raises(openai.AuthenticationError) as e:
+        openai.OpenAI(base_url=keyed.base_url, api_key="wrong",
+                      max_retries=0).completions.create(
+            model=MODEL_NAME, prompt=PROMPT, max_tokens=2)
+    assert e.value.status_code == 401
+    assert "Bearer" in str(e.value)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=keyed.base_url, api_key="wrong",
+                      max_retries=0).models.list()
+    ok = openai.OpenAI(base_url=keyed.base_url, api_key="sk-test-2",
+                       max_retries=0)
+    assert ok.completions.create(model=MODEL_NAME, prompt=PROMPT,
+                                 max_tokens=2).choices[0].text
+    # Health and metrics stay open.
+    assert "pdserve_router_requests_total" in keyed.metrics()
+    import urllib.request
+    with urllib.request.urlopen(
+            f"http://127.0.0.1:{keyed.http_port}/health") as r:
+        assert r.status == 200

@@ -70,7 +70,9 @@ class Cluster {
     EXPECT_TRUE(router.ok()) << router.status();
     router_ = *std::move(router);
     address_ = absl::StrCat("127.0.0.1:", router_->port());
-    client_ = *GenerationClient::Create(address_);
+    // The router's own answers: the SDK's retries (tests/client) off.
+    client_ = *GenerationClient::Create(
+        address_, {.retry = {.max_attempts = 1}});
     EXPECT_TRUE(WaitHealthy(prefill, decode));
   }
 
@@ -565,8 +567,9 @@ TEST(RouterTest, DeadDecodeWorkerMeansNotServingAndQuickUnavailable) {
   options.poll_interval = absl::Milliseconds(20);
   auto router = Router::Start(options);
   ASSERT_TRUE(router.ok()) << router.status();
-  auto client =
-      *GenerationClient::Create(absl::StrCat("127.0.0.1:", (*router)->port()));
+  auto client = *GenerationClient::Create(
+      absl::StrCat("127.0.0.1:", (*router)->port()),
+      {.retry = {.max_attempts = 1}});
   absl::SleepFor(absl::Milliseconds(100));
   auto health = client->Health();
   ASSERT_TRUE(health.ok()) << health.status();
