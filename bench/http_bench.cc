@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -136,6 +137,8 @@ int RunClient(int port, int num_streams, int events) {
       const ssize_t r = recv(s.fd, buf, sizeof(buf), 0);
       if (r <= 0) {
         if (r < 0 && errno == EAGAIN) continue;
+        std::cerr << "connection ended after " << s.events << " events: "
+                  << (r == 0 ? "closed" : strerror(errno)) << "\n";
         s.done = true;
         ++failed;
         if (s.events > 0) --open_now;
@@ -163,7 +166,10 @@ int RunClient(int port, int num_streams, int events) {
           break;
         }
       }
-      if (!s.done && s.in.find("HTTP/1.1 4") == 0) {  // Refused (429...).
+      if (!s.done && s.events == 0 && s.in.size() >= 12 &&
+          s.in.compare(0, 12, "HTTP/1.1 200") != 0) {  // Refused (429...).
+        std::cerr << "refused: " << s.in.substr(0, s.in.find('\r')) << " "
+                  << s.in.substr(s.in.find("\r\n\r\n") + 4, 200) << "\n";
         s.done = true;
         ++failed;
         close(s.fd);
