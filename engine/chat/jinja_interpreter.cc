@@ -110,6 +110,40 @@ absl::Status TypeError(std::string msg) { return absl::InvalidArgumentError(std:
 
 absl::Status UndefinedError(const Value& v) { return absl::InvalidArgumentError(v.undefined_hint()); }
 
+// Python maps the case of every cased letter; this renderer knows ASCII
+// only, so a string with a non-ASCII code point that could have a case is
+// refused rather than mapped differently. Scripts without case (CJK, kana,
+// Hangul, Arabic, Hebrew, Indic, Thai), symbols and emoji pass.
+bool IsCaseless(char32_t c) {
+  return c < 0x80 || (c >= 0x80 && c <= 0xa9) || (c >= 0xab && c <= 0xb4) ||
+         (c >= 0xb6 && c <= 0xb9) || (c >= 0xbb && c <= 0xbf) || c == 0xd7 || c == 0xf7 ||
+         (c >= 0x0590 && c <= 0x0e7f) || (c >= 0x2000 && c <= 0x2131) ||
+         (c >= 0x2133 && c <= 0x214d) || (c >= 0x214f && c <= 0x215f) ||
+         (c >= 0x2190 && c <= 0x24b5) || (c >= 0x24ea && c <= 0x2bff) ||
+         (c >= 0x2e00 && c <= 0x2e7f) || (c >= 0x3000 && c <= 0x9fff) ||
+         (c >= 0xac00 && c <= 0xd7af) || (c >= 0xe000 && c <= 0xfaff) ||
+         (c >= 0xfe00 && c <= 0xfe4f) || (c >= 0xff00 && c <= 0xff20) ||
+         (c >= 0xff3b && c <= 0xff40) || (c >= 0xff5b && c <= 0xffef) ||
+         (c >= 0x1f000 && c <= 0x1faff) || (c >= 0x20000 && c <= 0x3ffff);
+}
+
+absl::Status CheckCaseMappable(const std::string& s) {
+  for (unsigned char b : s) {
+    if (b >= 0x80) {
+      for (char32_t c : DecodeUtf8(s)) {
+        if (!IsCaseless(c)) {
+          char buf[16];
+          std::snprintf(buf, sizeof(buf), "U+%04X", static_cast<unsigned>(c));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "changing the case of non-ASCII letters is not supported (", buf, ")"));
+        }
+      }
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string AsciiLower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -732,15 +766,19 @@ class Interpreter {
         if (args.positional.size() == 3) step = v[2];
       }
       if (step == 0) return TypeError("range() arg 3 must not be zero");
-      ValueList out;
+      ViewData view;
+      view.type_name = "range";
+      view.start = start;
+      view.stop = stop;
+      view.step = step;
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-        if (static_cast<int64_t>(out.size()) >= kMaxRange) {
+        if (static_cast<int64_t>(view.items.size()) >= kMaxRange) {
           return TypeError("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
         }
-        out.push_back(Value::Int(i));
+        view.items.push_back(Value::Int(i));
         if ((step > 0 && i > INT64_MAX - step) || (step < 0 && i < INT64_MIN - step)) break;
       }
-      return Value::List(std::move(out));
+      return Value::View(std::move(view));
     });
   }
 
@@ -750,6 +788,13 @@ class Interpreter {
       case Value::Kind::kUndefined: return ValueList{};
       case Value::Kind::kList:
       case Value::Kind::kTuple: return v.as_list();
+      case Value::Kind::kView: return v.as_view().items;
+      case Value::Kind::kIterator: {
+        IteratorState& it = v.as_iterator();
+        ValueList rest(it.items.begin() + static_cast<std::ptrdiff_t>(it.pos), it.items.end());
+        it.pos = it.items.size();
+        return rest;
+      }
       case Value::Kind::kDict: {
         ValueList keys;
         for (const auto& [k, val] : v.as_dict().items) keys.push_back(k);
@@ -844,6 +889,15 @@ class Interpreter {
     switch (obj.kind()) {
       case K::kDict:
         if (const Value* v = obj.as_dict().Find(key)) return *v;
+        break;
+      case K::kView:
+        if (obj.as_view().type_name == "range" && (key.kind() == K::kInt || key.kind() == K::kBool)) {
+          const ValueList& items = obj.as_view().items;
+          int64_t i = key.as_integer();
+          const int64_t n = static_cast<int64_t>(items.size());
+          if (i < 0) i += n;
+          if (i >= 0 && i < n) return items[static_cast<size_t>(i)];
+        }
         break;
       case K::kList:
       case K::kTuple:
@@ -976,7 +1030,11 @@ class Interpreter {
           return obj->kind() == Value::Kind::kList ? Value::List(std::move(*items))
                                                    : Value::Tuple(std::move(*items));
         }
-        return TypeError(absl::StrCat("'", obj->TypeName(), "' object is not subscriptable"));
+        if (obj->kind() == Value::Kind::kView && obj->as_view().type_name == "range") {
+          return TypeError("slicing a range() is not supported");
+        }
+        // jinja2's getitem turns the TypeError into an undefined value.
+        return Value::Undefined(absl::StrCat("'", obj->TypeName(), " object' has no attribute 'slice'"));
       }
       case EK::kCall: return EvalCall(e, scope);
       case EK::kFilter: {
@@ -1107,15 +1165,13 @@ class Interpreter {
     if (self.kind() == K::kString) return CallStrMethod(self.as_string(), name, args);
     if (self.kind() == K::kDict) {
       const ValueDict& d = self.as_dict();
-      if (name == "items") {
-        ValueList out;
-        for (const auto& [k, v] : d.items) out.push_back(Value::Tuple({k, v}));
-        return Value::List(std::move(out));
-      }
-      if (name == "keys" || name == "values") {
-        ValueList out;
-        for (const auto& [k, v] : d.items) out.push_back(name == "keys" ? k : v);
-        return Value::List(std::move(out));
+      if (name == "items" || name == "keys" || name == "values") {
+        ViewData view;
+        view.type_name = "dict_" + name;
+        for (const auto& [k, v] : d.items) {
+          view.items.push_back(name == "items" ? Value::Tuple({k, v}) : name == "keys" ? k : v);
+        }
+        return Value::View(std::move(view));
       }
       if (name == "get") {
         if (args.positional.empty() || args.positional.size() > 2 || !args.keyword.empty()) {
@@ -1196,6 +1252,7 @@ class Interpreter {
     }
     if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
       if (!args.positional.empty() || !args.keyword.empty()) return TypeError(absl::StrCat(name, "() takes no arguments"));
+      if (auto st = CheckCaseMappable(s); !st.ok()) return st;
       if (name == "upper") return Value::String(AsciiUpper(s));
       if (name == "lower") return Value::String(AsciiLower(s));
       if (name == "title") return Value::String(PyTitle(s));
@@ -1444,7 +1501,23 @@ class Interpreter {
           if (PyEquals(v, item)) return true;
         }
         return false;
-      case K::kDict: return container.as_dict().Find(item) != nullptr;
+      case K::kDict:
+        if (item.is_sequence_list() && item.kind() == K::kList) return TypeError("unhashable type: 'list'");
+        if (item.kind() == K::kDict) return TypeError("unhashable type: 'dict'");
+        return container.as_dict().Find(item) != nullptr;
+      case K::kView:
+        for (const Value& v : container.as_view().items) {
+          if (PyEquals(v, item)) return true;
+        }
+        return false;
+      case K::kIterator: {
+        // `in` consumes a Python iterator up to the match.
+        IteratorState& it = container.as_iterator();
+        while (it.pos < it.items.size()) {
+          if (PyEquals(it.items[it.pos++], item)) return true;
+        }
+        return false;
+      }
       default:
         return TypeError(absl::StrCat("argument of type '", container.TypeName(), "' is not iterable"));
     }
@@ -1463,10 +1536,12 @@ class Interpreter {
     if (name == "string") return v.is_string();
     if (name == "mapping") return v.kind() == K::kDict;
     if (name == "iterable") {
-      return v.is_undefined() || v.is_string() || v.is_sequence_list() || v.kind() == K::kDict;
+      return v.is_undefined() || v.is_string() || v.is_sequence_list() || v.kind() == K::kDict ||
+             v.kind() == K::kIterator || v.kind() == K::kView;
     }
     if (name == "sequence") {
-      return v.is_undefined() || v.is_string() || v.is_sequence_list() || v.kind() == K::kDict;
+      return v.is_undefined() || v.is_string() || v.is_sequence_list() || v.kind() == K::kDict ||
+             (v.kind() == K::kView && v.as_view().type_name == "range");
     }
     if (name == "number") return v.is_number();
     if (name == "integer") return v.kind() == K::kInt;
@@ -1582,14 +1657,16 @@ class Interpreter {
         case K::kList:
         case K::kTuple: return Value::Int(static_cast<int64_t>(v.as_list().size()));
         case K::kDict: return Value::Int(static_cast<int64_t>(v.as_dict().items.size()));
+        case K::kView: return Value::Int(static_cast<int64_t>(v.as_view().items.size()));
         default: return TypeError(absl::StrCat("object of type '", v.TypeName(), "' has no len()"));
       }
     }
     if (name == "items") {
-      if (v.is_undefined()) return Value::List({});
+      if (v.is_undefined()) return Value::Iterator("generator", {});
       if (v.kind() != K::kDict) return TypeError("Can only get item pairs from a mapping.");
-      CallArgs none;
-      return CallMethod(v, "items", none);
+      ValueList pairs;
+      for (const auto& [k, val] : v.as_dict().items) pairs.push_back(Value::Tuple({k, val}));
+      return Value::Iterator("generator", std::move(pairs));
     }
     if (name == "list") {
       auto items = Iterate(v);
@@ -1598,6 +1675,12 @@ class Interpreter {
     }
     if (name == "first" || name == "last") {
       if (v.is_undefined()) return Value::Undefined("No first item, sequence was empty.");
+      if (v.kind() == K::kIterator) {
+        IteratorState& it = v.as_iterator();
+        if (name == "last") return TypeError(absl::StrCat("'", it.type_name, "' object is not reversible"));
+        if (it.pos >= it.items.size()) return Value::Undefined("No first item, sequence was empty.");
+        return it.items[it.pos++];
+      }
       auto items = Iterate(v);
       if (!items.ok()) return items.status();
       if (items->empty()) {
@@ -1611,10 +1694,14 @@ class Interpreter {
         std::reverse(cps.begin(), cps.end());
         return Value::String(EncodeUtf8(cps, 0, cps.size()));
       }
+      const bool was_iterator = v.kind() == K::kIterator;
       auto items = Iterate(v);
       if (!items.ok()) return items.status();
       std::reverse(items->begin(), items->end());
-      return Value::List(std::move(*items));
+      // reversed() of a sequence is an iterator; a generator cannot be
+      // reversed, so jinja2 falls back to a reversed list.
+      if (was_iterator) return Value::List(std::move(*items));
+      return Value::Iterator("list_reverseiterator", std::move(*items));
     }
     if (name == "join") {
       auto items = Iterate(v);
@@ -1655,7 +1742,7 @@ class Interpreter {
           if (!a.ok()) return a.status();
           out.push_back(a->is_undefined() && def != nullptr ? *def : *a);
         }
-        return Value::List(std::move(out));
+        return Value::Iterator("generator", std::move(out));
       }
       if (!args.positional[0].is_string() || !IsKnownFilter(args.positional[0].as_string())) {
         return TypeError("map() needs the name of a supported filter");
@@ -1670,7 +1757,7 @@ class Interpreter {
         if (!r.ok()) return r;
         out.push_back(std::move(*r));
       }
-      return Value::List(std::move(out));
+      return Value::Iterator("generator", std::move(out));
     }
     if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
       auto items = Iterate(v);
@@ -1711,7 +1798,7 @@ class Interpreter {
         }
         if (ok == want) out.push_back(item);
       }
-      return Value::List(std::move(out));
+      return Value::Iterator("generator", std::move(out));
     }
     if (name == "unique" || name == "sort") {
       auto items = Iterate(v);
@@ -1729,7 +1816,10 @@ class Interpreter {
           if (!a.ok()) return a.status();
           k = *a;
         }
-        if (!cs && k.is_string()) k = Value::String(AsciiLower(k.as_string()));
+        if (!cs && k.is_string()) {
+          if (auto st = CheckCaseMappable(k.as_string()); !st.ok()) return st;
+          k = Value::String(AsciiLower(k.as_string()));
+        }
         keys.push_back(std::move(k));
       }
       if (!sort) {
@@ -1748,7 +1838,7 @@ class Interpreter {
             out.push_back((*items)[i]);
           }
         }
-        return Value::List(std::move(out));
+        return Value::Iterator("generator", std::move(out));
       }
       std::vector<size_t> order(items->size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -1866,10 +1956,13 @@ class Interpreter {
       if (!chars.ok()) return chars.status();
       return Value::String(Strip(*str, *chars, true, true));
     }
-    if (name == "upper") return Value::String(AsciiUpper(*str));
-    if (name == "lower") return Value::String(AsciiLower(*str));
-    if (name == "capitalize") return Value::String(Capitalize(*str));
-    if (name == "title") return Value::String(JinjaTitle(*str));
+    if (name == "upper" || name == "lower" || name == "capitalize" || name == "title") {
+      if (auto st = CheckCaseMappable(*str); !st.ok()) return st;
+      if (name == "upper") return Value::String(AsciiUpper(*str));
+      if (name == "lower") return Value::String(AsciiLower(*str));
+      if (name == "capitalize") return Value::String(Capitalize(*str));
+      return Value::String(JinjaTitle(*str));
+    }
     if (name == "e" || name == "escape") return Value::String(HtmlEscape(*str));
     if (name == "replace") {
       auto old = Arg(args, 0, "old");

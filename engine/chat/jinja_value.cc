@@ -71,6 +71,8 @@ std::string Value::TypeName() const {
     case Kind::kNamespace: return "Namespace";
     case Kind::kCallable: return "function";
     case Kind::kLoop: return "LoopContext";
+    case Kind::kIterator: return as_iterator().type_name;
+    case Kind::kView: return as_view().type_name;
   }
   return "object";
 }
@@ -86,6 +88,7 @@ bool Truthy(const Value& v) {
     case Value::Kind::kList:
     case Value::Kind::kTuple: return !v.as_list().empty();
     case Value::Kind::kDict: return !v.as_dict().items.empty();
+    case Value::Kind::kView: return !v.as_view().items.empty();
     default: return true;
   }
 }
@@ -124,6 +127,29 @@ bool PyEquals(const Value& a, const Value& b) {
     case K::kNamespace: return &a.as_namespace() == &b.as_namespace();
     case K::kCallable: return &a.as_callable() == &b.as_callable();
     case K::kLoop: return &a.as_loop() == &b.as_loop();
+    case K::kIterator: return &a.as_iterator() == &b.as_iterator();
+    case K::kView: {
+      const ViewData& x = a.as_view();
+      const ViewData& y = b.as_view();
+      if (&x == &y) return true;
+      if (x.type_name != y.type_name || x.type_name == "dict_values") return false;
+      if (x.items.size() != y.items.size()) return false;
+      if (x.type_name == "range") {
+        return PyEquals(Value::List(x.items), Value::List(y.items));
+      }
+      // dict_keys / dict_items compare as sets.
+      for (const Value& e : x.items) {
+        bool found = false;
+        for (const Value& f : y.items) {
+          if (PyEquals(e, f)) {
+            found = true;
+            break;
+          }
+        }
+        if (!found) return false;
+      }
+      return true;
+    }
     default: return false;
   }
 }
@@ -308,6 +334,16 @@ absl::StatusOr<std::string> PyStr(const Value& v) {
     case K::kList:
     case K::kTuple:
     case K::kDict: return PyRepr(v);
+    case K::kView: {
+      const ViewData& view = v.as_view();
+      if (view.type_name == "range") {
+        if (view.step == 1) return absl::StrCat("range(", view.start, ", ", view.stop, ")");
+        return absl::StrCat("range(", view.start, ", ", view.stop, ", ", view.step, ")");
+      }
+      auto r = PyRepr(Value::List(view.items));
+      if (!r.ok()) return r.status();
+      return absl::StrCat(view.type_name, "(", *r, ")");
+    }
     case K::kNamespace: {
       auto r = PyRepr(Value::Dict(v.as_namespace().attrs));
       if (!r.ok()) return r.status();

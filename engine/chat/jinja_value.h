@@ -58,6 +58,23 @@ struct Callable {
   std::function<absl::StatusOr<Value>(CallArgs&)> fn;
 };
 
+// A Python iterator (a generator from select/map/..., reversed()): always
+// true, no len(), not printable, and single-pass: iterating consumes it.
+struct IteratorState {
+  std::string type_name;  // "generator", "list_reverseiterator".
+  ValueList items;
+  size_t pos = 0;
+};
+
+// A Python view or range (dict.items()/keys()/values(), range()): has a
+// length, iterates many times, prints as "dict_keys([...])"/"range(0, 3)"
+// and is not JSON serializable.
+struct ViewData {
+  std::string type_name;  // "dict_items", "dict_keys", "dict_values", "range".
+  ValueList items;
+  int64_t start = 0, stop = 0, step = 1;  // range only.
+};
+
 // The `loop` variable of a for loop.
 struct LoopState {
   int64_t index0 = 0;
@@ -69,7 +86,7 @@ class Value {
  public:
   enum class Kind {
     kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict,
-    kNamespace, kCallable, kLoop,
+    kNamespace, kCallable, kLoop, kIterator, kView,
   };
 
   Value() = default;  // Undefined.
@@ -103,6 +120,15 @@ class Value {
   static Value MakeLoop(std::shared_ptr<LoopState> loop) {
     return Value(Kind::kLoop, std::move(loop));
   }
+  static Value Iterator(std::string type_name, ValueList items) {
+    auto state = std::make_shared<IteratorState>();
+    state->type_name = std::move(type_name);
+    state->items = std::move(items);
+    return Value(Kind::kIterator, std::move(state));
+  }
+  static Value View(ViewData view) {
+    return Value(Kind::kView, std::make_shared<const ViewData>(std::move(view)));
+  }
   // JSON (ordered, so that tojson keeps the caller's key order) to Value.
   static Value FromJson(const nlohmann::ordered_json& j);
 
@@ -127,6 +153,8 @@ class Value {
   Namespace& as_namespace() const { return *std::get<std::shared_ptr<Namespace>>(data_); }
   const Callable& as_callable() const { return *std::get<std::shared_ptr<const Callable>>(data_); }
   LoopState& as_loop() const { return *std::get<std::shared_ptr<LoopState>>(data_); }
+  IteratorState& as_iterator() const { return *std::get<std::shared_ptr<IteratorState>>(data_); }
+  const ViewData& as_view() const { return *std::get<std::shared_ptr<const ViewData>>(data_); }
   // The message jinja2 raises when this undefined value is used.
   std::string undefined_hint() const { return hint_ ? *hint_ : "value is undefined"; }
 
@@ -137,7 +165,8 @@ class Value {
   using Data = std::variant<std::monostate, bool, int64_t, double, std::string,
                             std::shared_ptr<const ValueList>, std::shared_ptr<const ValueDict>,
                             std::shared_ptr<Namespace>, std::shared_ptr<const Callable>,
-                            std::shared_ptr<LoopState>>;
+                            std::shared_ptr<LoopState>, std::shared_ptr<IteratorState>,
+                            std::shared_ptr<const ViewData>>;
   template <typename T>
   Value(Kind kind, T data) : kind_(kind), data_(std::move(data)) {}
 

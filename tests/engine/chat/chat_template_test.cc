@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/civil_time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -158,6 +159,12 @@ const LanguageCase kLanguageCases[] = {
     {"TrailingNewlineDropped", "x\n",
      "{}",
      "x"},
+    {"GeneratorsAndViews", "{% set g = [1, 2, 3] | select %}{{ g | first }}{{ g | list }}{{ g | list }}|{% if [] | select %}T{% endif %}|{{ d.items() }}|{{ d.keys() }}|{{ d.values() }}|{{ range(2, 5) }}|{{ range(0, 9, 3) }}|{{ range(3)[1] }}|{{ d.keys()[0] is defined }}|{{ d.keys() | length }}|{{ 'a' in d.keys() }}|{% for x in [1, 2] | reverse %}{{ x }}{% endfor %}|{{ none[1:] is defined }}|{{ 2 in ([1, 2, 3] | select) }}|{{ d.items() | list }}|{{ [3, 1] | map('string') | sort }}",
+     "{\"d\": {\"a\": 1, \"b\": \"x\"}}",
+     "1[2, 3][]|T|dict_items([('a', 1), ('b', 'x')])|dict_keys(['a', 'b'])|dict_values([1, 'x'])|range(2, 5)|range(0, 9, 3)|1|False|2|True|21|False|True|[('a', 1), ('b', 'x')]|['1', '3']"},
+    {"CaselessScriptsKeepTheirText", "{{ '日本語 🌍 ١٢٣' | upper }}|{{ '한국어 × ÷' | title }}",
+     "{}",
+     "日本語 🌍 ١٢٣|한국어 × ÷"},
     {"TernaryAndFiltersPrecedence", "{{ -2 | abs }} {{ 'a' ~ 'b' | upper }} {{ not true and false }} {{ 1 + 2 if true else 0 }} {{ [1, 2] | length * 2 }}",
      "{}",
      "2 aB False 3 4"},
@@ -198,6 +205,10 @@ const ErrorCase kErrorCases[] = {
     {"TojsonUndefined", "{{ missing | tojson }}", "{}", "TypeError", "Object of type Undefined is not JSON serializable", false},
     {"InStringNeedsString", "{{ 1 in 'abc' }}", "{}", "TypeError", "'in <string>' requires string as left operand, not int", false},
     {"RangeTooBig", "{{ range(200000) | length }}", "{}", "OverflowError", "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).", false},
+    {"GeneratorHasNoLength", "{{ [1] | select | length }}", "{}", "TypeError", "object of type 'generator' has no len()", false},
+    {"GeneratorIsNotJson", "{{ [1] | map('string') | tojson }}", "{}", "TypeError", "Object of type generator is not JSON serializable", false},
+    {"ViewIsNotJson", "{{ {'a': 1}.items() | tojson }}", "{}", "TypeError", "Object of type dict_items is not JSON serializable", false},
+    {"UnhashableKey", "{{ [1] in {} }}", "{}", "TypeError", "unhashable type: 'list'", false},
     {"NamespaceUnderscore", "{% set ns = namespace() %}{% set ns._x = 1 %}", "{}", "SecurityError", "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '_x'. Please rename the attribute.", false},
 };
 
@@ -332,7 +343,7 @@ TEST(RenderTest, ConcurrentRendersAgree) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 200; ++i) {
         ChatTemplate::RenderRequest request;
-        request.messages = OJson::array({{{"role", "user"}, {"content", "q" + std::to_string(t)}},
+        request.messages = OJson::array({{{"role", "user"}, {"content", absl::StrCat("q", t)}},
                                          {{"role", "assistant"}, {"content", "a"}}});
         auto out = (*tmpl)->Render(request);
         results[t] = out.ok() ? *out : out.status().ToString();
@@ -340,7 +351,7 @@ TEST(RenderTest, ConcurrentRendersAgree) {
     });
   }
   for (auto& th : threads) th.join();
-  for (int t = 0; t < 8; ++t) EXPECT_EQ(results[t], "<user>q" + std::to_string(t) + "<assistant>a2<s>");
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(results[t], absl::StrCat("<user>q", t, "<assistant>a2<s>"));
 }
 
 TEST(RenderTest, MessagesAreNormalizedLikeApplyChatTemplate) {
@@ -409,6 +420,23 @@ TEST(RenderTest, StrftimeNowReadsTheInjectedClockInLocalTime) {
   auto today = (*tmpl)->Render(request);
   ASSERT_TRUE(today.ok());
   EXPECT_EQ(today->substr(0, 10), absl::FormatTime("%Y-%m-%d", absl::Now(), absl::LocalTimeZone()));
+}
+
+TEST(RenderTest, PrintingAnIteratorFails) {
+  // Python prints "<generator object ... at 0x...>", an address: refused.
+  auto out = RenderWith("{{ [1, 2] | select }}", OJson::object());
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("cannot convert a generator"));
+}
+
+TEST(RenderTest, CaseMappingOfNonAsciiLettersIsRefused) {
+  // Python would print "CAFÉ"; this renderer maps ASCII only, so it fails
+  // instead of printing "CAFé".
+  for (const char* source : {"{{ 'café' | upper }}", "{{ 'Ωmega'.lower() }}", "{{ ['É', 'a'] | sort }}"}) {
+    auto out = RenderWith(source, OJson::object());
+    ASSERT_FALSE(out.ok()) << source << " rendered " << *out;
+    EXPECT_THAT(std::string(out.status().message()), HasSubstr("non-ASCII letters")) << source;
+  }
 }
 
 TEST(RenderTest, GenerationBlockRendersItsBody) {
