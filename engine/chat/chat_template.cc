@@ -124,6 +124,9 @@ ChatTemplate::~ChatTemplate() = default;
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(std::string_view source,
                                                                  ChatTemplateTokens tokens,
                                                                  ChatTemplateLimits limits) {
+  if (!jinja::IsValidUtf8(source)) {
+    return absl::InvalidArgumentError("chat template is not valid UTF-8");
+  }
   auto program = jinja::ParseTemplate(source);
   if (!program.ok()) return program.status();
   return std::unique_ptr<ChatTemplate>(

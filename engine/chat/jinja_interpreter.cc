@@ -405,6 +405,42 @@ std::optional<double> ParsePyFloat(const std::string& s) {
   return v;
 }
 
+// Parameter names of each filter, in order (jinja2 3.1's signatures, and
+// transformers' tojson). Filters taking *args (map, select, ...) are absent.
+const absl::flat_hash_map<std::string_view, std::vector<std::string_view>>& FilterParams() {
+  static const auto* kParams = new absl::flat_hash_map<std::string_view, std::vector<std::string_view>>{
+      {"abs", {}}, {"capitalize", {}}, {"count", {}}, {"length", {}}, {"e", {}}, {"escape", {}},
+      {"first", {}}, {"last", {}}, {"items", {}}, {"list", {}}, {"lower", {}}, {"upper", {}},
+      {"reverse", {}}, {"safe", {}}, {"string", {}}, {"title", {}},
+      {"d", {"default_value", "boolean"}}, {"default", {"default_value", "boolean"}},
+      {"float", {"default"}}, {"int", {"default", "base"}},
+      {"indent", {"width", "first", "blank"}}, {"join", {"d", "attribute"}},
+      {"replace", {"old", "new", "count"}}, {"round", {"precision", "method"}},
+      {"sort", {"reverse", "case_sensitive", "attribute"}}, {"sum", {"attribute", "start"}},
+      {"tojson", {"ensure_ascii", "indent", "separators", "sort_keys"}}, {"trim", {"chars"}},
+      {"unique", {"case_sensitive", "attribute"}}};
+  return *kParams;
+}
+
+// Python's argument binding errors for a call of `name` with `params`.
+absl::Status CheckArgs(std::string_view name, const std::vector<std::string_view>& params,
+                       const CallArgs& args) {
+  if (args.positional.size() > params.size()) {
+    return TypeError(absl::StrCat(std::string(name), "() takes at most ", params.size(),
+                                  " argument(s) (", args.positional.size(), " given)"));
+  }
+  for (const auto& [key, value] : args.keyword) {
+    auto it = std::find(params.begin(), params.end(), std::string_view(key));
+    if (it == params.end()) {
+      return TypeError(absl::StrCat(std::string(name), "() got an unexpected keyword argument '", key, "'"));
+    }
+    if (static_cast<size_t>(it - params.begin()) < args.positional.size()) {
+      return TypeError(absl::StrCat(std::string(name), "() got multiple values for argument '", key, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 class Interpreter {
  public:
   Interpreter(const RenderInputs& inputs, const RenderLimits& limits)
@@ -1525,6 +1561,14 @@ class Interpreter {
 
   absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const CallArgs& args) {
     using K = Value::Kind;
+    static const absl::flat_hash_set<std::string_view> kOneArg = {
+        "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt",
+        "greaterthan", ">", "ge", ">=", "in", "sameas", "divisibleby"};
+    const size_t want = kOneArg.contains(name) ? 1 : 0;
+    if (!args.keyword.empty() || args.positional.size() != want) {
+      return TypeError(absl::StrCat("test '", name, "' takes ", want, " argument(s) (",
+                                    args.positional.size() + args.keyword.size(), " given)"));
+    }
     const Value* arg = args.positional.empty() ? nullptr : &args.positional[0];
     auto need_arg = [&]() -> absl::Status {
       if (arg == nullptr) return TypeError(absl::StrCat("test '", name, "' needs an argument"));
@@ -1616,6 +1660,9 @@ class Interpreter {
 
   absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v, CallArgs& args, int line) {
     using K = Value::Kind;
+    if (auto it = FilterParams().find(name); it != FilterParams().end()) {
+      if (auto s = CheckArgs(name, it->second, args); !s.ok()) return s;
+    }
     if (name == "safe") return v;
     if (name == "default" || name == "d") {
       const Value* def = Arg(args, 0, "default_value");

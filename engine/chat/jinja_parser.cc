@@ -175,6 +175,8 @@ class Lexer {
       line_ += text_lines;
       pos = start + 2 + ((sign == '-' || sign == '+') ? 1 : 0);
       if (kind == '#') {
+        // jinja2's lexer stops quietly at a comment opener that ends the input.
+        if (pos >= src_.size()) break;
         size_t end = src_.find("#}", pos);
         if (end == std::string::npos) return SyntaxError(line_, "missing end of comment tag");
         line_ += CountNewlines(std::string_view(src_).substr(pos, end - pos));

@@ -205,6 +205,8 @@ void AppendUtf8(char32_t c, std::string& out);
 std::string EncodeUtf8(const std::vector<char32_t>& cps, size_t begin, size_t end);
 // Python's str.isspace for one code point.
 bool IsPyWhitespace(char32_t c);
+// Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool IsValidUtf8(std::string_view s);
 // Number of code points.
 size_t Utf8Length(std::string_view s);
 

@@ -422,6 +422,33 @@ TEST(RenderTest, StrftimeNowReadsTheInjectedClockInLocalTime) {
   EXPECT_EQ(today->substr(0, 10), absl::FormatTime("%Y-%m-%d", absl::Now(), absl::LocalTimeZone()));
 }
 
+TEST(RenderTest, BadFilterAndTestArgumentsFailLikePython) {
+  const char* cases[][2] = {
+      {"{{ 1 | tojson(mndent=2) }}", "tojson() got an unexpected keyword argument 'mndent'"},
+      {"{{ 'a' | trim('x', 'y') }}", "trim() takes at most 1 argument(s) (2 given)"},
+      {"{{ 'a' | replace('a', 'b', old='c') }}", "got multiple values for argument 'old'"},
+      {"{{ none is none(1) }}", "test 'none' takes 0 argument(s) (1 given)"},
+      {"{{ [1] | map('round', 1, 2, 3) | list }}", "round() takes at most 2 argument(s)"},
+  };
+  for (const auto& c : cases) {
+    auto out = RenderWith(c[0], OJson::object());
+    ASSERT_FALSE(out.ok()) << c[0] << " rendered " << *out;
+    EXPECT_THAT(std::string(out.status().message()), HasSubstr(c[1])) << c[0];
+  }
+}
+
+TEST(ParseErrorTest, CommentOpenerAtTheEndIsIgnoredLikeJinja2) {
+  auto out = RenderWith("text{#", OJson::object());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "text");
+}
+
+TEST(ParseErrorTest, InvalidUtf8IsRefused) {
+  auto tmpl = ChatTemplate::Parse("abc\xff\xfe", {});
+  ASSERT_FALSE(tmpl.ok());
+  EXPECT_THAT(std::string(tmpl.status().message()), HasSubstr("not valid UTF-8"));
+}
+
 TEST(RenderTest, PrintingAnIteratorFails) {
   // Python prints "<generator object ... at 0x...>", an address: refused.
   auto out = RenderWith("{{ [1, 2] | select }}", OJson::object());
