@@ -1069,8 +1069,10 @@ class Interpreter {
         if (obj->kind() == Value::Kind::kView && obj->as_view().type_name == "range") {
           return TypeError("slicing a range() is not supported");
         }
-        // jinja2's getitem turns the TypeError into an undefined value.
-        return Value::Undefined(absl::StrCat("'", obj->TypeName(), " object' has no attribute 'slice'"));
+        // jinja2 compiles slices to a plain Python subscript (no getitem
+        // fallback), so this is Python's TypeError.
+        if (obj->kind() == Value::Kind::kDict) return TypeError("unhashable type: 'slice'");
+        return TypeError(absl::StrCat("'", obj->TypeName(), "' object is not subscriptable"));
       }
       case EK::kCall: return EvalCall(e, scope);
       case EK::kFilter: {
@@ -1120,6 +1122,21 @@ class Interpreter {
         if (e.children[2]) return Eval(*e.children[2], scope);
         return Value::Undefined(absl::StrCat("the inline if-expression on line ", e.line,
                                              " evaluated to false and no else section was defined."));
+      }
+      case EK::kCompare: {
+        auto left = Eval(*e.children[0], scope);
+        if (!left.ok()) return left;
+        Value result;
+        for (size_t i = 0; i < e.ops.size(); ++i) {
+          auto right = Eval(*e.children[i + 1], scope);
+          if (!right.ok()) return right;
+          auto r = BinaryOp(e.ops[i], *left, *right, e.line);
+          if (!r.ok()) return r;
+          result = std::move(*r);
+          if (!Truthy(result)) break;
+          left = std::move(right);
+        }
+        return result;
       }
       case EK::kBinary: {
         auto l = Eval(*e.children[0], scope);
@@ -2030,6 +2047,11 @@ class Interpreter {
       return Value::String(std::move(r));
     }
     if (name == "indent") {
+      // do_indent appends "\n" to its argument without str(): only strings.
+      if (!v.is_string()) {
+        if (v.is_undefined()) return UndefinedError(v);
+        return TypeError(absl::StrCat("unsupported operand type(s) for +=: '", v.TypeName(), "' and 'str'"));
+      }
       std::string indention = "    ";
       if (const Value* w = Arg(args, 0, "width")) {
         if (w->is_string()) {

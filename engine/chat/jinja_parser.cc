@@ -720,9 +720,12 @@ class Parser {
     return node;
   }
 
+  // `a < b < c` is Python's chain (a < b and b < c, short-circuit), as in
+  // jinja2's Compare node.
   absl::StatusOr<ExprPtr> ParseCompare() {
     auto left = ParseMath1();
     if (!left.ok()) return left;
+    ExprPtr chain;
     while (true) {
       const int line = Cur().line;
       std::string op;
@@ -743,8 +746,14 @@ class Parser {
       }
       auto right = ParseMath1();
       if (!right.ok()) return right;
-      left = Binary(op, std::move(*left), std::move(*right), line);
+      if (chain == nullptr) {
+        chain = Make(Expr::Kind::kCompare, line);
+        chain->children.push_back(std::move(*left));
+      }
+      chain->ops.push_back(op);
+      chain->children.push_back(std::move(*right));
     }
+    if (chain != nullptr) return chain;
     return left;
   }
 

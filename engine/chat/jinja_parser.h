@@ -40,6 +40,7 @@ struct Expr {
     kTest,      // children[0] is [not] name ( children[1..] )
     kUnary,     // op children[0]: "not", "-", "+"
     kBinary,    // children[0] op children[1]
+    kCompare,   // children[0] ops[0] children[1] ops[1] ... (Python's chained comparison)
     kAnd,
     kOr,
     kCond,      // children[1] if children[0] else children[2] (null: undefined)
@@ -51,6 +52,7 @@ struct Expr {
   bool negated = false;
   std::vector<ExprPtr> children;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
+  std::vector<std::string> ops;  // kCompare.
 };
 
 struct Node;
