@@ -1215,7 +1215,12 @@ class Interpreter {
 
   absl::StatusOr<Value> CallMethod(const Value& self, const std::string& name, CallArgs& args) {
     using K = Value::Kind;
-    if (self.kind() == K::kString) return CallStrMethod(self.as_string(), name, args);
+    if (self.kind() == K::kString) {
+      if (self.is_markup()) {
+        return TypeError(absl::StrCat("method '", name, "' of a safe/escaped (Markup) string is not supported"));
+      }
+      return CallStrMethod(self.as_string(), name, args);
+    }
     if (self.kind() == K::kDict) {
       const ValueDict& d = self.as_dict();
       if (name == "items" || name == "keys" || name == "values") {
@@ -1432,6 +1437,25 @@ class Interpreter {
                                     "' and '", r.TypeName(), "'"));
     };
     if (op == "+") {
+      if (l.is_string() && (l.is_markup() || r.is_markup())) {
+        // Markup + x escapes x (str(x) for any type); str + Markup escapes the str.
+        std::string a, b;
+        if (l.is_markup()) {
+          a = l.as_string();
+          if (r.is_markup()) {
+            b = r.as_string();
+          } else {
+            auto rs = PyStr(r);
+            if (!rs.ok()) return rs.status();
+            b = HtmlEscape(*rs);
+          }
+        } else {
+          a = HtmlEscape(l.as_string());
+          b = r.as_string();
+        }
+        if (auto s = CheckSize(a.size() + b.size(), line); !s.ok()) return s;
+        return Value::Markup(a + b);
+      }
       if (l.is_string()) {
         if (!r.is_string()) {
           return TypeError(absl::StrCat("can only concatenate str (not \"", r.TypeName(), "\") to str"));
@@ -1620,19 +1644,11 @@ class Interpreter {
     }
     if (name == "odd" || name == "even" || name == "divisibleby") {
       if (v.is_undefined()) return UndefinedError(v);
-      if (v.kind() != K::kInt && v.kind() != K::kBool) {
-        return TypeError(absl::StrCat("test '", name, "' needs an integer"));
-      }
-      int64_t d = 2;
-      if (name == "divisibleby") {
-        if (auto s = need_arg(); !s.ok()) return s;
-        if (arg->kind() != K::kInt) return TypeError("divisibleby needs an integer");
-        d = arg->as_int();
-        if (d == 0) return TypeError("integer division or modulo by zero");
-      }
-      const int64_t m = ((v.as_integer() % d) + d) % d;
-      if (name == "odd") return m == 1;
-      return m == 0;
+      // Python: value % 2 == 1, value % 2 == 0, value % num == 0.
+      const Value divisor = name == "divisibleby" ? *arg : Value::Int(2);
+      auto m = BinaryOp("%", v, divisor, 0);
+      if (!m.ok()) return m.status();
+      return PyEquals(*m, Value::Int(name == "odd" ? 1 : 0));
     }
     if (auto s = need_arg(); !s.ok()) return s;
     if (name == "eq" || name == "equalto" || name == "==") return PyEquals(v, *arg);
@@ -1680,7 +1696,20 @@ class Interpreter {
     if (auto it = FilterParams().find(name); it != FilterParams().end()) {
       if (auto s = CheckArgs(name, it->second, args); !s.ok()) return s;
     }
-    if (name == "safe") return v;
+    if (name == "safe") {
+      if (v.is_markup()) return v;
+      auto str = PyStr(v);
+      if (!str.ok()) return str.status();
+      return Value::Markup(std::move(*str));
+    }
+    if ((name == "e" || name == "escape") && v.is_markup()) return v;
+    // Filters keep a Markup a Markup in Python (and later `+` then escapes);
+    // only `string`, `length` and the escapes are modelled for one.
+    if (v.is_markup() && name != "string" && name != "length" && name != "count" &&
+        name != "e" && name != "escape" && name != "default" && name != "d") {
+      return Error(line, absl::StrCat("filter '", name, "' on a safe/escaped (Markup) string is not supported"));
+    }
+    if (name == "string" && v.is_markup()) return v;
     if (name == "default" || name == "d") {
       const Value* def = Arg(args, 0, "default_value");
       const Value* boolean = Arg(args, 1, "boolean");
@@ -2027,7 +2056,7 @@ class Interpreter {
       if (name == "capitalize") return Value::String(Capitalize(*str));
       return Value::String(JinjaTitle(*str));
     }
-    if (name == "e" || name == "escape") return Value::String(HtmlEscape(*str));
+    if (name == "e" || name == "escape") return Value::Markup(HtmlEscape(*str));
     if (name == "replace") {
       auto old = Arg(args, 0, "old");
       auto repl = Arg(args, 1, "new");

@@ -100,6 +100,13 @@ class Value {
   static Value Int(int64_t i) { return Value(Kind::kInt, i); }
   static Value Float(double d) { return Value(Kind::kFloat, d); }
   static Value String(std::string s) { return Value(Kind::kString, std::move(s)); }
+  // markupsafe.Markup (what `safe` and `escape` return): a str that escapes
+  // plain strings added to it.
+  static Value Markup(std::string s) {
+    Value v(Kind::kString, std::move(s));
+    v.markup_ = true;
+    return v;
+  }
   static Value List(ValueList items) {
     return Value(Kind::kList, std::make_shared<const ValueList>(std::move(items)));
   }
@@ -136,6 +143,7 @@ class Value {
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
   bool is_none() const { return kind_ == Kind::kNone; }
   bool is_string() const { return kind_ == Kind::kString; }
+  bool is_markup() const { return markup_; }
   bool is_sequence_list() const { return kind_ == Kind::kList || kind_ == Kind::kTuple; }
   bool is_number() const {
     return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool;
@@ -173,6 +181,7 @@ class Value {
   Kind kind_ = Kind::kUndefined;
   Data data_;
   std::shared_ptr<const std::string> hint_;
+  bool markup_ = false;
 };
 
 // Python truthiness (undefined is false).

@@ -168,6 +168,9 @@ const LanguageCase kLanguageCases[] = {
     {"ChainedComparisons", "{{ 1 < x < 3 }}{{ 1 < y < 3 }}{{ 'a' == 'b' != c.d }}{{ 1 < 2 > 1 }}{{ 2 in [2] in [[2]] }}{{ 1 == 1 == 1.0 }}{{ 3 > 2 > 1 > 0 }}",
      "{\"x\": 2, \"y\": 5}",
      "TrueFalseFalseTrueTrueTrueTrue"},
+    {"MarkupFromSafeAndEscape", "{{ ('<b>' | safe) + '<i>' }}|{{ '<' + ('&' | e) }}|{{ 1 | safe is string }}|{{ ('x' | safe) ~ '<' }}|{{ ('<' | e) | e }}|{{ 3.0 is odd }}{{ 2.5 is even }}{{ 7.5 is divisibleby 2.5 }}",
+     "{}",
+     "<b>&lt;i&gt;|&lt;&amp;|True|x<|&lt;|TrueFalseTrue"},
     {"TernaryAndFiltersPrecedence", "{{ -2 | abs }} {{ 'a' ~ 'b' | upper }} {{ not true and false }} {{ 1 + 2 if true else 0 }} {{ [1, 2] | length * 2 }}",
      "{}",
      "2 aB False 3 4"},
@@ -453,6 +456,16 @@ TEST(ParseErrorTest, InvalidUtf8IsRefused) {
   auto tmpl = ChatTemplate::Parse("abc\xff\xfe", {});
   ASSERT_FALSE(tmpl.ok());
   EXPECT_THAT(std::string(tmpl.status().message()), HasSubstr("not valid UTF-8"));
+}
+
+TEST(RenderTest, StringOperationsOnMarkupAreRefused) {
+  // Python keeps a Markup through upper()/trim and escapes what is added to
+  // it later; only `+`, `~`, output and comparisons are modelled.
+  for (const char* source : {"{{ ('a' | safe) | upper }}", "{{ ('a' | e).strip() }}"}) {
+    auto out = RenderWith(source, OJson::object());
+    ASSERT_FALSE(out.ok()) << source << " rendered " << *out;
+    EXPECT_THAT(std::string(out.status().message()), HasSubstr("Markup")) << source;
+  }
 }
 
 TEST(RenderTest, PrintingAnIteratorFails) {
