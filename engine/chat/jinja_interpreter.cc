@@ -603,16 +603,13 @@ class Interpreter {
     } else {
       items = std::move(*all);
     }
-    if (items.empty()) {
-      auto inner = std::make_shared<Scope>();
-      inner->parent = scope;
-      Flow flow = Flow::kNormal;
-      return Exec(node.else_body, inner, out, flow);
-    }
     auto loop = std::make_shared<LoopState>();
     loop->length = static_cast<int64_t>(items.size());
     loop->items = std::make_shared<const ValueList>(std::move(items));
     const Value loop_value = Value::MakeLoop(loop);
+    // jinja2 runs `else` unless an iteration reached the end of the body:
+    // one left by break or continue does not count.
+    bool completed = false;
     for (size_t i = 0; i < loop->items->size(); ++i) {
       if (auto s = Step(node.line); !s.ok()) return s;
       loop->index0 = static_cast<int64_t>(i);
@@ -623,6 +620,13 @@ class Interpreter {
       Flow flow = Flow::kNormal;
       if (auto s = Exec(node.body, inner, out, flow); !s.ok()) return s;
       if (flow == Flow::kBreak) break;
+      if (flow == Flow::kNormal) completed = true;
+    }
+    if (!completed && !node.else_body.empty()) {
+      auto inner = std::make_shared<Scope>();
+      inner->parent = scope;
+      Flow flow = Flow::kNormal;
+      return Exec(node.else_body, inner, out, flow);
     }
     return absl::OkStatus();
   }
@@ -1634,7 +1638,10 @@ class Interpreter {
     if (name == "boolean") return v.kind() == K::kBool;
     if (name == "true") return v.kind() == K::kBool && v.as_bool();
     if (name == "false") return v.kind() == K::kBool && !v.as_bool();
-    if (name == "callable") return v.kind() == K::kCallable;
+    // Undefined and LoopContext define __call__ too.
+    if (name == "callable") {
+      return v.kind() == K::kCallable || v.is_undefined() || v.kind() == K::kLoop;
+    }
     if (name == "lower" || name == "upper") {
       if (!v.is_string()) return false;
       CallArgs none;
@@ -1977,6 +1984,9 @@ class Interpreter {
       }
       if (v.is_undefined()) return UndefinedError(v);
       return TypeError(absl::StrCat("bad operand type for abs(): '", v.TypeName(), "'"));
+    }
+    if ((name == "int" || name == "float") && v.is_undefined()) {
+      return UndefinedError(v);  // Undefined.__int__/__float__ raise.
     }
     if (name == "int") {
       const Value* def = Arg(args, 0, "default");

@@ -171,6 +171,12 @@ const LanguageCase kLanguageCases[] = {
     {"MarkupFromSafeAndEscape", "{{ ('<b>' | safe) + '<i>' }}|{{ '<' + ('&' | e) }}|{{ 1 | safe is string }}|{{ ('x' | safe) ~ '<' }}|{{ ('<' | e) | e }}|{{ 3.0 is odd }}{{ 2.5 is even }}{{ 7.5 is divisibleby 2.5 }}",
      "{}",
      "<b>&lt;i&gt;|&lt;&amp;|True|x<|&lt;|TrueFalseTrue"},
+    {"ForElseAfterBreakOrContinue", "{% for x in [1, 2] %}{% break %}{% else %}E1{% endfor %}|{% for x in [1, 2] %}{% continue %}{% else %}E2{% endfor %}|{% for x in [1, 2] %}{% if x == 2 %}{% break %}{% endif %}{% else %}E3{% endfor %}|{% for x in [1, 2] %}{% if x == 1 %}{% continue %}{% endif %}{% else %}E4{% endfor %}",
+     "{}",
+     "E1|E2||"},
+    {"CallableUndefinedAndLoop", "{{ missing is callable }}{{ missing | first is callable }}{% for x in [1] %}{{ loop is callable }}{% endfor %}{{ 1 is callable }}",
+     "{}",
+     "TrueTrueTrueFalse"},
     {"TernaryAndFiltersPrecedence", "{{ -2 | abs }} {{ 'a' ~ 'b' | upper }} {{ not true and false }} {{ 1 + 2 if true else 0 }} {{ [1, 2] | length * 2 }}",
      "{}",
      "2 aB False 3 4"},
@@ -218,6 +224,8 @@ const ErrorCase kErrorCases[] = {
     {"SliceNone", "{{ x[1:] }}", "{\"x\": null}", "TypeError", "'NoneType' object is not subscriptable", false},
     {"SliceDict", "{{ x[1:] }}", "{\"x\": {\"a\": 1}}", "TypeError", "unhashable type: 'slice'", false},
     {"IndentNonString", "{{ 2 | indent(2) }}", "{}", "TypeError", "unsupported operand type(s) for +=: 'int' and 'str'", false},
+    {"UndefinedToInt", "{{ missing | int }}", "{}", "UndefinedError", "'missing' is undefined", false},
+    {"UndefinedToFloat", "{{ missing | float }}", "{}", "UndefinedError", "'missing' is undefined", false},
     {"NamespaceUnderscore", "{% set ns = namespace() %}{% set ns._x = 1 %}", "{}", "SecurityError", "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '_x'. Please rename the attribute.", false},
 };
 
