@@ -410,6 +410,23 @@ class Parser {
     return absl::OkStatus();
   }
 
+  // Each operator in a chain (`a + b + c`, `x.y.z`, `x | f | g`) deepens the
+  // tree by one level: counted against the same bound as parentheses, so
+  // that evaluating and destroying the tree cannot overflow the stack.
+  class ChainDepth {
+   public:
+    explicit ChainDepth(Parser& p) : p_(p) {}
+    ~ChainDepth() { p_.depth_ -= added_; }
+    absl::Status Add() {
+      ++added_;
+      return p_.EnterDepth();
+    }
+
+   private:
+    Parser& p_;
+    int added_ = 0;
+  };
+
   // Parses nodes until a block tag whose name is in `ends` (consumed up to
   // and including the name; returned in `end`), or the end of input when
   // `ends` is empty.
@@ -644,7 +661,9 @@ class Parser {
     const int line = Cur().line;
     auto expr = ParseOr();
     if (!expr.ok()) return expr;
+    ChainDepth chain(*this);
     while (IsName("if")) {
+      if (auto s = chain.Add(); !s.ok()) return s;
       Next();
       auto cond = ParseOr();
       if (!cond.ok()) return cond;
@@ -667,7 +686,9 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseOr() {
     auto left = ParseAnd();
     if (!left.ok()) return left;
+    ChainDepth chain(*this);
     while (IsName("or")) {
+      if (auto s = chain.Add(); !s.ok()) return s;
       const int line = Cur().line;
       Next();
       auto right = ParseAnd();
@@ -683,7 +704,9 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseAnd() {
     auto left = ParseNot();
     if (!left.ok()) return left;
+    ChainDepth chain(*this);
     while (IsName("and")) {
+      if (auto s = chain.Add(); !s.ok()) return s;
       const int line = Cur().line;
       Next();
       auto right = ParseNot();
@@ -760,7 +783,9 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseMath1() {
     auto left = ParseConcat();
     if (!left.ok()) return left;
+    ChainDepth chain(*this);
     while (IsOp("+") || IsOp("-")) {
+      if (auto s = chain.Add(); !s.ok()) return s;
       const std::string op = Cur().text;
       const int line = Cur().line;
       Next();
@@ -774,7 +799,9 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseConcat() {
     auto left = ParseMath2();
     if (!left.ok()) return left;
+    ChainDepth chain(*this);
     while (IsOp("~")) {
+      if (auto s = chain.Add(); !s.ok()) return s;
       const int line = Cur().line;
       Next();
       auto right = ParseMath2();
@@ -787,7 +814,9 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseMath2() {
     auto left = ParsePow();
     if (!left.ok()) return left;
+    ChainDepth chain(*this);
     while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
+      if (auto s = chain.Add(); !s.ok()) return s;
       const std::string op = Cur().text;
       const int line = Cur().line;
       Next();
@@ -804,7 +833,9 @@ class Parser {
   absl::StatusOr<ExprPtr> ParsePow() {
     auto left = ParseUnary(true);
     if (!left.ok()) return left;
+    ChainDepth chain(*this);
     while (IsOp("**")) {
+      if (auto s = chain.Add(); !s.ok()) return s;
       const int line = Cur().line;
       Next();
       auto right = ParseUnary(true);
@@ -989,9 +1020,9 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParsePostfix(ExprPtr node) {
-    int chain = 0;
+    ChainDepth chain(*this);
     while (true) {
-      if (++chain > kMaxParseDepth) return SyntaxError(Cur().line, "expression too long");
+      if (auto s = chain.Add(); !s.ok()) return s;
       const int line = Cur().line;
       if (IsOp(".")) {
         Next();
@@ -1057,9 +1088,9 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseFilterExpr(ExprPtr node) {
-    int chain = 0;
+    ChainDepth chain(*this);
     while (true) {
-      if (++chain > kMaxParseDepth) return SyntaxError(Cur().line, "expression too long");
+      if (auto s = chain.Add(); !s.ok()) return s;
       const int line = Cur().line;
       if (IsOp("|")) {
         Next();

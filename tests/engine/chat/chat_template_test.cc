@@ -303,6 +303,23 @@ TEST(ParseErrorTest, DeepNestingIsRefusedNotOverflowed) {
   std::string blocks;
   for (int i = 0; i < 1000; ++i) blocks += "{% if true %}";
   EXPECT_FALSE(ChatTemplate::Parse(blocks, {}).ok());
+  // Long operator chains build deep trees too.
+  for (const char* op : {" + ", " ~ ", " and ", " or ", " * ", " ** ", " if 1 else "}) {
+    std::string chain = "{{ 1";
+    for (int i = 0; i < 20000; ++i) chain += std::string(op) + "1";
+    auto deep_chain = ChatTemplate::Parse(chain + " }}", {});
+    ASSERT_FALSE(deep_chain.ok()) << op;
+    EXPECT_THAT(std::string(deep_chain.status().message()), HasSubstr("nested too deeply")) << op;
+  }
+  std::string attrs = "{{ x";
+  for (int i = 0; i < 20000; ++i) attrs += ".a | trim";
+  EXPECT_FALSE(ChatTemplate::Parse(attrs + " }}", {}).ok());
+  // A chain within the bound renders.
+  std::string sum = "{{ 0";
+  for (int i = 0; i < 100; ++i) sum += " + 1";
+  auto out = RenderWith(sum + " }}", OJson::object());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "100");
 }
 
 TEST(RuntimeErrorLineTest, TypeErrorsNameTheLine) {
