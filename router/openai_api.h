@@ -58,11 +58,12 @@ struct OpenAiRequest {
   // (the prompt comes from rendering `messages`). Choice j of prompt i is
   // OpenAI's choice index i * n + j.
   std::vector<v1::GenerateRequest> prompts;
-  // Chat: what the chat template renders.
-  nlohmann::json messages;
-  nlohmann::json tools;  // Null when none.
+  // Chat: what the chat template renders, in the order the client sent its
+  // keys (a template's tojson prints them so, as Python does).
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;  // Null when none.
   bool add_generation_prompt = true;
-  nlohmann::json chat_template_kwargs = nlohmann::json::object();
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   // Chat without max_tokens: generate up to the end of the context.
   bool max_tokens_from_context = false;
 };
@@ -128,6 +129,7 @@ class OpenAiResponseWriter {
     size_t text_bytes = 0;  // For text_offset.
     std::string finish_reason;
     bool started = false;  // Chat: the role went out.
+    int32_t previous_token = -1;  // For the next token's text.
     uint32_t completion_tokens = 0;
   };
   struct Prompt {
@@ -144,7 +146,8 @@ class OpenAiResponseWriter {
   void AddPromptLogprobs(const Prompt& prompt,
                          const v1::GenerateResponse& message, Choice& choice,
                          nlohmann::json* delta);
-  std::string TokenString(int32_t id) const;
+  // The text `id` adds after `previous` (-1: at the start).
+  std::string TokenString(int32_t previous, int32_t id) const;
   nlohmann::json Envelope() const;
   nlohmann::json UsageJson() const;
 

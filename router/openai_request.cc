@@ -13,7 +13,7 @@
 namespace pdserve {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 constexpr absl::string_view kParamPayload = "type.pdserve/openai-param";
 
@@ -424,6 +424,8 @@ std::string OpenAiParam(const absl::Status& status) {
   return param ? std::string(*param) : std::string();
 }
 
+using PlainJson = nlohmann::json;
+
 OpenAiError MakeOpenAiError(const absl::Status& status) {
   OpenAiError out;
   absl::string_view type = "server_error";
@@ -467,18 +469,18 @@ OpenAiError MakeOpenAiError(const absl::Status& status) {
       break;
   }
   const std::string param = OpenAiParam(status);
-  json error = {{"message", std::string(status.message())},
+  PlainJson error = {{"message", std::string(status.message())},
                 {"type", type},
-                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"param", param.empty() ? PlainJson(nullptr) : PlainJson(param)},
                 {"code", status.code() == absl::StatusCode::kNotFound
-                             ? json("model_not_found")
-                             : json(nullptr)}};
+                             ? PlainJson("model_not_found")
+                             : PlainJson(nullptr)}};
   out.body = DumpJson({{"error", std::move(error)}});
   return out;
 }
 
-std::string DumpJson(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+std::string DumpJson(const PlainJson& value) {
+  return value.dump(-1, ' ', false, PlainJson::error_handler_t::replace);
 }
 
 }  // namespace pdserve

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "engine/tokenizer.h"
 
 namespace pdserve {
@@ -53,24 +55,41 @@ OpenAiResponseWriter::Choice& OpenAiResponseWriter::ChoiceOf(int prompt_index,
                   std::min(index, request_.n - 1)];
 }
 
-std::string OpenAiResponseWriter::TokenString(int32_t id) const {
-  if (tokenizer_ != nullptr && id >= 0 && id < tokenizer_->vocab_size()) {
-    const int32_t ids[] = {id};
-    absl::StatusOr<std::string> text =
-        tokenizer_->Decode(ids, /*skip_special_tokens=*/false);
-    if (text.ok()) return *std::move(text);
+std::string OpenAiResponseWriter::TokenString(int32_t previous,
+                                              int32_t id) const {
+  if (tokenizer_ == nullptr || id < 0 || id >= tokenizer_->vocab_size()) {
+    return absl::StrCat("token_id:", id);
   }
-  return absl::StrCat("token_id:", id);
+  // A token's text depends on what precedes it (SentencePiece drops the
+  // leading space of a text's first piece): decode it after its
+  // predecessor and keep what it added.
+  if (previous >= 0 && previous < tokenizer_->vocab_size()) {
+    const int32_t pair[] = {previous, id};
+    const int32_t one[] = {previous};
+    absl::StatusOr<std::string> both =
+        tokenizer_->Decode(pair, /*skip_special_tokens=*/false);
+    absl::StatusOr<std::string> before =
+        tokenizer_->Decode(one, /*skip_special_tokens=*/false);
+    if (both.ok() && before.ok() && absl::StartsWith(*both, *before)) {
+      return both->substr(before->size());
+    }
+  }
+  const int32_t ids[] = {id};
+  absl::StatusOr<std::string> text =
+      tokenizer_->Decode(ids, /*skip_special_tokens=*/false);
+  return text.ok() ? *std::move(text) : absl::StrCat("token_id:", id);
 }
 
 void OpenAiResponseWriter::AddLogprobs(const v1::GenerateResponse& message,
                                        Choice& choice, json* delta) {
   for (const v1::TokenLogprobs& lp : message.logprobs()) {
-    const std::string token = TokenString(lp.token_id());
+    const int32_t previous = choice.previous_token;
+    choice.previous_token = lp.token_id();
+    const std::string token = TokenString(previous, lp.token_id());
     if (chat_) {
       json top = json::array();
       for (const v1::TokenLogprob& alt : lp.top()) {
-        const std::string alt_token = TokenString(alt.token_id());
+        const std::string alt_token = TokenString(previous, alt.token_id());
         top.push_back({{"token", alt_token},
                        {"logprob", alt.logprob()},
                        {"bytes", Bytes(alt_token)}});
@@ -84,7 +103,7 @@ void OpenAiResponseWriter::AddLogprobs(const v1::GenerateResponse& message,
     } else {
       json top = json::object();
       for (const v1::TokenLogprob& alt : lp.top()) {
-        top[TokenString(alt.token_id())] = alt.logprob();
+        top[TokenString(previous, alt.token_id())] = alt.logprob();
       }
       const size_t offset = choice.text_bytes;
       choice.text_bytes += token.size();
@@ -122,9 +141,10 @@ void OpenAiResponseWriter::AddPromptLogprobs(
     choice.top_logprobs.push_back(std::move(top));
     choice.text_offset.push_back(offset);
   };
-  push(TokenString(prompt.token_ids[0]), nullptr, nullptr);
+  push(TokenString(-1, prompt.token_ids[0]), nullptr, nullptr);
   for (int i = 1; i < static_cast<int>(prompt.token_ids.size()); ++i) {
     const int32_t id = prompt.token_ids[i];
+    const int32_t previous = prompt.token_ids[i - 1];
     json logprob = nullptr;
     json top = nullptr;
     if (i - 1 < message.prompt_logprobs_size()) {
@@ -132,10 +152,10 @@ void OpenAiResponseWriter::AddPromptLogprobs(
       logprob = lp.logprob();
       top = json::object();
       for (const v1::TokenLogprob& alt : lp.top()) {
-        top[TokenString(alt.token_id())] = alt.logprob();
+        top[TokenString(previous, alt.token_id())] = alt.logprob();
       }
     }
-    push(TokenString(id), std::move(logprob), std::move(top));
+    push(TokenString(previous, id), std::move(logprob), std::move(top));
   }
 }
 
@@ -166,6 +186,9 @@ std::string OpenAiResponseWriter::StreamChunk(
   Choice& choice = ChoiceOf(prompt_index, message.index());
   const bool first = !choice.started;
   choice.started = true;
+  if (first && !prompt.token_ids.empty()) {
+    choice.previous_token = prompt.token_ids.back();
+  }
   std::string text = message.text();
   json logprobs = nullptr;
   if (request_.logprobs) {
@@ -224,6 +247,9 @@ void OpenAiResponseWriter::Add(int prompt_index,
   Choice& choice = ChoiceOf(prompt_index, message.index());
   if (!choice.started) {
     choice.started = true;
+    if (!prompt.token_ids.empty()) {
+      choice.previous_token = prompt.token_ids.back();
+    }
     if (request_.echo) {
       if (request_.logprobs) {
         AddPromptLogprobs(prompt, message, choice, nullptr);

@@ -327,7 +327,9 @@ void OpenAiService::Generate(bool chat, HttpRequest request,
 
   // Echo needs each prompt's text and tokens; chat without max_tokens the
   // prompt's length.
-  const bool need_tokens = parsed->echo || parsed->max_tokens_from_context;
+  // Logprobs too: a token's text depends on the one before it.
+  const bool need_tokens = parsed->echo || parsed->max_tokens_from_context ||
+                           parsed->logprobs.has_value();
   std::vector<std::pair<std::string, std::vector<int32_t>>> prompt_texts;
   if (need_tokens) {
     const Tokenizer* tokenizer = model.tokenizer();

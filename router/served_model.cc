@@ -10,11 +10,13 @@
 
 namespace pdserve {
 
-ServedModel::ServedModel(std::string name, std::shared_ptr<const Model> model)
+ServedModel::ServedModel(std::string name, std::shared_ptr<const Model> model,
+                         std::shared_ptr<const ChatTemplate> chat_template)
     : name_(std::move(name)),
       model_(std::move(model)),
       context_length_(model_->config().max_position_embeddings),
-      vocab_size_(model_->config().vocab_size) {}
+      vocab_size_(model_->config().vocab_size),
+      chat_template_(std::move(chat_template)) {}
 
 absl::StatusOr<std::shared_ptr<const ServedModel>> ServedModel::Load(
     const internal::v1::ClusterConfig& config) {
@@ -29,7 +31,28 @@ absl::StatusOr<std::shared_ptr<const ServedModel>> ServedModel::Load(
   std::string name = config.served_model_name().empty()
                          ? DefaultServedModelName(spec)
                          : config.served_model_name();
-  return FromModel(std::move(name), *std::move(model));
+  std::shared_ptr<const ChatTemplate> chat_template;
+  if (!absl::StartsWith(spec, "builtin:")) {
+    absl::StatusOr<std::optional<ChatTemplateSource>> source =
+        LoadChatTemplate(spec);
+    if (!source.ok()) {
+      return absl::Status(source.status().code(),
+                          absl::StrCat("loading the chat template of '", spec,
+                                       "': ", source.status().message()));
+    }
+    if (source->has_value()) {
+      absl::StatusOr<std::unique_ptr<ChatTemplate>> parsed =
+          ChatTemplate::Parse((*source)->source, (*source)->tokens);
+      if (!parsed.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the chat template in ", (*source)->origin,
+            " cannot be served: ", parsed.status().message()));
+      }
+      chat_template = *std::move(parsed);
+    }
+  }
+  return FromModel(std::move(name), *std::move(model),
+                   std::move(chat_template));
 }
 
 std::string DefaultServedModelName(absl::string_view spec) {
@@ -41,18 +64,27 @@ std::string DefaultServedModelName(absl::string_view spec) {
 }
 
 absl::StatusOr<std::string> ServedModel::RenderChat(
-    const nlohmann::json& messages, const nlohmann::json& tools,
-    bool add_generation_prompt, const nlohmann::json& kwargs) const {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "model '", name_,
-      "' has no chat template (tokenizer_config.json 'chat_template' or "
-      "chat_template.jinja); use /v1/completions"));
+    const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+    bool add_generation_prompt, const nlohmann::ordered_json& kwargs) const {
+  if (chat_template_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", name_,
+        "' has no chat template (tokenizer_config.json 'chat_template' or "
+        "chat_template.jinja); use /v1/completions"));
+  }
+  ChatTemplate::RenderRequest request;
+  request.messages = messages;
+  request.tools = tools;
+  request.add_generation_prompt = add_generation_prompt;
+  request.kwargs = kwargs;
+  return chat_template_->Render(request);
 }
 
 std::shared_ptr<const ServedModel> ServedModel::FromModel(
-    std::string name, std::shared_ptr<const Model> model) {
-  return std::shared_ptr<const ServedModel>(
-      new ServedModel(std::move(name), std::move(model)));
+    std::string name, std::shared_ptr<const Model> model,
+    std::shared_ptr<const ChatTemplate> chat_template) {
+  return std::shared_ptr<const ServedModel>(new ServedModel(
+      std::move(name), std::move(model), std::move(chat_template)));
 }
 
 absl::Status ServedModel::CheckName(const std::string& requested) const {

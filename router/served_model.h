@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/generator.h"
+#include "engine/chat/chat_template.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -32,12 +33,16 @@ inline constexpr uint32_t kDefaultMaxTokens = 16;
 class ServedModel {
  public:
   // Loads config.model (a Hugging Face directory or "builtin:...") for its
-  // tokenizer and shape; the name is served_model_name, else the model.
+  // tokenizer, shape and chat template; the name is served_model_name, else
+  // DefaultServedModelName. A chat template that does not parse (or uses
+  // what engine/chat does not implement) fails the load, naming its line.
   static absl::StatusOr<std::shared_ptr<const ServedModel>> Load(
       const internal::v1::ClusterConfig& config);
   // From an already loaded model (tests).
+  // `chat_template` may be null: chat requests are then refused.
   static std::shared_ptr<const ServedModel> FromModel(
-      std::string name, std::shared_ptr<const Model> model);
+      std::string name, std::shared_ptr<const Model> model,
+      std::shared_ptr<const ChatTemplate> chat_template = nullptr);
 
   const std::string& name() const { return name_; }
   // The model's spec as loaded ("builtin:tiny" or a directory).
@@ -57,18 +62,21 @@ class ServedModel {
   // `kwargs` (an object of extra template variables, e.g. enable_thinking).
   // FAILED_PRECONDITION when the model has none; INVALID_ARGUMENT when the
   // template rejects the conversation (its raise_exception message).
-  absl::StatusOr<std::string> RenderChat(const nlohmann::json& messages,
-                                         const nlohmann::json& tools,
-                                         bool add_generation_prompt,
-                                         const nlohmann::json& kwargs) const;
+  absl::StatusOr<std::string> RenderChat(
+      const nlohmann::ordered_json& messages,
+      const nlohmann::ordered_json& tools, bool add_generation_prompt,
+      const nlohmann::ordered_json& kwargs) const;
+  bool has_chat_template() const { return chat_template_ != nullptr; }
 
  private:
-  ServedModel(std::string name, std::shared_ptr<const Model> model);
+  ServedModel(std::string name, std::shared_ptr<const Model> model,
+              std::shared_ptr<const ChatTemplate> chat_template);
 
   const std::string name_;
   const std::shared_ptr<const Model> model_;
   const int32_t context_length_;
   const int32_t vocab_size_;
+  const std::shared_ptr<const ChatTemplate> chat_template_;  // May be null.
 };
 
 // A GenerateRequest that passed every check, tokenized, with its defaults
