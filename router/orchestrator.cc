@@ -122,7 +122,8 @@ struct RequestOrchestrator::Request {
 
   // Tells hooks.on_prompt_cached, the first time only.
   void PromptCached(const WorkerEndpoint* decode) {
-    if (hooks.on_prompt_cached) std::exchange(hooks.on_prompt_cached, nullptr)(decode);
+    if (hooks.on_prompt_cached)
+      std::exchange(hooks.on_prompt_cached, nullptr)(decode);
   }
 
   int64_t prompt_tokens() const { return engine.prompt_size(); }
@@ -172,9 +173,8 @@ absl::Status RequestOrchestrator::Run(const v1::GenerateRequest& request,
     validated.engine.sampling.seed = RandomU64();
   }
   const std::string request_id =
-      request.request_id().empty()
-          ? absl::StrCat("req-", next_id_.fetch_add(1))
-          : request.request_id();
+      request.request_id().empty() ? absl::StrCat("req-", next_id_.fetch_add(1))
+                                   : request.request_id();
   if (validated.n == 1) {
     return RunChoice(validated, 0, request_id, stream, {});
   }

@@ -53,10 +53,9 @@ class ResponseAssembler {
 
   // Appends the prompt's logprobs (a worker's PrefillResponse or first
   // DecodeResponse) to `out`, which must be the choice's first message.
-  void AddPromptLogprobs(
-      const google::protobuf::RepeatedPtrField<internal::v1::SampledToken>&
-          prompt_logprobs,
-      v1::GenerateResponse* out) const;
+  void AddPromptLogprobs(const google::protobuf::RepeatedPtrField<
+                             internal::v1::SampledToken>& prompt_logprobs,
+                         v1::GenerateResponse* out) const;
 
   // True once the text reached a stop string: the generation is over.
   bool stopped() const { return stop_.stopped(); }

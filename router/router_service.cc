@@ -113,8 +113,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         auto same_choice = [&](const v1::GenerateResponse& m) {
           return m.index() == message.index();
         };
-        if (auto it = std::find_if(pending_.begin(), pending_.end(),
-                                   same_choice);
+        if (auto it =
+                std::find_if(pending_.begin(), pending_.end(), same_choice);
             it != pending_.end()) {
           MergeResponse(std::move(message), &*it);
         } else {

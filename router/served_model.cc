@@ -107,15 +107,15 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(
   }
 
   if (request.has_n() && (request.n() < 1 || request.n() > kMaxChoices)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "n must be in [1, ", kMaxChoices, "], got ", request.n()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("n must be in [1, ", kMaxChoices, "], got ", request.n()));
   }
   out.n = request.has_n() ? request.n() : 1;
   if (request.has_prompt_logprobs() &&
       request.prompt_logprobs() > static_cast<uint32_t>(kMaxLogprobs)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("prompt_logprobs must be in [0, ", kMaxLogprobs,
-                     "], got ", request.prompt_logprobs()));
+        absl::StrCat("prompt_logprobs must be in [0, ", kMaxLogprobs, "], got ",
+                     request.prompt_logprobs()));
   }
 
   SamplingParams& s = out.engine.sampling;

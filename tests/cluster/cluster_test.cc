@@ -311,7 +311,8 @@ void ExpectBlocksReturnTo(LocalCluster& cluster, int32_t idle) {
   EXPECT_EQ(free, idle);
 }
 
-pdserve::internal::v1::LoadReport Load(LocalCluster& cluster, const std::string& worker) {
+pdserve::internal::v1::LoadReport Load(LocalCluster& cluster,
+                                       const std::string& worker) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   pdserve::internal::v1::LoadReport load;
@@ -354,7 +355,8 @@ TEST(ClusterTest, ChoicesShareThePromptsKvComputedOnce) {
   s->set_presence_penalty(sp.presence_penalty);
   s->set_frequency_penalty(sp.frequency_penalty);
   s->set_repetition_penalty(sp.repetition_penalty);
-  for (const auto& [id, bias] : sp.logit_bias) (*s->mutable_logit_bias())[id] = bias;
+  for (const auto& [id, bias] : sp.logit_bias)
+    (*s->mutable_logit_bias())[id] = bias;
 
   const auto prefill_before = Load(cluster, "prefill-0");
   const auto decode_before = Load(cluster, "decode-0");
@@ -365,8 +367,10 @@ TEST(ClusterTest, ChoicesShareThePromptsKvComputedOnce) {
   std::map<uint32_t, v1::Usage> usage;
   v1::GenerateResponse m;
   while (reader->Read(&m)) {
-    got[m.index()].insert(got[m.index()].end(), m.token_ids().begin(), m.token_ids().end());
-    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) usage[m.index()] = m.usage();
+    got[m.index()].insert(got[m.index()].end(), m.token_ids().begin(),
+                          m.token_ids().end());
+    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED)
+      usage[m.index()] = m.usage();
   }
   const grpc::Status status = reader->Finish();
   ASSERT_TRUE(status.ok()) << status.error_message();
@@ -379,9 +383,15 @@ TEST(ClusterTest, ChoicesShareThePromptsKvComputedOnce) {
   EXPECT_NE(want[0], want[1]);
   const auto prefill_after = Load(cluster, "prefill-0");
   const auto decode_after = Load(cluster, "decode-0");
-  EXPECT_EQ(prefill_after.computed_prompt_tokens() - prefill_before.computed_prompt_tokens(), 100u);
-  EXPECT_EQ(decode_after.prefix_cached_tokens() - decode_before.prefix_cached_tokens(), 3u * 96);
-  EXPECT_EQ(decode_after.computed_prompt_tokens() - decode_before.computed_prompt_tokens(), 3u * 4);
+  EXPECT_EQ(prefill_after.computed_prompt_tokens() -
+                prefill_before.computed_prompt_tokens(),
+            100u);
+  EXPECT_EQ(decode_after.prefix_cached_tokens() -
+                decode_before.prefix_cached_tokens(),
+            3u * 96);
+  EXPECT_EQ(decode_after.computed_prompt_tokens() -
+                decode_before.computed_prompt_tokens(),
+            3u * 4);
 }
 
 // Prompt logprobs through the public API: equal prefilled on a prefill
@@ -389,12 +399,16 @@ TEST(ClusterTest, ChoicesShareThePromptsKvComputedOnce) {
 // and equal to the engine's in this process.
 TEST(ClusterTest, PromptLogprobsAreEqualColocatedAndDisaggregated) {
   const std::vector<int32_t> prompt = RandomPrompt(150, 5);
-  const Case c{prompt, {.temperature = 0.0f, .max_tokens = 3, .ignore_eos = true,
-                        .prompt_logprobs = 2}};
+  const Case c{prompt,
+               {.temperature = 0.0f,
+                .max_tokens = 3,
+                .ignore_eos = true,
+                .prompt_logprobs = 2}};
   // In this process.
   auto model = MakeTinyModel();
   ASSERT_TRUE(model.ok());
-  auto runner = CreateModelRunner(*model, {.num_kv_blocks = 64, .num_threads = 1});
+  auto runner =
+      CreateModelRunner(*model, {.num_kv_blocks = 64, .num_threads = 1});
   ASSERT_TRUE(runner.ok());
   auto g = Generator::Create(runner->get(), {});
   ASSERT_TRUE(g.ok());
@@ -435,7 +449,8 @@ TEST(ClusterTest, PromptLogprobsAreEqualColocatedAndDisaggregated) {
       EXPECT_EQ(lp.top(0).token_id(), want[i].top_logprobs[0].token);
       EXPECT_NEAR(lp.top(0).logprob(), want[i].top_logprobs[0].logprob, 1e-5);
     }
-    for (size_t i = 1; i < messages.size(); ++i) EXPECT_EQ(messages[i].prompt_logprobs_size(), 0);
+    for (size_t i = 1; i < messages.size(); ++i)
+      EXPECT_EQ(messages[i].prompt_logprobs_size(), 0);
   }
 }
 

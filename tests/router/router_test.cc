@@ -8,10 +8,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
-#include <set>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -279,7 +279,8 @@ TEST(RouterTest, ChoicesStreamSideBySideEachWithItsFinishAndUsage) {
   for (const v1::GenerateResponse& m : r.all) {
     ASSERT_LT(m.index(), 3u);
     EXPECT_EQ(m.request_id(), "multi");
-    EXPECT_EQ(finishes[m.index()], 0) << "a message of choice " << m.index() << " after its last";
+    EXPECT_EQ(finishes[m.index()], 0)
+        << "a message of choice " << m.index() << " after its last";
     text[m.index()] += m.text();
     order.push_back(m.index());
     if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
@@ -297,7 +298,8 @@ TEST(RouterTest, ChoicesStreamSideBySideEachWithItsFinishAndUsage) {
   }
   // Interleaved: some message of a later choice comes before choice 0's last.
   const auto last0 = std::find(order.rbegin(), order.rend(), 0u);
-  EXPECT_TRUE(std::any_of(last0 + 1, order.rend(), [](uint32_t i) { return i != 0; }));
+  EXPECT_TRUE(
+      std::any_of(last0 + 1, order.rend(), [](uint32_t i) { return i != 0; }));
   // One prefill and one reservation (choice 0); the other choices on the
   // same decode worker, prefilled locally, each with its own seed.
   EXPECT_EQ(c.prefill(0).prefills, 1);
@@ -310,9 +312,11 @@ TEST(RouterTest, ChoicesStreamSideBySideEachWithItsFinishAndUsage) {
   for (const wire::DecodeRequest& d : c.decode(holder).decode_requests()) {
     seeds.insert(d.request().seed());
     ids.insert(d.request().request_id());
-    if (d.has_first_token()) EXPECT_EQ(d.request().seed(), 77u) << "choice 0 keeps the seed";
+    if (d.has_first_token())
+      EXPECT_EQ(d.request().seed(), 77u) << "choice 0 keeps the seed";
   }
-  EXPECT_EQ(seeds, (std::set<uint64_t>{77, ChoiceSeed(77, 1), ChoiceSeed(77, 2)}));
+  EXPECT_EQ(seeds,
+            (std::set<uint64_t>{77, ChoiceSeed(77, 1), ChoiceSeed(77, 2)}));
   EXPECT_EQ(ids.size(), 3u);
 }
 
@@ -375,7 +379,9 @@ TEST(RouterTest, PromptLogprobsComeOnTheFirstMessageOfChoiceZero) {
     const auto seen = c.decode(0).decode_requests();
     ASSERT_EQ(seen.size(), 2u);
     EXPECT_EQ(std::count_if(seen.begin(), seen.end(),
-                            [](const wire::DecodeRequest& d) { return d.request().has_prompt_logprobs(); }),
+                            [](const wire::DecodeRequest& d) {
+                              return d.request().has_prompt_logprobs();
+                            }),
               1);
   }
 }

@@ -174,7 +174,8 @@ TEST(ValidateGenerateRequestTest, EveryBadInputIsInvalidArgumentWithAMessage) {
       {"301 logit_bias entries",
        [](auto& r) {
          for (int i = 0; i < 301; ++i) {
-           (*r.mutable_sampling()->mutable_logit_bias())[i % 258 - (i / 258) * 1000] = 1;
+           (*r.mutable_sampling()
+                 ->mutable_logit_bias())[i % 258 - (i / 258) * 1000] = 1;
          }
        },
        "logit_bias has 301 entries; at most 300"},
@@ -201,14 +202,16 @@ TEST(ValidateGenerateRequestTest, LimitsThemselvesAreAccepted) {
   s->set_presence_penalty(-2);
   s->set_frequency_penalty(2);
   s->set_repetition_penalty(10);
-  for (int i = 0; i < 258; ++i) (*s->mutable_logit_bias())[i] = i % 2 ? 100 : -100;
+  for (int i = 0; i < 258; ++i)
+    (*s->mutable_logit_bias())[i] = i % 2 ? 100 : -100;
   auto v = ValidateGenerateRequest(r, *Tiny());
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->n, 16u);
   EXPECT_EQ(v->engine.sampling.prompt_logprobs, 20);
   EXPECT_EQ(v->engine.sampling.repetition_penalty, 10.0f);
   ASSERT_EQ(v->engine.sampling.logit_bias.size(), 258u);
-  EXPECT_EQ(v->engine.sampling.logit_bias[1], (std::pair<int32_t, float>{1, 100.0f}));
+  EXPECT_EQ(v->engine.sampling.logit_bias[1],
+            (std::pair<int32_t, float>{1, 100.0f}));
 }
 
 TEST(ValidateGenerateRequestTest, NewFieldsDefaultToNoEffect) {
