@@ -57,8 +57,9 @@ struct SamplingParams {
   // when positive, multiplied when not; in (0, kMaxRepetitionPenalty].
   // Default: 1 (none).
   float repetition_penalty = 1.0f;
-  // (token id, value added to its raw logit); at most kMaxLogitBiasEntries,
-  // values in [-kMaxLogitBias, kMaxLogitBias]. Default: none.
+  // (token id, value added to its raw logit), distinct ids; at most
+  // kMaxLogitBiasEntries, values in [-kMaxLogitBias, kMaxLogitBias].
+  // Default: none.
   std::vector<std::pair<int32_t, float>> logit_bias;
   // Set: report each prompt token's logprob given the tokens before it, with
   // this many alternatives, 0..20 (the Generator computes them; the Sampler

@@ -1,7 +1,5 @@
 #include "proto/convert.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -25,9 +23,7 @@ GenerationRequest FromWire(const wire::EngineRequest& r) {
   s.presence_penalty = r.presence_penalty();
   s.frequency_penalty = r.frequency_penalty();
   s.repetition_penalty = r.has_repetition_penalty() ? r.repetition_penalty() : 1.0f;
-  // Kept in id order, so that equal requests process their logits alike.
   s.logit_bias.assign(r.logit_bias().begin(), r.logit_bias().end());
-  std::sort(s.logit_bias.begin(), s.logit_bias.end());
   if (r.has_prompt_logprobs()) {
     s.prompt_logprobs = static_cast<int32_t>(std::min<uint32_t>(r.prompt_logprobs(), 1000));
   }

@@ -1,6 +1,5 @@
 #include "router/served_model.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -137,9 +136,8 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(
   s.frequency_penalty = in.frequency_penalty();
   s.repetition_penalty =
       in.has_repetition_penalty() ? in.repetition_penalty() : 1.0f;
-  // In id order: the map's order is unspecified, the engine's is fixed.
+  // In the map's order: the ids are distinct, so any order biases alike.
   s.logit_bias.assign(in.logit_bias().begin(), in.logit_bias().end());
-  std::sort(s.logit_bias.begin(), s.logit_bias.end());
   PD_RETURN_IF_ERROR(ValidateSamplingParams(s, model.vocab_size()));
 
   if (request.stop_size() > kMaxStopStrings) {
