@@ -60,6 +60,9 @@ class DecodeWorker::DecodeCall final
       MaybeWrite();
       return true;
     }
+    for (const SampledToken& t : e.prompt_logprobs) {
+      ToWire(t, pending_.add_prompt_logprobs());
+    }
     ToWire(e.token, pending_.add_tokens());
     const bool last = e.finish != FinishReason::kNone;
     if (last) {

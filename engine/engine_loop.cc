@@ -109,7 +109,9 @@ void EngineLoop::PublishLoad() {
       .running = generator_->num_running(),
       .waiting = generator_->num_waiting(),
       .reserved = generator_->num_reserved(),
-      .pending_prompt_tokens = generator_->num_pending_prompt_tokens()};
+      .pending_prompt_tokens = generator_->num_pending_prompt_tokens(),
+      .computed_prompt_tokens = generator_->computed_prompt_tokens(),
+      .prefix_cached_tokens = generator_->prefix_cached_tokens()};
   absl::MutexLock lock(&mu_);
   load_ = load;
 }

@@ -34,6 +34,10 @@ struct EngineLoad {
   int32_t waiting = 0;
   int32_t reserved = 0;
   int64_t pending_prompt_tokens = 0;
+  // Since the loop started: prompt tokens run through a forward pass, and
+  // those taken from the prefix cache instead.
+  int64_t computed_prompt_tokens = 0;
+  int64_t prefix_cached_tokens = 0;
 };
 
 // What a worker's engine is built from; pd-prefill and pd-decode share it.

@@ -72,6 +72,9 @@ std::unique_ptr<Generator::Sequence> Generator::NewSequence(GenerationRequest re
   }
   seq->tokens.reserve(request.prompt.size() + request.sampling.max_tokens);
   seq->tokens = request.prompt;
+  if (request.sampling.prompt_logprobs && first_step == 0) {
+    seq->prompt_logprobs.reserve(request.prompt.size() - 1);
+  }
   seq->request = std::move(request);
   return seq;
 }
@@ -134,6 +137,7 @@ absl::Status Generator::AddPrefilled(GenerationRequest request, int32_t first_to
   seq->num_reported = prompt_len;
   seq->blocks = std::move(it->second);
   reservations_.erase(it);
+  HashComputedBlocks(*seq);
   waiting_.push_back(std::move(seq));
   return absl::OkStatus();
 }
@@ -181,7 +185,9 @@ void Generator::Admit() {
     // computed (its logits are needed), so its block is never shared.
     const int32_t bs = runner_->kv_layout().block_size;
     const size_t shareable =
-        std::min(s.block_hashes.size(), (s.request.prompt.size() - 1) / static_cast<size_t>(bs));
+        s.request.sampling.prompt_logprobs
+            ? 0  // Every prompt position's logits are needed.
+            : std::min(s.block_hashes.size(), (s.request.prompt.size() - 1) / static_cast<size_t>(bs));
     std::vector<BlockId> blocks;
     while (blocks.size() < shareable) {
       const std::optional<BlockId> hit = pool_.LookupPrefix(s.block_hashes[blocks.size()]);
@@ -211,12 +217,35 @@ bool Generator::IsStopToken(const Sequence& s, int32_t token) const {
   return std::find(eos.begin(), eos.end(), token) != eos.end();
 }
 
+void Generator::HashComputedBlocks(Sequence& s) {
+  const size_t full = static_cast<size_t>(s.num_computed) / runner_->kv_layout().block_size;
+  for (; s.num_hashed < std::min(full, s.block_hashes.size()); ++s.num_hashed) {
+    pool_.SetHash(s.blocks[s.num_hashed], s.block_hashes[s.num_hashed]);
+  }
+}
+
+void Generator::AddPromptLogprobs(Sequence& s, int32_t start, std::span<const float> rows) {
+  const int32_t vocab = runner_->model().config().vocab_size;
+  const int32_t top_n = *s.request.sampling.prompt_logprobs;
+  const std::vector<int32_t>& prompt = s.request.prompt;
+  const int32_t num_rows = static_cast<int32_t>(rows.size() / vocab);
+  for (int32_t j = 0; j < num_rows; ++j) {
+    const int32_t pos = start + j + 1;
+    if (pos >= static_cast<int32_t>(prompt.size())) break;  // The sampling row.
+    FillLogprobs(rows.subspan(static_cast<size_t>(j) * vocab, vocab), prompt[pos], top_n,
+                 logprob_scratch_, s.prompt_logprobs.emplace_back());
+  }
+}
+
 bool Generator::SampleNext(Sequence& s, std::span<const float> logits,
                            std::vector<GenerationEvent>& events) {
   GenerationEvent& e = events.emplace_back();
   e.id = s.request.id;
   e.has_token = true;
-  e.token = s.sampler->Sample(logits);
+  const std::span<const int32_t> tokens = s.tokens;
+  const size_t prompt_len = s.request.prompt.size();
+  e.token = s.sampler->Sample(logits, tokens.first(prompt_len), tokens.subspan(prompt_len));
+  if (s.tokens.size() == prompt_len) e.prompt_logprobs = std::move(s.prompt_logprobs);
   s.tokens.push_back(e.token.token);
   const int32_t generated = static_cast<int32_t>(s.tokens.size() - s.request.prompt.size());
   if (IsStopToken(s, e.token.token)) {
@@ -265,7 +294,9 @@ absl::Status Generator::Step(std::vector<GenerationEvent>& events) {
     const int32_t n = std::min(budget, prompt_len - s->num_computed);
     batch_.sequences.push_back({.tokens = std::span(s->tokens).subspan(s->num_computed, n),
                                 .start_pos = s->num_computed,
-                                .block_table = s->blocks});
+                                .block_table = s->blocks,
+                                .all_logits = s->request.sampling.prompt_logprobs.has_value()});
+    computed_prompt_tokens_ += n;
     batch_seqs_.push_back(s.get());
     budget -= n;
   }
@@ -289,17 +320,19 @@ absl::Status Generator::Step(std::vector<GenerationEvent>& events) {
   PD_RETURN_IF_ERROR(runner_->Forward(batch_, logits_));
 
   bool any_finished = false;
+  size_t row = 0;  // First logits row of sequence i.
   for (size_t i = 0; i < batch_seqs_.size(); ++i) {
     Sequence& s = *batch_seqs_[i];
-    s.num_computed += static_cast<int32_t>(batch_.sequences[i].tokens.size());
+    const SequenceInput& input = batch_.sequences[i];
+    const size_t rows = input.all_logits ? input.tokens.size() : 1;
+    const std::span<const float> logits = std::span(logits_).subspan(row * vocab, rows * vocab);
+    row += rows;
+    if (input.all_logits) AddPromptLogprobs(s, input.start_pos, logits);
+    s.num_computed += static_cast<int32_t>(input.tokens.size());
     s.num_reported = s.num_computed;
-    // Prompt blocks now complete become shareable.
-    const size_t full = static_cast<size_t>(s.num_computed) / runner_->kv_layout().block_size;
-    for (; s.num_hashed < std::min(full, s.block_hashes.size()); ++s.num_hashed) {
-      pool_.SetHash(s.blocks[s.num_hashed], s.block_hashes[s.num_hashed]);
-    }
+    HashComputedBlocks(s);  // Prompt blocks now complete become shareable.
     if (s.num_computed < static_cast<int32_t>(s.request.prompt.size())) continue;  // Mid-prompt.
-    if (SampleNext(s, std::span(logits_).subspan(i * vocab, vocab), events)) {
+    if (SampleNext(s, logits.last(vocab), events)) {
       FreeBlocks(s);
       any_finished = true;
     }

@@ -15,6 +15,12 @@
 // the pool hands them out anew. The block holding a prompt's last token is
 // never shared, so shared blocks are only ever read.
 //
+// A request that asks for prompt logprobs (SamplingParams.prompt_logprobs)
+// is prefilled in full, never from the prefix cache: its forward returns
+// logits at every prompt position (chunk by chunk), and its first event
+// carries the logprob of every prompt token after the first. Its computed
+// blocks are registered for later requests as usual.
+//
 // Disaggregation. A decode worker Reserve()s blocks for a request whose
 // prompt a prefill worker computes, lets the KV land in them, then
 // AddPrefilled() continues the request from its first token. A prefill
@@ -82,6 +88,11 @@ struct GenerationEvent {
   // Not kNone: the last event. A hold_kv request has one event, its first
   // token; kNone there means the request goes on elsewhere.
   FinishReason finish = FinishReason::kNone;
+  // On the first token's event of a request with prompt_logprobs set:
+  // prompt positions 1..len-1 in order, each the prompt token's logprob
+  // given the tokens before it (log softmax of the raw logits at the
+  // position before) with prompt_logprobs alternatives. Empty otherwise.
+  std::vector<SampledToken> prompt_logprobs;
 };
 
 struct GeneratorOptions {
@@ -143,6 +154,8 @@ class Generator {
   const KvBlockPool& block_pool() const { return pool_; }
   // Prompt tokens whose KV came from the prefix cache, since creation.
   int64_t prefix_cached_tokens() const { return prefix_cached_tokens_; }
+  // Prompt tokens run through a forward pass, since creation.
+  int64_t computed_prompt_tokens() const { return computed_prompt_tokens_; }
 
  private:
   struct Sequence {
@@ -157,6 +170,8 @@ class Generator {
     // Tokens already reported to the KvLayerObserver.
     int32_t num_reported = 0;
     std::unique_ptr<Sampler> sampler;
+    // Prompt logprobs computed so far (SamplingParams.prompt_logprobs).
+    std::vector<SampledToken> prompt_logprobs;
   };
 
   Generator(ModelRunner* runner, const GeneratorOptions& options);
@@ -170,6 +185,12 @@ class Generator {
   // Samples for sequence `s` from `logits`; true when it finished.
   bool SampleNext(Sequence& s, std::span<const float> logits,
                   std::vector<GenerationEvent>& events);
+  // Registers the prompt's blocks whose KV is computed (the first
+  // num_computed tokens) in the prefix cache.
+  void HashComputedBlocks(Sequence& s);
+  // Appends the prompt logprobs that the `rows` logits rows of a prefill
+  // chunk starting at `start` give (row j predicts position start + j + 1).
+  void AddPromptLogprobs(Sequence& s, int32_t start, std::span<const float> rows);
   bool IsStopToken(const Sequence& s, int32_t token) const;
   // Returns a finished or cancelled sequence's blocks to the pool, or holds
   // them for ReleaseKv when the request asked for hold_kv.
@@ -189,7 +210,9 @@ class Generator {
   ForwardBatch batch_;
   std::vector<Sequence*> batch_seqs_;
   std::vector<float> logits_;
+  std::vector<std::pair<float, int32_t>> logprob_scratch_;
   int64_t prefix_cached_tokens_ = 0;
+  int64_t computed_prompt_tokens_ = 0;
 };
 
 }  // namespace pdserve

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/status_macros.h"
 
 namespace pdserve {
 namespace {
@@ -71,17 +72,65 @@ uint64_t SeedFor(const SamplingParams& params) {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
+// The SplitMix64 finalizer.
+uint64_t Mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // A uniform double in [0, 1) that depends only on (seed, step): two rounds
 // of the SplitMix64 finalizer over the pair, top 53 bits as the mantissa.
 double UniformDraw(uint64_t seed, int64_t step) {
-  auto mix = [](uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  const uint64_t bits = mix(mix(seed) ^ static_cast<uint64_t>(step));
+  const uint64_t bits = Mix(Mix(seed) ^ static_cast<uint64_t>(step));
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+// FillLogprobs with the normalizer known: `max_logit` is the largest
+// sanitized logit and `sum` the sum of exp(logit - max_logit), or negative
+// to compute it here.
+void FillLogprobsWith(std::span<const float> logits, float max_logit, double sum, int32_t token,
+                      int32_t top_n, std::vector<std::pair<float, int32_t>>& scratch,
+                      SampledToken& out) {
+  const int32_t n = static_cast<int32_t>(logits.size());
+  if (sum < 0.0) {
+    sum = 0.0;
+    for (int32_t i = 0; i < n; ++i) sum += std::exp(Sanitize(logits[i]) - max_logit);
+  }
+  const float log_z = max_logit + static_cast<float>(std::log(sum));
+  out.token = token;
+  out.logprob = Sanitize(logits[token]) - log_z;
+  out.top_logprobs.clear();
+  if (top_n <= 0) return;
+  const int32_t k = std::min(top_n, n);
+  scratch.resize(n);
+  for (int32_t i = 0; i < n; ++i) scratch[i] = {Sanitize(logits[i]), i};
+  std::partial_sort(scratch.begin(), scratch.begin() + k, scratch.end(), Better);
+  out.top_logprobs.reserve(k);
+  for (int32_t i = 0; i < k; ++i) {
+    out.top_logprobs.push_back({scratch[i].second, scratch[i].first - log_z});
+  }
+}
+
+// The largest sanitized value of `x` and its first index.
+std::pair<float, int32_t> MaxAndArgmax(std::span<const float> x) {
+  float max = std::numeric_limits<float>::lowest();
+  int32_t argmax = 0;
+  for (int32_t i = 0; i < static_cast<int32_t>(x.size()); ++i) {
+    const float v = Sanitize(x[i]);
+    if (v > max) {  // Strict: the lowest id wins ties.
+      max = v;
+      argmax = i;
+    }
+  }
+  return {max, argmax};
+}
+
+// "name must be in [lo, hi], got v" unless it is (NaN is not).
+absl::Status CheckRange(const char* name, float v, float lo, float hi) {
+  if (v >= lo && v <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(name, " must be in [", lo, ", ", hi, "], got ", v));
 }
 
 }  // namespace
@@ -103,8 +152,38 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int32_t vocab_size)
   if (p.max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", p.max_tokens));
   }
-  if (p.logprobs < 0 || p.logprobs > 20) {
-    return absl::InvalidArgumentError(absl::StrCat("logprobs must be in [0, 20], got ", p.logprobs));
+  if (p.logprobs < 0 || p.logprobs > kMaxLogprobsAlternatives) {
+    return absl::InvalidArgumentError(absl::StrCat("logprobs must be in [0, ",
+                                                   kMaxLogprobsAlternatives, "], got ", p.logprobs));
+  }
+  if (p.prompt_logprobs &&
+      (*p.prompt_logprobs < 0 || *p.prompt_logprobs > kMaxLogprobsAlternatives)) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ",
+                                                   kMaxLogprobsAlternatives, "], got ",
+                                                   *p.prompt_logprobs));
+  }
+  PD_RETURN_IF_ERROR(CheckRange("presence_penalty", p.presence_penalty, -kMaxPenalty, kMaxPenalty));
+  PD_RETURN_IF_ERROR(
+      CheckRange("frequency_penalty", p.frequency_penalty, -kMaxPenalty, kMaxPenalty));
+  if (!(p.repetition_penalty > 0.0f && p.repetition_penalty <= kMaxRepetitionPenalty)) {
+    return absl::InvalidArgumentError(absl::StrCat("repetition_penalty must be in (0, ",
+                                                   kMaxRepetitionPenalty, "], got ",
+                                                   p.repetition_penalty));
+  }
+  if (p.logit_bias.size() > static_cast<size_t>(kMaxLogitBiasEntries)) {
+    return absl::InvalidArgumentError(absl::StrCat("logit_bias has ", p.logit_bias.size(),
+                                                   " entries; at most ", kMaxLogitBiasEntries));
+  }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias: token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (!(bias >= -kMaxLogitBias && bias <= kMaxLogitBias)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias of token ", id, " must be in [",
+                                                     -kMaxLogitBias, ", ", kMaxLogitBias,
+                                                     "], got ", bias));
+    }
   }
   for (int32_t id : p.stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
@@ -115,24 +194,81 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int32_t vocab_size)
   return absl::OkStatus();
 }
 
-Sampler::Sampler(const SamplingParams& params, int64_t first_step)
-    : params_(params), seed_(SeedFor(params)), step_(first_step) {}
+uint64_t ChoiceSeed(uint64_t request_seed, uint32_t index) {
+  if (index == 0) return request_seed;
+  // Distinct from the draws' Mix(seed) ^ step by the extra round.
+  return Mix(Mix(Mix(request_seed) ^ index));
+}
 
-SampledToken Sampler::Sample(std::span<const float> logits) {
+void FillLogprobs(std::span<const float> logits, int32_t token, int32_t top_n,
+                  std::vector<std::pair<float, int32_t>>& scratch, SampledToken& out) {
+  PD_CHECK_GT(logits.size(), 0u) << "FillLogprobs needs a row of at least one logit";
+  FillLogprobsWith(logits, MaxAndArgmax(logits).first, -1.0, token, top_n, scratch, out);
+}
+
+Sampler::Sampler(const SamplingParams& params, int64_t first_step)
+    : params_(params),
+      seed_(SeedFor(params)),
+      processes_logits_(!params.logit_bias.empty() || params.presence_penalty != 0.0f ||
+                        params.frequency_penalty != 0.0f || params.repetition_penalty != 1.0f),
+      penalizes_(params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f ||
+                 params.repetition_penalty != 1.0f),
+      step_(first_step) {}
+
+void Sampler::ProcessLogits(std::span<const float> logits, std::span<const int32_t> prompt,
+                            std::span<const int32_t> generated) {
+  const int32_t n = static_cast<int32_t>(logits.size());
+  processed_.resize(n);
+  for (int32_t i = 0; i < n; ++i) processed_[i] = Sanitize(logits[i]);
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id >= 0 && id < n) processed_[id] += bias;  // Validated; checked anyway.
+  }
+  if (!penalizes_) return;
+  generated_count_.resize(n, 0);
+  penalized_.resize(n, 0);
+  auto valid = [n](int32_t t) { return t >= 0 && t < n; };
+  for (int32_t t : generated) {
+    if (valid(t)) ++generated_count_[t];
+  }
+  // Each distinct token once: repetition over prompt and output, then
+  // frequency and presence over the output.
+  const float rep = params_.repetition_penalty;
+  auto penalize = [&](int32_t t) {
+    if (!valid(t) || penalized_[t]) return;
+    penalized_[t] = 1;
+    float& x = processed_[t];
+    if (rep != 1.0f) x = x > 0.0f ? x / rep : x * rep;
+    if (const int32_t c = generated_count_[t]; c > 0) {
+      x -= params_.frequency_penalty * static_cast<float>(c) + params_.presence_penalty;
+    }
+  };
+  for (int32_t t : prompt) penalize(t);
+  for (int32_t t : generated) penalize(t);
+  // Back to all zero for the next call.
+  for (std::span<const int32_t> tokens : {prompt, generated}) {
+    for (int32_t t : tokens) {
+      if (!valid(t)) continue;
+      generated_count_[t] = 0;
+      penalized_[t] = 0;
+    }
+  }
+}
+
+SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int32_t> prompt,
+                             std::span<const int32_t> generated) {
   const int32_t n = static_cast<int32_t>(logits.size());
   PD_CHECK_GT(n, 0) << "Sample() needs a row of at least one logit";
   SampledToken out;
   const int64_t step = step_++;
 
-  float max_logit = std::numeric_limits<float>::lowest();
-  int32_t argmax = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    const float x = Sanitize(logits[i]);
-    if (x > max_logit) {  // Strict: the lowest id wins ties.
-      max_logit = x;
-      argmax = i;
-    }
+  // The token is chosen from the processed scores; logprobs come from the
+  // raw logits.
+  std::span<const float> scores = logits;
+  if (processes_logits_) {
+    ProcessLogits(logits, prompt, generated);
+    scores = processed_;
   }
+  const auto [max_score, argmax] = MaxAndArgmax(scores);
   // sum_i exp(logit_i - max), the normalizer of the reported logprobs; the
   // sampling pass below provides it for free when it sees the raw softmax.
   double raw_sum = -1.0;
@@ -140,10 +276,10 @@ SampledToken Sampler::Sample(std::span<const float> logits) {
   if (params_.temperature == 0.0f) {
     out.token = argmax;
   } else {
-    // Candidates as (logit, id); top-k selects on logits, so exp rounding
+    // Candidates as (score, id); top-k selects on scores, so exp rounding
     // cannot reorder tokens across the cut.
     scratch_.resize(n);
-    for (int32_t i = 0; i < n; ++i) scratch_[i] = {Sanitize(logits[i]), i};
+    for (int32_t i = 0; i < n; ++i) scratch_[i] = {Sanitize(scores[i]), i};
     int32_t keep = n;
     if (params_.top_k > 0 && params_.top_k < n) {
       keep = params_.top_k;
@@ -156,11 +292,11 @@ SampledToken Sampler::Sample(std::span<const float> logits) {
     const float t = params_.temperature;
     double total = 0.0;
     for (int32_t i = 0; i < keep; ++i) {
-      const float w = std::exp((scratch_[i].first - max_logit) / t);
+      const float w = std::exp((scratch_[i].first - max_score) / t);
       scratch_[i].first = w;
       total += w;
     }
-    if (t == 1.0f && keep == n) raw_sum = total;
+    if (t == 1.0f && keep == n && !processes_logits_) raw_sum = total;
 
     if (params_.top_p < 1.0f) {
       keep = NucleusSize(std::span(scratch_).first(keep), static_cast<double>(params_.top_p) * total);
@@ -188,23 +324,8 @@ SampledToken Sampler::Sample(std::span<const float> logits) {
     }
   }
 
-  if (raw_sum < 0.0) {
-    raw_sum = 0.0;
-    for (int32_t i = 0; i < n; ++i) raw_sum += std::exp(Sanitize(logits[i]) - max_logit);
-  }
-  const float log_z = max_logit + static_cast<float>(std::log(raw_sum));
-  out.logprob = Sanitize(logits[out.token]) - log_z;
-
-  if (params_.logprobs > 0) {
-    const int32_t k = std::min(params_.logprobs, n);
-    scratch_.resize(n);
-    for (int32_t i = 0; i < n; ++i) scratch_[i] = {Sanitize(logits[i]), i};
-    std::partial_sort(scratch_.begin(), scratch_.begin() + k, scratch_.end(), Better);
-    out.top_logprobs.reserve(k);
-    for (int32_t i = 0; i < k; ++i) {
-      out.top_logprobs.push_back({scratch_[i].second, scratch_[i].first - log_z});
-    }
-  }
+  const float max_logit = processes_logits_ ? MaxAndArgmax(logits).first : max_score;
+  FillLogprobsWith(logits, max_logit, raw_sum, out.token, params_.logprobs, scratch_, out);
   return out;
 }
 

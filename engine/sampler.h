@@ -1,5 +1,13 @@
-// Sampling of the next token from a row of logits: greedy, temperature,
-// top-k, top-p, min-p, a per-request seed, and top-n logprobs.
+// Sampling of the next token from a row of logits: logit bias, repetition,
+// frequency and presence penalties, greedy, temperature, top-k, top-p,
+// min-p, a per-request seed, and top-n logprobs.
+//
+// Logit processing runs in this order (as vLLM): logit_bias is added to the
+// raw logits, then repetition_penalty (tokens of the prompt or the output so
+// far), then frequency_penalty and presence_penalty (output tokens only),
+// then temperature, top-k, top-p and min-p choose the token. Logprobs are
+// always those of the raw logits (log softmax at temperature 1, before any
+// processing), as the public API promises.
 //
 // A Sampler belongs to one request and is used by one thread at a time. With
 // a seed, the token sampled at step n depends only on the seed, n and the
@@ -13,6 +21,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,13 +47,46 @@ struct SamplingParams {
   bool ignore_eos = false;
   // Number of most likely alternatives to report per token, 0..20. Default: 0.
   int32_t logprobs = 0;
+  // Subtracted once from the logit of every token generated so far, in
+  // [-kMaxPenalty, kMaxPenalty]. Default: 0.
+  float presence_penalty = 0.0f;
+  // Subtracted from a token's logit once per time it was generated so far,
+  // in [-kMaxPenalty, kMaxPenalty]. Default: 0.
+  float frequency_penalty = 0.0f;
+  // Logits of tokens in the prompt or generated so far are divided by it
+  // when positive, multiplied when not; in (0, kMaxRepetitionPenalty].
+  // Default: 1 (none).
+  float repetition_penalty = 1.0f;
+  // (token id, value added to its raw logit), distinct ids; at most
+  // kMaxLogitBiasEntries, values in [-kMaxLogitBias, kMaxLogitBias].
+  // Default: none.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // Set: report each prompt token's logprob given the tokens before it, with
+  // this many alternatives, 0..20 (the Generator computes them; the Sampler
+  // ignores it). Default: unset.
+  std::optional<int32_t> prompt_logprobs;
 };
+
+inline constexpr float kMaxPenalty = 2.0f;
+inline constexpr float kMaxRepetitionPenalty = 10.0f;
+inline constexpr float kMaxLogitBias = 100.0f;
+inline constexpr int32_t kMaxLogitBiasEntries = 300;
+inline constexpr int32_t kMaxLogprobsAlternatives = 20;
 
 // INVALID_ARGUMENT naming the field for: temperature < 0 or not finite,
 // top_k < 0, top_p outside (0, 1], min_p outside [0, 1], max_tokens < 1,
-// logprobs outside [0, 20], stop ids outside [0, vocab_size).
+// logprobs or prompt_logprobs outside [0, 20], stop ids outside
+// [0, vocab_size), presence_penalty or frequency_penalty outside [-2, 2],
+// repetition_penalty outside (0, 10], more than 300 logit_bias entries, one
+// of them for an id outside [0, vocab_size) or with a value outside
+// [-100, 100].
 absl::Status ValidateSamplingParams(const SamplingParams& params,
                                     int32_t vocab_size);
+
+// The seed of choice `index` of a request with n choices: the request's
+// seed for choice 0 (so that choice 0 equals the request with n = 1), a
+// SplitMix64 mix of both for the others. Stable across processes.
+uint64_t ChoiceSeed(uint64_t request_seed, uint32_t index);
 
 struct TokenLogprob {
   int32_t token = 0;
@@ -57,6 +99,15 @@ struct SampledToken {
   std::vector<TokenLogprob> top_logprobs;  // Best first; params.logprobs long.
 };
 
+// `out` := the log softmax of `logits` at `token` (non-finite logits count
+// as the lowest float, as in sampling) and the `top_n` most likely tokens
+// with theirs, best first (lower id first on ties). `scratch` is a buffer
+// the caller reuses; the prompt logprobs of a request use this, and the
+// Sampler reports its tokens' logprobs through the same code.
+void FillLogprobs(std::span<const float> logits, int32_t token, int32_t top_n,
+                  std::vector<std::pair<float, int32_t>>& scratch,
+                  SampledToken& out);
+
 class Sampler {
  public:
   // `params` must have passed ValidateSamplingParams. The first Sample()
@@ -64,16 +115,36 @@ class Sampler {
   // continues after a remote prefill).
   explicit Sampler(const SamplingParams& params, int64_t first_step = 0);
 
-  // Samples from one row of logits (vocab_size floats). Uses an internal
-  // scratch buffer sized once; no allocation after the first call for a given
-  // vocab size, apart from top_logprobs.
-  SampledToken Sample(std::span<const float> logits);
+  // Samples from one row of logits (vocab_size floats). `prompt` and
+  // `generated` are the request's prompt and the tokens generated before
+  // this step, wherever they were sampled; the penalties read them (and
+  // nothing else), so a request continued on another worker is penalized
+  // exactly as it would have been on one. Uses internal buffers sized at the
+  // first call (the penalty tables only when a penalty is set); no
+  // allocation after it for a given vocab size, apart from top_logprobs.
+  // Penalty cost per call: O(prompt + generated) besides the O(vocab) pass.
+  SampledToken Sample(std::span<const float> logits,
+                      std::span<const int32_t> prompt = {},
+                      std::span<const int32_t> generated = {});
 
  private:
+  // processed_ := logits with logit_bias and the penalties applied.
+  void ProcessLogits(std::span<const float> logits,
+                     std::span<const int32_t> prompt,
+                     std::span<const int32_t> generated);
+
   const SamplingParams params_;
   const uint64_t seed_;
+  // Whether ProcessLogits changes anything; otherwise it is skipped.
+  const bool processes_logits_;
+  const bool penalizes_;
   int64_t step_;
   std::vector<std::pair<float, int32_t>> scratch_;
+  std::vector<float> processed_;
+  // Per vocabulary id, all zero between calls: times generated so far, and
+  // whether the id's penalty was applied in this call.
+  std::vector<int32_t> generated_count_;
+  std::vector<uint8_t> penalized_;
 };
 
 }  // namespace pdserve

@@ -296,6 +296,9 @@ bool PrefillWorker::OnEvent(PrefillCall* call, const GenerationEvent& event) {
     const wire::EngineRequest& r = call->request().request();
     wire::PrefillResponse* response = call->response();
     ToWire(event.token, response->mutable_first_token());
+    for (const SampledToken& t : event.prompt_logprobs) {
+      ToWire(t, response->add_prompt_logprobs());
+    }
     // The engine ran with max_tokens 1: its kLength means "one token", which
     // ends the request only when the caller asked for one.
     response->set_finish_reason(

@@ -20,6 +20,13 @@ GenerationRequest FromWire(const wire::EngineRequest& r) {
   s.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
   s.ignore_eos = r.ignore_eos();
   s.logprobs = static_cast<int32_t>(std::min<uint32_t>(r.logprobs(), 1000));
+  s.presence_penalty = r.presence_penalty();
+  s.frequency_penalty = r.frequency_penalty();
+  s.repetition_penalty = r.has_repetition_penalty() ? r.repetition_penalty() : 1.0f;
+  s.logit_bias.assign(r.logit_bias().begin(), r.logit_bias().end());
+  if (r.has_prompt_logprobs()) {
+    s.prompt_logprobs = static_cast<int32_t>(std::min<uint32_t>(r.prompt_logprobs(), 1000));
+  }
   return out;
 }
 
@@ -36,6 +43,11 @@ void ToWire(const GenerationRequest& r, wire::EngineRequest* out) {
   out->mutable_stop_token_ids()->Assign(s.stop_token_ids.begin(), s.stop_token_ids.end());
   out->set_ignore_eos(s.ignore_eos);
   out->set_logprobs(static_cast<uint32_t>(s.logprobs));
+  out->set_presence_penalty(s.presence_penalty);
+  out->set_frequency_penalty(s.frequency_penalty);
+  if (s.repetition_penalty != 1.0f) out->set_repetition_penalty(s.repetition_penalty);
+  for (const auto& [id, bias] : s.logit_bias) (*out->mutable_logit_bias())[id] = bias;
+  if (s.prompt_logprobs) out->set_prompt_logprobs(static_cast<uint32_t>(*s.prompt_logprobs));
 }
 
 SampledToken FromWire(const wire::SampledToken& t) {
@@ -100,6 +112,8 @@ void ToWire(const EngineLoad& load, wire::LoadReport* out) {
   out->set_waiting(load.waiting);
   out->set_reservations(load.reserved);
   out->set_pending_prompt_tokens(load.pending_prompt_tokens);
+  out->set_computed_prompt_tokens(load.computed_prompt_tokens);
+  out->set_prefix_cached_tokens(load.prefix_cached_tokens);
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {

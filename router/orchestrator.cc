@@ -1,13 +1,16 @@
 #include "router/orchestrator.h"
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "engine/sampler.h"
 #include "proto/convert.h"
 #include "router/response_assembler.h"
 
@@ -63,6 +66,47 @@ class DownstreamContext {
   bool registered_ = false;
 };
 
+// The stream of one choice of an n > 1 request: the client's stream, plus
+// a cancellation of its own that Fail() sets when another choice failed.
+class ChoiceStream final : public GenerateStream {
+ public:
+  explicit ChoiceStream(GenerateStream& client) : client_(client) {}
+
+  absl::Time deadline() const override { return client_.deadline(); }
+  bool AddDownstream(grpc::ClientContext* context) override {
+    absl::MutexLock lock(&mu_);
+    if (failed_ || !client_.AddDownstream(context)) return false;
+    downstream_.push_back(context);
+    return true;
+  }
+  void RemoveDownstream(grpc::ClientContext* context) override {
+    absl::MutexLock lock(&mu_);
+    client_.RemoveDownstream(context);
+    std::erase(downstream_, context);
+  }
+  bool cancelled() const override {
+    absl::MutexLock lock(&mu_);
+    return failed_ || client_.cancelled();
+  }
+  void Send(v1::GenerateResponse message) override {
+    client_.Send(std::move(message));
+  }
+
+  // Cancels the choice's downstream calls, now and later.
+  void Fail() {
+    absl::MutexLock lock(&mu_);
+    failed_ = true;
+    // Under mu_ as in the router's own stream: no context goes meanwhile.
+    for (grpc::ClientContext* context : downstream_) context->TryCancel();
+  }
+
+ private:
+  GenerateStream& client_;
+  mutable absl::Mutex mu_;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ClientContext*> downstream_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 // One request's state across its attempts.
@@ -74,6 +118,13 @@ struct RequestOrchestrator::Request {
   wire::EngineRequest engine;
   ResponseAssembler out;
   absl::Time deadline;
+  ChoiceHooks hooks;
+
+  // Tells hooks.on_prompt_cached, the first time only.
+  void PromptCached(const WorkerEndpoint* decode) {
+    if (hooks.on_prompt_cached)
+      std::exchange(hooks.on_prompt_cached, nullptr)(decode);
+  }
 
   int64_t prompt_tokens() const { return engine.prompt_size(); }
   int64_t reserve_tokens() const {
@@ -121,30 +172,97 @@ absl::Status RequestOrchestrator::Run(const v1::GenerateRequest& request,
   if (!validated.engine.sampling.seed) {
     validated.engine.sampling.seed = RandomU64();
   }
+  const std::string request_id =
+      request.request_id().empty() ? absl::StrCat("req-", next_id_.fetch_add(1))
+                                   : request.request_id();
+  if (validated.n == 1) {
+    return RunChoice(validated, 0, request_id, stream, {});
+  }
+  return RunChoices(validated, request_id, stream);
+}
+
+absl::Status RequestOrchestrator::RunChoices(const ValidatedRequest& validated,
+                                             const std::string& request_id,
+                                             GenerateStream& stream) {
+  const uint32_t n = validated.n;
+  // Choice i runs on choice_streams[i]; choices 1..n-1 on threads of their
+  // own, started by choice 0's on_prompt_cached.
+  std::vector<std::unique_ptr<ChoiceStream>> choice_streams;
+  for (uint32_t i = 0; i < n; ++i) {
+    choice_streams.push_back(std::make_unique<ChoiceStream>(stream));
+  }
+  std::vector<absl::Status> statuses(n);
+  auto fail_others = [&](uint32_t failed) {
+    for (uint32_t i = 0; i < n; ++i) {
+      if (i != failed) choice_streams[i]->Fail();
+    }
+  };
+  std::vector<std::thread> others;
+  bool started = false;  // Touched by choice 0's thread (this one) only.
+  auto start_others = [&](const WorkerEndpoint* decode) {
+    started = true;
+    for (uint32_t i = 1; i < n; ++i) {
+      others.emplace_back([&, i, decode] {
+        statuses[i] = RunChoice(validated, i, request_id, *choice_streams[i],
+                                {.prefix_holder = decode});
+        if (!statuses[i].ok()) fail_others(i);
+      });
+    }
+  };
+  statuses[0] = RunChoice(validated, 0, request_id, *choice_streams[0],
+                          {.on_prompt_cached = start_others});
+  if (!statuses[0].ok()) {
+    fail_others(0);
+  } else if (!started) {
+    // Choice 0 ended with its first token, on a prefill worker (whose
+    // prefix cache holds the prompt now) or by a stop string.
+    start_others(nullptr);
+  }
+  for (std::thread& t : others) t.join();
+  // The first failure, in choice order, that is not just another choice's
+  // cancellation of this one.
+  for (const absl::Status& s : statuses) {
+    if (!s.ok() && !absl::IsCancelled(s)) return s;
+  }
+  for (const absl::Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequestOrchestrator::RunChoice(const ValidatedRequest& validated,
+                                            uint32_t index,
+                                            const std::string& request_id,
+                                            GenerateStream& stream,
+                                            ChoiceHooks hooks) {
   const uint64_t first_id = next_id_.fetch_add(1);
   ResponseAssembler::Options out_options{
       .tokenizer = model_->tokenizer(),
       .skip_special_tokens = validated.skip_special_tokens,
       .stop_strings = validated.stop_strings,
       .logprobs = validated.engine.sampling.logprobs > 0,
-      .request_id = request.request_id().empty()
-                        ? absl::StrCat("req-", first_id)
-                        : request.request_id(),
-      .prompt_tokens = static_cast<uint32_t>(validated.engine.prompt.size())};
+      .request_id = request_id,
+      .prompt_tokens = static_cast<uint32_t>(validated.engine.prompt.size()),
+      .index = index};
   Request r{.stream = stream,
-            .validated = std::move(validated),
+            .validated = validated,
             .id = first_id,
             .engine = {},
             .out = ResponseAssembler(std::move(out_options)),
-            .deadline = stream.deadline()};
-
+            .deadline = stream.deadline(),
+            .hooks = std::move(hooks)};
+  SamplingParams& sampling = r.validated.engine.sampling;
+  sampling.seed = ChoiceSeed(*sampling.seed, index);
+  if (index > 0) sampling.prompt_logprobs.reset();  // Choice 0 carries them.
   std::vector<const WorkerEndpoint*> tried;
   bool any_full = false;
   bool retried_failure = false;
   absl::Status last_failure;
   for (;;) {
     PD_RETURN_IF_ERROR(ClientEnded(r));
-    const WorkerEndpoint* decode = registry_->PickDecode(tried);
+    const WorkerEndpoint* decode = tried.empty() && r.hooks.prefix_holder
+                                       ? r.hooks.prefix_holder
+                                       : registry_->PickDecode(tried);
     if (decode == nullptr) {
       if (!last_failure.ok()) return last_failure;
       if (any_full) {
@@ -183,7 +301,8 @@ RequestOrchestrator::Attempt RequestOrchestrator::RunOnDecode(
     const WorkerEndpoint* decode, Request& r) {
   wire::DecodeRequest decode_request;
   *decode_request.mutable_request() = r.engine;
-  const bool disaggregate = r.prompt_tokens() > options_.short_prompt_tokens &&
+  const bool disaggregate = decode != r.hooks.prefix_holder &&
+                            r.prompt_tokens() > options_.short_prompt_tokens &&
                             registry_->healthy_prefill() > 0;
   if (!disaggregate) {
     return Decode(decode, decode_request, /*disaggregated=*/false, r);
@@ -232,6 +351,7 @@ RequestOrchestrator::Attempt RequestOrchestrator::RunOnDecode(
 
   // The first token goes to the client at once: this is the TTFT.
   v1::GenerateResponse message = r.out.NewMessage();
+  r.out.AddPromptLogprobs(prefilled->prompt_logprobs(), &message);
   if (absl::Status s = r.out.AddToken(prefilled->first_token(), &message);
       !s.ok()) {
     Release(decode, r.id).IgnoreError();
@@ -299,7 +419,10 @@ RequestOrchestrator::Attempt RequestOrchestrator::Decode(
   absl::Status token_error;
   wire::DecodeResponse response;
   while (!finished && reader->Read(&response)) {
+    // The worker's engine holds the prompt's KV now, in its prefix cache.
+    r.PromptCached(decode);
     v1::GenerateResponse message = r.out.NewMessage();
+    r.out.AddPromptLogprobs(response.prompt_logprobs(), &message);
     for (const wire::SampledToken& token : response.tokens()) {
       token_error = r.out.AddToken(token, &message);
       if (!token_error.ok() || r.out.stopped()) break;

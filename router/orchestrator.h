@@ -18,6 +18,21 @@
 // carries the client's deadline and is cancelled when the client cancels;
 // a reservation that will not be decoded is released.
 //
+// n > 1 choices share the prompt's KV through the prefix caches rather than
+// an engine-level fork (vLLM V1's fan-out, chosen as the smaller change to
+// this synchronous orchestrator; issue 14 rewrites it non-blocking): choice
+// 0 runs as a request of its own. As soon as its prompt's KV is in a
+// worker's prefix cache — its first Decode message came back, so decode
+// worker D holds the prompt (landed KV joins D's cache when D takes the
+// Decode call; a local prefill registers its blocks as it computes them) —
+// choices 1..n-1 start, each on a thread of its own, on D and prefilled there
+// (D computes only the tail past the prompt's last full block, which each
+// choice needs for its own first logits). When choice 0 ends with its first
+// token on a prefill worker (its KV never reaches D's engine), the other
+// choices go the usual way and their prefill worker serves the prompt from
+// its own cache. A choice that fails ends the call with its status and
+// cancels the others. All of this is in RunChoices().
+//
 // Thread-safety: Run() may be called from many threads at once.
 // Ownership: the orchestrator shares the model and borrows the registry,
 // which must outlive it.
@@ -26,7 +41,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -51,8 +68,8 @@ class GenerateStream {
   virtual void RemoveDownstream(grpc::ClientContext* context) = 0;
   // True once the client cancelled or its deadline passed.
   virtual bool cancelled() const = 0;
-  // Queues `message` for the client; never blocks (messages not yet
-  // written are merged).
+  // Queues `message` for the client; never blocks (messages of a choice
+  // not yet written are merged). Called from several threads for n > 1.
   virtual void Send(v1::GenerateResponse message) = 0;
 };
 
@@ -80,7 +97,25 @@ class RequestOrchestrator {
  private:
   struct Request;
   struct Attempt;
+  // How a choice runs besides its request.
+  struct ChoiceHooks {
+    // Tried first, and prefilled there: it holds the prompt's KV. Null: the
+    // usual choice of worker and of where to prefill.
+    const WorkerEndpoint* prefix_holder = nullptr;
+    // Called once, when the prompt's KV is in decode worker `decode`'s
+    // prefix cache (the choice's first Decode message came back). Not
+    // called when the choice ends before that.
+    std::function<void(const WorkerEndpoint* decode)> on_prompt_cached;
+  };
 
+  // Runs choice `index` of `validated` to its end.
+  absl::Status RunChoice(const ValidatedRequest& validated, uint32_t index,
+                         const std::string& request_id, GenerateStream& stream,
+                         ChoiceHooks hooks);
+  // Runs n > 1 choices (see the file comment).
+  absl::Status RunChoices(const ValidatedRequest& validated,
+                          const std::string& request_id,
+                          GenerateStream& stream);
   Attempt RunOnDecode(const WorkerEndpoint* decode, Request& r);
   absl::StatusOr<internal::v1::PrefillResponse> Prefill(
       const internal::v1::Landing& landing, Request& r);

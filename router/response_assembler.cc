@@ -5,6 +5,19 @@
 #include "absl/strings/str_cat.h"
 
 namespace pdserve {
+namespace {
+
+void ToPublic(const internal::v1::SampledToken& token, v1::TokenLogprobs* out) {
+  out->set_token_id(token.token_id());
+  out->set_logprob(token.logprob());
+  for (const internal::v1::TokenLogprob& top : token.top()) {
+    v1::TokenLogprob* alt = out->add_top();
+    alt->set_token_id(top.token_id());
+    alt->set_logprob(top.logprob());
+  }
+}
+
+}  // namespace
 
 ResponseAssembler::ResponseAssembler(Options options)
     : options_(std::move(options)), stop_(options_.stop_strings) {
@@ -16,6 +29,7 @@ ResponseAssembler::ResponseAssembler(Options options)
 v1::GenerateResponse ResponseAssembler::NewMessage() const {
   v1::GenerateResponse message;
   message.set_request_id(options_.request_id);
+  message.set_index(options_.index);
   return message;
 }
 
@@ -24,16 +38,7 @@ absl::Status ResponseAssembler::AddToken(
   if (stopped()) return absl::OkStatus();
   ++completion_tokens_;
   out->add_token_ids(token.token_id());
-  if (options_.logprobs) {
-    v1::TokenLogprobs* lp = out->add_logprobs();
-    lp->set_token_id(token.token_id());
-    lp->set_logprob(token.logprob());
-    for (const internal::v1::TokenLogprob& top : token.top()) {
-      v1::TokenLogprob* alt = lp->add_top();
-      alt->set_token_id(top.token_id());
-      alt->set_logprob(top.logprob());
-    }
-  }
+  if (options_.logprobs) ToPublic(token, out->add_logprobs());
   if (!detokenizer_) return absl::OkStatus();
   absl::StatusOr<std::string> delta = detokenizer_->Append(token.token_id());
   if (!delta.ok()) {
@@ -43,6 +48,16 @@ absl::Status ResponseAssembler::AddToken(
   }
   out->mutable_text()->append(stop_.Append(*delta));
   return absl::OkStatus();
+}
+
+void ResponseAssembler::AddPromptLogprobs(
+    const google::protobuf::RepeatedPtrField<internal::v1::SampledToken>&
+        prompt_logprobs,
+    v1::GenerateResponse* out) const {
+  out->mutable_prompt_logprobs()->Reserve(prompt_logprobs.size());
+  for (const internal::v1::SampledToken& t : prompt_logprobs) {
+    ToPublic(t, out->add_prompt_logprobs());
+  }
 }
 
 void ResponseAssembler::Finish(v1::FinishReason reason,
@@ -61,6 +76,9 @@ void MergeResponse(v1::GenerateResponse&& from, v1::GenerateResponse* into) {
   into->mutable_text()->append(from.text());
   for (v1::TokenLogprobs& lp : *from.mutable_logprobs()) {
     *into->add_logprobs() = std::move(lp);
+  }
+  for (v1::TokenLogprobs& lp : *from.mutable_prompt_logprobs()) {
+    *into->add_prompt_logprobs() = std::move(lp);
   }
   if (from.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
     into->set_finish_reason(from.finish_reason());

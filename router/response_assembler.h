@@ -36,17 +36,26 @@ class ResponseAssembler {
     std::string request_id;
     // For the final usage.
     uint32_t prompt_tokens = 0;
+    // The choice (GenerateResponse.index) every message belongs to.
+    // Default: 0.
+    uint32_t index = 0;
   };
 
   explicit ResponseAssembler(Options options);
 
-  // A message with the request id and nothing else, to add tokens to.
+  // A message with the request id and the choice index, to add tokens to.
   v1::GenerateResponse NewMessage() const;
 
   // Appends `token` to `out`. Ignored once stopped(). INTERNAL when the id
   // is outside the tokenizer's vocabulary (a worker bug).
   absl::Status AddToken(const internal::v1::SampledToken& token,
                         v1::GenerateResponse* out);
+
+  // Appends the prompt's logprobs (a worker's PrefillResponse or first
+  // DecodeResponse) to `out`, which must be the choice's first message.
+  void AddPromptLogprobs(const google::protobuf::RepeatedPtrField<
+                             internal::v1::SampledToken>& prompt_logprobs,
+                         v1::GenerateResponse* out) const;
 
   // True once the text reached a stop string: the generation is over.
   bool stopped() const { return stop_.stopped(); }
@@ -64,8 +73,9 @@ class ResponseAssembler {
   uint32_t completion_tokens_ = 0;
 };
 
-// Appends `from` to `into`: token ids, text, logprobs; the finish reason
-// and usage when `from` has them. Both are messages of the same request.
+// Appends `from` to `into`: token ids, text, logprobs, prompt logprobs; the
+// finish reason and usage when `from` has them. Both are messages of the
+// same choice of the same request, `from` the later one.
 void MergeResponse(v1::GenerateResponse&& from, v1::GenerateResponse* into);
 
 }  // namespace pdserve

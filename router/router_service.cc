@@ -1,6 +1,7 @@
 #include "router/router_service.h"
 
 #include <algorithm>
+#include <deque>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -119,10 +120,18 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         completion_tokens_ += message.usage().completion_tokens();
       }
       if (write_in_flight_) {
-        if (pending_) {
-          MergeResponse(std::move(message), &*pending_);
+        // One queued message per choice at most: a later message of a
+        // choice joins the one already queued (in order); other choices'
+        // messages queue beside it.
+        auto same_choice = [&](const v1::GenerateResponse& m) {
+          return m.index() == message.index();
+        };
+        if (auto it =
+                std::find_if(pending_.begin(), pending_.end(), same_choice);
+            it != pending_.end()) {
+          MergeResponse(std::move(message), &*it);
         } else {
-          pending_ = std::move(message);
+          pending_.push_back(std::move(message));
         }
         return;
       }
@@ -159,12 +168,12 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       if (!ok) {
         // The stream is broken (the client is gone); OnCancel follows.
         write_failed_ = true;
-        pending_.reset();
+        pending_.clear();
       }
-      if (pending_) {
+      if (!pending_.empty()) {
         writing_.Clear();
-        Serialize(*pending_, &writing_);
-        pending_.reset();
+        Serialize(pending_.front(), &writing_);
+        pending_.pop_front();
         write_next = true;
       } else {
         write_in_flight_ = false;
@@ -244,7 +253,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   DownstreamCalls downstream_;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<v1::GenerateResponse> pending_ ABSL_GUARDED_BY(mu_);
+  // Messages not written yet, oldest first; one per choice at most.
+  std::deque<v1::GenerateResponse> pending_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> final_status_ ABSL_GUARDED_BY(mu_);
   // The message being written; owned by whoever set write_in_flight_.
   grpc::ByteBuffer writing_;

@@ -156,6 +156,18 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(
                                                    request.logprobs()));
   }
 
+  if (request.has_n() && (request.n() < 1 || request.n() > kMaxChoices)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n must be in [1, ", kMaxChoices, "], got ", request.n()));
+  }
+  out.n = request.has_n() ? request.n() : 1;
+  if (request.has_prompt_logprobs() &&
+      request.prompt_logprobs() > static_cast<uint32_t>(kMaxLogprobs)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_logprobs must be in [0, ", kMaxLogprobs, "], got ",
+                     request.prompt_logprobs()));
+  }
+
   SamplingParams& s = out.engine.sampling;
   const v1::SamplingParams& in = request.sampling();
   s.temperature = in.has_temperature() ? in.temperature() : 1.0f;
@@ -168,6 +180,15 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(
                           request.stop_token_ids().end());
   s.ignore_eos = request.ignore_eos();
   s.logprobs = static_cast<int32_t>(request.logprobs());
+  if (request.has_prompt_logprobs()) {
+    s.prompt_logprobs = static_cast<int32_t>(request.prompt_logprobs());
+  }
+  s.presence_penalty = in.presence_penalty();
+  s.frequency_penalty = in.frequency_penalty();
+  s.repetition_penalty =
+      in.has_repetition_penalty() ? in.repetition_penalty() : 1.0f;
+  // In the map's order: the ids are distinct, so any order biases alike.
+  s.logit_bias.assign(in.logit_bias().begin(), in.logit_bias().end());
   PD_RETURN_IF_ERROR(ValidateSamplingParams(s, model.vocab_size()));
 
   if (request.stop_size() > kMaxStopStrings) {

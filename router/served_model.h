@@ -29,6 +29,8 @@ inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kMaxStopStringBytes = 256;
 inline constexpr int kMaxLogprobs = 20;
 inline constexpr uint32_t kDefaultMaxTokens = 16;
+// Choices per request (GenerateRequest.n).
+inline constexpr uint32_t kMaxChoices = 16;
 
 class ServedModel {
  public:
@@ -85,6 +87,8 @@ struct ValidatedRequest {
   GenerationRequest engine;
   std::vector<std::string> stop_strings;
   bool skip_special_tokens = true;
+  // Choices to generate, 1..kMaxChoices.
+  uint32_t n = 1;
 };
 
 // The name a model is served under by default: "builtin:..." as is, a
@@ -97,7 +101,9 @@ std::string DefaultServedModelName(absl::string_view spec);
 // unknown model name, max_tokens 0, prompt + max_tokens beyond the context,
 // sampling values out of range, more than kMaxStopStrings stop strings or one
 // empty, longer than kMaxStopStringBytes or not UTF-8, logprobs above
-// kMaxLogprobs, a text prompt or stop strings for a model without tokenizer.
+// kMaxLogprobs, a text prompt or stop strings for a model without tokenizer,
+// n outside [1, kMaxChoices], prompt_logprobs above kMaxLogprobs, penalties
+// or logit_bias out of range (ValidateSamplingParams).
 absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(
     const v1::GenerateRequest& request, const ServedModel& model);
 

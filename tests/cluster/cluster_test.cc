@@ -19,6 +19,7 @@
 #include "engine/builtin_tiny.h"
 #include "engine/generator.h"
 #include "engine/llama2c.h"
+#include "engine/sampler.h"
 #include "gtest/gtest.h"
 #include "kv_transfer/transport.h"
 #include "nlohmann/json.hpp"
@@ -307,6 +308,149 @@ void ExpectBlocksReturnTo(LocalCluster& cluster, int32_t idle) {
     if (free != idle) absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_EQ(free, idle);
+}
+
+pdserve::internal::v1::LoadReport Load(LocalCluster& cluster,
+                                       const std::string& worker) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  pdserve::internal::v1::LoadReport load;
+  const grpc::Status status =
+      worker.starts_with("prefill")
+          ? cluster.PrefillStub(worker)->GetLoad(&ctx, {}, &load)
+          : cluster.DecodeStub(worker)->GetLoad(&ctx, {}, &load);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return load;
+}
+
+// n = 4 choices of one 100-token prompt, seeded and with penalties: choice
+// i equals the colocated engine run with seed ChoiceSeed(seed, i), and the
+// prompt's KV is computed once — the prefill worker computes the prompt,
+// the decode worker takes 96 tokens (6 full blocks) of it from its prefix
+// cache for each other choice and computes only the 4-token tail.
+TEST(ClusterTest, ChoicesShareThePromptsKvComputedOnce) {
+  auto started = LocalCluster::Start({.prefill = 1, .decode = 1});
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  const SamplingParams sp{.temperature = 0.8f,
+                          .seed = 1234,
+                          .max_tokens = 12,
+                          .ignore_eos = true,
+                          .presence_penalty = 0.5f,
+                          .frequency_penalty = 0.3f,
+                          .repetition_penalty = 1.2f,
+                          .logit_bias = {{65, 2.0f}, {66, -3.0f}}};
+  const std::vector<int32_t> prompt = RandomPrompt(100, 99);
+  std::vector<Case> cases;
+  for (uint32_t i = 0; i < 4; ++i) {
+    SamplingParams choice = sp;
+    choice.seed = ChoiceSeed(*sp.seed, i);
+    cases.push_back({prompt, choice});
+  }
+  const std::vector<std::vector<int32_t>> want = Colocated(cases);
+  v1::GenerateRequest request = ToRequest(cases[0]);
+  request.set_n(4);
+  v1::SamplingParams* s = request.mutable_sampling();
+  s->set_presence_penalty(sp.presence_penalty);
+  s->set_frequency_penalty(sp.frequency_penalty);
+  s->set_repetition_penalty(sp.repetition_penalty);
+  for (const auto& [id, bias] : sp.logit_bias)
+    (*s->mutable_logit_bias())[id] = bias;
+
+  const auto prefill_before = Load(cluster, "prefill-0");
+  const auto decode_before = Load(cluster, "decode-0");
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  auto reader = cluster.router().Generate(&ctx, request);
+  std::map<uint32_t, std::vector<int32_t>> got;
+  std::map<uint32_t, v1::Usage> usage;
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    got[m.index()].insert(got[m.index()].end(), m.token_ids().begin(),
+                          m.token_ids().end());
+    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED)
+      usage[m.index()] = m.usage();
+  }
+  const grpc::Status status = reader->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(got.size(), 4u);
+  for (uint32_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(got[i], want[i]) << "choice " << i;
+    EXPECT_EQ(usage[i].prompt_tokens(), 100u);
+    EXPECT_EQ(usage[i].completion_tokens(), 12u);
+  }
+  EXPECT_NE(want[0], want[1]);
+  const auto prefill_after = Load(cluster, "prefill-0");
+  const auto decode_after = Load(cluster, "decode-0");
+  EXPECT_EQ(prefill_after.computed_prompt_tokens() -
+                prefill_before.computed_prompt_tokens(),
+            100u);
+  EXPECT_EQ(decode_after.prefix_cached_tokens() -
+                decode_before.prefix_cached_tokens(),
+            3u * 96);
+  EXPECT_EQ(decode_after.computed_prompt_tokens() -
+                decode_before.computed_prompt_tokens(),
+            3u * 4);
+}
+
+// Prompt logprobs through the public API: equal prefilled on a prefill
+// worker (disaggregated, chunks of 64) or on the decode worker (colocated),
+// and equal to the engine's in this process.
+TEST(ClusterTest, PromptLogprobsAreEqualColocatedAndDisaggregated) {
+  const std::vector<int32_t> prompt = RandomPrompt(150, 5);
+  const Case c{prompt,
+               {.temperature = 0.0f,
+                .max_tokens = 3,
+                .ignore_eos = true,
+                .prompt_logprobs = 2}};
+  // In this process.
+  auto model = MakeTinyModel();
+  ASSERT_TRUE(model.ok());
+  auto runner =
+      CreateModelRunner(*model, {.num_kv_blocks = 64, .num_threads = 1});
+  ASSERT_TRUE(runner.ok());
+  auto g = Generator::Create(runner->get(), {});
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE((*g)->Add({RequestId(1), prompt, c.sampling}).ok());
+  std::vector<SampledToken> want;
+  std::vector<GenerationEvent> events;
+  while ((*g)->HasWork()) {
+    events.clear();
+    ASSERT_TRUE((*g)->Step(events).ok());
+    for (GenerationEvent& e : events) {
+      if (!e.prompt_logprobs.empty()) want = std::move(e.prompt_logprobs);
+    }
+  }
+  ASSERT_EQ(want.size(), prompt.size() - 1);
+
+  v1::GenerateRequest request = ToRequest(c);
+  request.set_prompt_logprobs(2);
+  for (int prefill : {1, 0}) {
+    SCOPED_TRACE(prefill ? "disaggregated" : "colocated");
+    auto started = LocalCluster::Start({.prefill = prefill, .decode = 1});
+    ASSERT_TRUE(started.ok()) << started.status();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    auto reader = (*started)->router().Generate(&ctx, request);
+    std::vector<v1::GenerateResponse> messages;
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) messages.push_back(m);
+    const grpc::Status status = reader->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_FALSE(messages.empty());
+    const v1::GenerateResponse& first = messages[0];
+    ASSERT_EQ(first.prompt_logprobs_size(), static_cast<int>(want.size()));
+    for (size_t i = 0; i < want.size(); ++i) {
+      const v1::TokenLogprobs& lp = first.prompt_logprobs(static_cast<int>(i));
+      EXPECT_EQ(lp.token_id(), prompt[i + 1]);
+      EXPECT_NEAR(lp.logprob(), want[i].logprob, 1e-5) << "position " << i + 1;
+      ASSERT_EQ(lp.top_size(), 2);
+      EXPECT_EQ(lp.top(0).token_id(), want[i].top_logprobs[0].token);
+      EXPECT_NEAR(lp.top(0).logprob(), want[i].top_logprobs[0].logprob, 1e-5);
+    }
+    for (size_t i = 1; i < messages.size(); ++i)
+      EXPECT_EQ(messages[i].prompt_logprobs_size(), 0);
+  }
 }
 
 TEST(ClusterTest, CancelAndDeadlineFreeTheDecodeWorkersBlocks) {

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -646,6 +647,22 @@ TEST_F(DecodeWorkerTest, BadDecodesAreRefused) {
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
   d = MakeDecode(good);
   d.mutable_request()->set_logprobs(1000);
+  EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
+  // Logit processing out of range, as a peer could send it.
+  d = MakeDecode(good);
+  d.mutable_request()->set_presence_penalty(5.0f);
+  EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
+  d = MakeDecode(good);
+  d.mutable_request()->set_repetition_penalty(-1.0f);
+  EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
+  d = MakeDecode(good);
+  (*d.mutable_request()->mutable_logit_bias())[258] = 1.0f;
+  EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
+  d = MakeDecode(good);
+  (*d.mutable_request()->mutable_logit_bias())[3] = NAN;
+  EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
+  d = MakeDecode(good);
+  d.mutable_request()->set_prompt_logprobs(21);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
   d = MakeDecode(good);
   d.mutable_request()->set_max_tokens(4090);  // Beyond the context.

@@ -145,6 +145,91 @@ TEST_F(DisaggregationTest, OutputEqualsColocatedGreedyAndSeeded) {
   EXPECT_EQ(decode_->block_pool().num_free(), decode_->block_pool().num_blocks());
 }
 
+// Invariant (b) with logit processing: the penalties see the prompt and the
+// first token on the decode side exactly as one generator does.
+TEST_F(DisaggregationTest, PenalizedOutputEqualsColocatedGreedyAndSeeded) {
+  auto reference_runner = MakeRunner(model_, 64);
+  uint64_t id = 100;
+  const SamplingParams penalized{.temperature = 0.0f,
+                                 .max_tokens = 24,
+                                 .ignore_eos = true,
+                                 .presence_penalty = 0.7f,
+                                 .frequency_penalty = 0.4f,
+                                 .repetition_penalty = 1.3f,
+                                 .logit_bias = {{7, 2.0f}, {65, -5.0f}, {200, 1.5f}}};
+  SamplingParams seeded = penalized;
+  seeded.temperature = 0.8f;
+  seeded.top_k = 50;
+  seeded.seed = 17;
+  SamplingParams unpenalized = penalized;
+  unpenalized.presence_penalty = unpenalized.frequency_penalty = 0.0f;
+  unpenalized.repetition_penalty = 1.0f;
+  unpenalized.logit_bias.clear();
+  for (int len : {1, 17, 100}) {
+    const std::vector<int32_t> prompt = RandomPrompt(len, 40 + len);
+    for (const SamplingParams& sp : {penalized, seeded}) {
+      GenerationRequest r{RequestId(id++), prompt, sp};
+      const std::vector<int32_t> want = Colocated(*reference_runner, r);
+      EXPECT_EQ(Disaggregated(r), want) << "prompt length " << len << ", T " << sp.temperature;
+    }
+    // The processing changes the output (else the check above proves little).
+    EXPECT_NE(Colocated(*reference_runner, {RequestId(id++), prompt, penalized}),
+              Colocated(*reference_runner, {RequestId(id++), prompt, unpenalized}));
+  }
+}
+
+// Prompt logprobs come with the first token wherever the prompt is
+// prefilled, equal on a prefill worker (chunks of 64) and colocated; asking
+// for them bypasses the prefix cache, and a prompt prefilled elsewhere
+// brings none to the decode side.
+TEST_F(DisaggregationTest, PromptLogprobsAreEqualPrefilledHereOrThere) {
+  const std::vector<int32_t> prompt = RandomPrompt(150, 77);
+  auto first_event_logprobs = [&](Generator& g, const GenerationRequest& r) {
+    EXPECT_TRUE(g.Add(r).ok());
+    std::vector<SampledToken> got;
+    std::vector<GenerationEvent> events;
+    bool first = true;
+    while (g.HasWork()) {
+      events.clear();
+      EXPECT_TRUE(g.Step(events).ok());
+      for (GenerationEvent& e : events) {
+        if (!first) EXPECT_TRUE(e.prompt_logprobs.empty());
+        if (first) got = std::move(e.prompt_logprobs);
+        first = false;
+      }
+    }
+    return got;
+  };
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = 3, .ignore_eos = true, .prompt_logprobs = 2};
+  // The observer ships the KV somewhere on the decode side; unused here.
+  for (uint64_t id : {1, 2}) {
+    for (int b = 0; b < 10; ++b) landing_[id].push_back(BlockId(b));
+  }
+  // Warm the prefill side's prefix cache with the same prompt.
+  first_event_logprobs(*prefill_, {RequestId(1), prompt, {.temperature = 0.0f, .max_tokens = 1}});
+  const int64_t cached = prefill_->prefix_cached_tokens();
+  GenerationRequest held{RequestId(2), prompt, sp};
+  held.hold_kv = true;
+  const std::vector<SampledToken> there = first_event_logprobs(*prefill_, held);
+  prefill_->ReleaseKv(RequestId(2));
+  EXPECT_EQ(prefill_->prefix_cached_tokens(), cached) << "prompt_logprobs must not use the cache";
+  auto colocated_runner = MakeRunner(model_, 16);
+  auto colocated = Generator::Create(colocated_runner.get(), {.max_batch_tokens = 40, .max_running = 4});
+  ASSERT_TRUE(colocated.ok());
+  const std::vector<SampledToken> here = first_event_logprobs(**colocated, {RequestId(3), prompt, sp});
+  ASSERT_EQ(there.size(), prompt.size() - 1);
+  ASSERT_EQ(here.size(), prompt.size() - 1);
+  for (size_t i = 0; i < here.size(); ++i) {
+    EXPECT_EQ(here[i].token, prompt[i + 1]);
+    EXPECT_EQ(there[i].token, prompt[i + 1]);
+    EXPECT_FLOAT_EQ(here[i].logprob, there[i].logprob) << "position " << i + 1;
+    ASSERT_EQ(here[i].top_logprobs.size(), 2u);
+    ASSERT_EQ(there[i].top_logprobs.size(), 2u);
+    EXPECT_EQ(here[i].top_logprobs[0].token, there[i].top_logprobs[0].token);
+    EXPECT_LE(here[i].logprob, here[i].top_logprobs[0].logprob);
+  }
+}
+
 TEST_F(DisaggregationTest, PrefixCacheHitsOnThePrefillSideAreShippedToo) {
   auto reference_runner = MakeRunner(model_, 64);
   const SamplingParams sp{.temperature = 0.0f, .max_tokens = 10, .ignore_eos = true};

@@ -2,6 +2,7 @@
 // in the batch, cancellation frees its blocks, and bad requests are refused.
 #include "engine/generator.h"
 
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -208,6 +209,101 @@ TEST(GeneratorTest, PrefixCacheReusesComputedBlocksWithTheSameOutput) {
   EXPECT_EQ(first[1].tokens, Uncached(model, shared, 8));
   EXPECT_EQ(diverging[3].tokens, Uncached(model, other, 8));
   EXPECT_EQ((*g)->block_pool().num_free(), 64);
+}
+
+// KV landed from a prefill worker joins the decode side's prefix cache at
+// once: the choices of an n > 1 request, sent after it, compute only the
+// tail of the prompt (the block holding its last token).
+TEST(GeneratorTest, PrefilledKvJoinsThePrefixCache) {
+  auto model = Tiny();
+  auto runner = MakeRunner(model, 64);
+  auto g = Generator::Create(runner.get(), {});
+  ASSERT_TRUE(g.ok());
+  const std::vector<int32_t> prompt = RandomPrompt(40, 9);  // Two full blocks and 8 tokens.
+  const SamplingParams sp{.temperature = 0.0f, .max_tokens = 4, .ignore_eos = true};
+  // Land the prompt's KV as a prefill worker would: computed by a reference
+  // generator, copied into the reservation.
+  auto src_runner = MakeRunner(model, 64);
+  auto src = Generator::Create(src_runner.get(), {});
+  ASSERT_TRUE(src.ok());
+  GenerationRequest held{RequestId(1), prompt, sp};
+  held.hold_kv = true;
+  std::vector<BlockId> src_blocks;
+  (*src)->set_kv_layer_observer([&](int32_t, std::span<const ComputedKv> c) {
+    src_blocks.assign(c[0].block_table.begin(), c[0].block_table.end());
+  });
+  ASSERT_TRUE((*src)->Add(held).ok());
+  std::vector<GenerationEvent> events;
+  while ((*src)->HasWork()) ASSERT_TRUE((*src)->Step(events).ok());
+  ASSERT_EQ(events.size(), 1u);
+  auto landing = (*g)->Reserve(RequestId(1), 44);
+  ASSERT_TRUE(landing.ok());
+  const KvBlockLayout& layout = runner->kv_layout();
+  for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
+    ForEachKvRange(layout, layer, src_blocks.data(), 64, landing->data(), 64, 0, 40,
+                   [&](size_t from, size_t to, size_t n) {
+                     std::memcpy(runner->kv_memory().data() + to,
+                                 src_runner->kv_memory().data() + from, n);
+                   });
+  }
+  ASSERT_TRUE((*g)->AddPrefilled({RequestId(1), prompt, sp}, events[0].token.token).ok());
+  const int64_t computed_before = (*g)->computed_prompt_tokens();
+  // Before the prefilled request has run a step, a same-prompt request
+  // finds its two full blocks and computes the 8-token tail only.
+  auto out = RunAll(**g, {{0, {{RequestId(2), prompt, sp}}}});
+  EXPECT_EQ((*g)->prefix_cached_tokens(), 32);
+  EXPECT_EQ((*g)->computed_prompt_tokens() - computed_before, 8);
+  EXPECT_EQ(out[2].tokens, Uncached(model, prompt, 4));
+  std::vector<int32_t> continued = {events[0].token.token};
+  continued.insert(continued.end(), out[1].tokens.begin(), out[1].tokens.end());
+  EXPECT_EQ(continued, Uncached(model, prompt, 4));
+  EXPECT_EQ((*g)->block_pool().num_free(), 64);
+}
+
+// Prompt logprobs at every position, in any chunking, equal those of one
+// full forward with logits at every position, next to other requests.
+TEST(GeneratorTest, PromptLogprobsDoNotDependOnChunking) {
+  auto model = Tiny();
+  auto runner = MakeRunner(model, 64);
+  const int32_t vocab = model->config().vocab_size;
+  const std::vector<int32_t> prompt = RandomPrompt(45, 12);
+  std::vector<BlockId> table;
+  for (int i = 0; i < 4; ++i) table.push_back(BlockId(60 + i));
+  ForwardBatch b;
+  b.sequences.push_back({.tokens = prompt, .start_pos = 0, .block_table = table, .all_logits = true});
+  std::vector<float> logits(prompt.size() * vocab);
+  ASSERT_TRUE(runner->Forward(b, logits).ok());
+  for (int32_t chunk : {7, 16, 64}) {
+    SCOPED_TRACE(chunk);
+    auto g = Generator::Create(runner.get(), {.max_batch_tokens = chunk, .max_running = 2});
+    ASSERT_TRUE(g.ok());
+    const SamplingParams sp{.temperature = 0.0f, .max_tokens = 2, .ignore_eos = true,
+                            .prompt_logprobs = 3};
+    ASSERT_TRUE((*g)->Add({RequestId(1), prompt, sp}).ok());
+    ASSERT_TRUE((*g)->Add({RequestId(2), RandomPrompt(30, 13), sp}).ok());
+    std::map<uint64_t, std::vector<SampledToken>> got;
+    std::vector<GenerationEvent> events;
+    while ((*g)->HasWork()) {
+      events.clear();
+      ASSERT_TRUE((*g)->Step(events).ok());
+      for (GenerationEvent& e : events) {
+        if (!e.prompt_logprobs.empty()) got[e.id.value] = std::move(e.prompt_logprobs);
+      }
+    }
+    ASSERT_EQ(got[1].size(), prompt.size() - 1);
+    EXPECT_EQ(got[2].size(), 29u);
+    std::vector<std::pair<float, int32_t>> scratch;
+    for (size_t i = 1; i < prompt.size(); ++i) {
+      SampledToken want;
+      FillLogprobs(std::span<const float>(logits).subspan((i - 1) * vocab, vocab), prompt[i], 3,
+                   scratch, want);
+      const SampledToken& t = got[1][i - 1];
+      EXPECT_EQ(t.token, prompt[i]);
+      EXPECT_NEAR(t.logprob, want.logprob, 1e-4) << "position " << i;
+      ASSERT_EQ(t.top_logprobs.size(), 3u);
+      EXPECT_EQ(t.top_logprobs[0].token, want.top_logprobs[0].token);
+    }
+  }
 }
 
 TEST(GeneratorTest, PrefixCacheSurvivesBlockReuseUnderPressure) {

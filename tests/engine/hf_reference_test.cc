@@ -3,7 +3,10 @@
 // tests/fixtures/make_hf_fixtures.py): Llama with GQA and llama3 rope
 // scaling, Qwen2 with QKV bias and tied embeddings, Mistral in bf16, Qwen3
 // with its per-head q/k norm and head_dim != hidden / heads.
+#include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "engine/generator.h"
@@ -63,6 +66,70 @@ TEST_P(HfReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
   }
   std::cout << GetParam() << ": largest logit difference " << worst
             << " of the row's largest logit\n";
+}
+
+// Prompt logprobs (GenerateRequest.prompt_logprobs) against log_softmax of
+// transformers' logits: entry i - 1 is prompt token i's logprob given the
+// tokens before it, i.e. log_softmax(logits at position i - 1)[prompt[i]].
+// Computed by the Generator in 5-token prefill chunks, so positions cross
+// chunk boundaries, next to another request in the same batches. Tolerance:
+// twice the logit check's (a logprob is a logit minus log Z, each within
+// 1e-4 of the row's largest logit).
+TEST_P(HfReferenceTest, PromptLogprobsMatchTransformers) {
+  const std::string dir = kFixtures + GetParam();
+  const nlohmann::json ref = nlohmann::json::parse(testing_util::ReadFileOrEmpty(dir + "/reference.json"));
+  auto model = Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int vocab = (*model)->config().vocab_size;
+  auto runner = CreateModelRunner(*model, {.num_kv_blocks = 64, .block_size = 16, .num_threads = 2});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  constexpr int kTop = 4;
+  int checked = 0;
+  for (const auto& c : ref["cases"]) {
+    const std::vector<int32_t> ids = c["input_ids"].get<std::vector<int32_t>>();
+    const auto positions = c["logits_positions"].get<std::vector<int>>();
+    if (positions.size() != ids.size()) continue;  // Only prompts with every position's logits.
+    SCOPED_TRACE(testing::Message() << GetParam() << ", prompt of " << ids.size() << " tokens");
+    auto g = Generator::Create(runner->get(), {.max_batch_tokens = 5, .max_running = 2});
+    ASSERT_TRUE(g.ok());
+    const SamplingParams sp{.temperature = 0.0f, .max_tokens = 1, .prompt_logprobs = kTop};
+    ASSERT_TRUE((*g)->Add({RequestId(1), ids, sp}).ok());
+    ASSERT_TRUE((*g)->Add({RequestId(2), ids, {.temperature = 0.0f, .max_tokens = 1}}).ok());
+    std::vector<SampledToken> got;
+    std::vector<GenerationEvent> events;
+    while ((*g)->HasWork()) {
+      events.clear();
+      ASSERT_TRUE((*g)->Step(events).ok());
+      for (GenerationEvent& e : events) {
+        if (e.id == RequestId(1)) got = std::move(e.prompt_logprobs);
+        if (e.id == RequestId(2)) EXPECT_TRUE(e.prompt_logprobs.empty());
+      }
+    }
+    ASSERT_EQ(got.size(), ids.size() - 1);
+    for (size_t i = 1; i < ids.size(); ++i) {
+      const std::vector<float> row = c["logits"][i - 1].get<std::vector<float>>();
+      ASSERT_EQ(static_cast<int>(row.size()), vocab);
+      double max = -1e300, max_abs = 0;
+      for (float x : row) max = std::max<double>(max, x), max_abs = std::max<double>(max_abs, std::abs(x));
+      double z = 0;
+      for (float x : row) z += std::exp(x - max);
+      std::vector<double> want(vocab);
+      for (int v = 0; v < vocab; ++v) want[v] = row[v] - max - std::log(z);
+      const double tol = 2e-4 * max_abs;
+      const SampledToken& t = got[i - 1];
+      EXPECT_EQ(t.token, ids[i]);
+      EXPECT_NEAR(t.logprob, want[ids[i]], tol) << "position " << i;
+      std::vector<double> sorted = want;
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      ASSERT_EQ(t.top_logprobs.size(), static_cast<size_t>(kTop));
+      for (int k = 0; k < kTop; ++k) {
+        EXPECT_NEAR(t.top_logprobs[k].logprob, want[t.top_logprobs[k].token], tol);
+        EXPECT_NEAR(t.top_logprobs[k].logprob, sorted[k], tol) << "position " << i << " rank " << k;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 24);  // The 7- and 19-token prompts.
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfReferenceTest,

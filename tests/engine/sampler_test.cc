@@ -64,10 +64,11 @@ std::vector<double> Restrict(const std::vector<double>& p, const std::set<int32_
 // a floor of 3), which a correct sampler fails with probability < 1e-6 per
 // token while a wrong distribution at these sample sizes fails for sure.
 void ExpectDistribution(Sampler& s, const std::vector<float>& logits, const std::vector<double>& want,
-                        int n) {
+                        int n, std::span<const int32_t> prompt = {},
+                        std::span<const int32_t> generated = {}) {
   std::vector<int> counts(logits.size(), 0);
   for (int i = 0; i < n; ++i) {
-    const int32_t t = s.Sample(logits).token;
+    const int32_t t = s.Sample(logits, prompt, generated).token;
     ASSERT_GE(t, 0);
     ASSERT_LT(t, static_cast<int32_t>(logits.size()));
     ++counts[t];
@@ -363,6 +364,20 @@ TEST(SamplerTest, ValidationNamesTheBadFieldAndValue) {
       {{.logprobs = -1}, "logprobs", "-1"},
       {{.stop_token_ids = {5, 100}}, "stop_token_ids", "100"},
       {{.stop_token_ids = {-3}}, "stop_token_ids", "-3"},
+      {{.presence_penalty = 2.5f}, "presence_penalty", "2.5"},
+      {{.presence_penalty = NAN}, "presence_penalty", "nan"},
+      {{.frequency_penalty = -2.01f}, "frequency_penalty", "-2.01"},
+      {{.repetition_penalty = 0.0f}, "repetition_penalty", "got 0"},
+      {{.repetition_penalty = 10.5f}, "repetition_penalty", "10.5"},
+      {{.repetition_penalty = NAN}, "repetition_penalty", "nan"},
+      {{.logit_bias = {{100, 1.0f}}}, "logit_bias", "100"},
+      {{.logit_bias = {{-1, 1.0f}}}, "logit_bias", "-1"},
+      {{.logit_bias = {{3, 101.0f}}}, "logit_bias", "101"},
+      {{.logit_bias = {{3, NAN}}}, "logit_bias", "nan"},
+      {{.logit_bias = std::vector<std::pair<int32_t, float>>(301, {1, 0.0f})}, "logit_bias",
+       "301"},
+      {{.prompt_logprobs = 21}, "prompt_logprobs", "21"},
+      {{.prompt_logprobs = -1}, "prompt_logprobs", "-1"},
   };
   for (const Case& c : cases) {
     const absl::Status s = ValidateSamplingParams(c.p, 100);
@@ -375,9 +390,170 @@ TEST(SamplerTest, ValidationNamesTheBadFieldAndValue) {
        {SamplingParams{}, SamplingParams{.temperature = 0.0f}, SamplingParams{.top_k = 0},
         SamplingParams{.top_k = 1000000}, SamplingParams{.top_p = 1.0f}, SamplingParams{.top_p = 1e-6f},
         SamplingParams{.min_p = 0.0f}, SamplingParams{.min_p = 1.0f}, SamplingParams{.max_tokens = 1},
-        SamplingParams{.stop_token_ids = {0, 99}}, SamplingParams{.logprobs = 20}}) {
+        SamplingParams{.stop_token_ids = {0, 99}}, SamplingParams{.logprobs = 20},
+        SamplingParams{.presence_penalty = -2.0f, .frequency_penalty = 2.0f},
+        SamplingParams{.repetition_penalty = 10.0f}, SamplingParams{.repetition_penalty = 1e-3f},
+        SamplingParams{.logit_bias = {{0, -100.0f}, {99, 100.0f}}},
+        SamplingParams{.logit_bias = std::vector<std::pair<int32_t, float>>(300, {1, 0.0f})},
+        SamplingParams{.prompt_logprobs = 0}, SamplingParams{.prompt_logprobs = 20}}) {
     EXPECT_TRUE(ValidateSamplingParams(ok, 100).ok()) << ValidateSamplingParams(ok, 100);
   }
+}
+
+// The logit processing, checked against logits processed by hand from the
+// definitions. History: prompt {1, 2}, generated {4, 4, 5}; logit_bias
+// {1: -1, 5: +4}; repetition 2, frequency 0.5, presence 0.25. By the
+// definitions, in the documented order (bias, repetition, then
+// frequency/presence):
+//   id 1:  2.5 - 1 = 1.5, in the prompt: / 2            =  0.75
+//   id 2: -0.5, in the prompt: * 2                      = -1.0
+//   id 4:  2.0, generated: / 2 = 1, - 2 * 0.5 - 0.25    = -0.25
+//   id 5: -3 + 4 = 1, generated: / 2, - 1 * 0.5 - 0.25  = -0.25
+// and the others unchanged. Another order gives other values (id 5 with the
+// penalty before the bias: -3 * 2 + 4 = -2; id 4 with frequency first: 0.375).
+const std::vector<int32_t> kPrompt = {1, 2};
+const std::vector<int32_t> kGenerated = {4, 4, 5};
+const std::vector<float> kProcessed = {1.0f, 0.75f, -1.0f, 0.0f, -0.25f, -0.25f, 1.5f, 0.7f};
+SamplingParams AllProcessors(float temperature) {
+  return {.temperature = temperature,
+          .seed = 21,
+          .logprobs = 3,
+          .presence_penalty = 0.25f,
+          .frequency_penalty = 0.5f,
+          .repetition_penalty = 2.0f,
+          .logit_bias = {{1, -1.0f}, {5, 4.0f}}};
+}
+
+TEST(SamplerTest, LogitProcessingFollowsTheDefinitionsInOrder) {
+  Sampler greedy(AllProcessors(0.0f));
+  // Raw argmax is 1 (2.5); processed it is 6 (1.5).
+  EXPECT_EQ(greedy.Sample(kLogits, kPrompt, kGenerated).token, 6);
+  for (float t : {1.0f, 0.8f}) {
+    SCOPED_TRACE(t);
+    Sampler s(AllProcessors(t));
+    ExpectDistribution(s, kLogits, Softmax(kProcessed, t), 100000, kPrompt, kGenerated);
+  }
+}
+
+TEST(SamplerTest, LogitBiasShiftsTheRawLogits) {
+  const SamplingParams p{.temperature = 1.0f, .seed = 5, .logit_bias = {{2, 3.0f}, {1, -100.0f}}};
+  std::vector<float> biased = kLogits;
+  biased[2] += 3.0f;
+  biased[1] -= 100.0f;
+  Sampler s(p);
+  ExpectDistribution(s, kLogits, Softmax(biased, 1.0), 100000);
+  // -100 bans a token in practice; +100 forces one.
+  Sampler forced(SamplingParams{.temperature = 1.0f, .seed = 5, .logit_bias = {{5, 100.0f}}});
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(forced.Sample(kLogits).token, 5);
+}
+
+TEST(SamplerTest, RepetitionPenaltyCountsPromptAndOutputOnce) {
+  // Tokens 1 (2.5) and 3 (0.0) seen, 1 twice: 2.5 / 4 = 0.625 once, 0 stays 0.
+  // A penalty below 1 favours repeats: -0.5 * 0.5 = -0.25.
+  const std::vector<int32_t> prompt = {1, 3, 1};
+  const std::vector<int32_t> generated = {1};
+  std::vector<float> want = kLogits;
+  want[1] = 0.625f;
+  Sampler s(SamplingParams{.temperature = 1.0f, .seed = 8, .repetition_penalty = 4.0f});
+  ExpectDistribution(s, kLogits, Softmax(want, 1.0), 100000, prompt, generated);
+  std::vector<float> favoured = kLogits;
+  favoured[2] = -0.25f;
+  Sampler f(SamplingParams{.temperature = 1.0f, .seed = 8, .repetition_penalty = 0.5f});
+  ExpectDistribution(f, kLogits, Softmax(favoured, 1.0), 100000, std::vector<int32_t>{2}, {});
+}
+
+TEST(SamplerTest, FrequencyAndPresencePenaltiesCountOnlyGeneratedTokens) {
+  // Token 1 is in the prompt only: untouched. Token 4 generated 3 times:
+  // 2.0 - 3 * 0.4 - 0.5 = 0.3. Token 0 once: 1.0 - 0.4 - 0.5 = 0.1.
+  const std::vector<int32_t> prompt = {1, 1, 1};
+  const std::vector<int32_t> generated = {4, 0, 4, 4};
+  std::vector<float> want = kLogits;
+  want[4] = 0.3f;
+  want[0] = 0.1f;
+  const SamplingParams p{.temperature = 1.0f, .seed = 9, .presence_penalty = 0.5f,
+                         .frequency_penalty = 0.4f};
+  Sampler s(p);
+  ExpectDistribution(s, kLogits, Softmax(want, 1.0), 100000, prompt, generated);
+  // Greedy: token 1 (2.5) stays the best; with token 1 generated instead it
+  // drops to 2.5 - 0.4 - 0.5 = 1.6 and token 4 (2.0) wins.
+  Sampler g(SamplingParams{.temperature = 0.0f, .presence_penalty = 0.5f, .frequency_penalty = 0.4f});
+  EXPECT_EQ(g.Sample(kLogits, prompt, {}).token, 1);
+  EXPECT_EQ(g.Sample(kLogits, {}, std::vector<int32_t>{1}).token, 4);
+}
+
+TEST(SamplerTest, LogprobsStayThoseOfTheRawLogitsUnderProcessing) {
+  Sampler s(AllProcessors(0.0f));
+  const SampledToken t = s.Sample(kLogits, kPrompt, kGenerated);
+  double z = 0;
+  for (float l : kLogits) z += std::exp(static_cast<double>(l));
+  EXPECT_NEAR(t.logprob, kLogits[6] - std::log(z), 1e-5);
+  ASSERT_EQ(t.top_logprobs.size(), 3u);
+  // Raw ranking: 1 (2.5), 4 (2.0), 6 (1.5).
+  EXPECT_EQ(t.top_logprobs[0].token, 1);
+  EXPECT_EQ(t.top_logprobs[1].token, 4);
+  EXPECT_EQ(t.top_logprobs[2].token, 6);
+  EXPECT_NEAR(t.top_logprobs[0].logprob, 2.5 - std::log(z), 1e-5);
+}
+
+// What a decode worker relies on: the penalties are a function of the
+// history passed in, so a sampler that starts at step 1 with the first token
+// (sampled on a prefill worker) as history continues exactly as one sampler.
+TEST(SamplerTest, PenalizedStreamContinuesAcrossSamplers) {
+  const std::vector<float> logits = ShuffledRamp(64, 0.05f, 3);
+  SamplingParams p = AllProcessors(0.9f);
+  p.logit_bias = {{7, 1.0f}};
+  const std::vector<int32_t> prompt = {3, 9, 27, 3};
+  std::vector<int32_t> one;
+  Sampler single(p);
+  for (int i = 0; i < 40; ++i) one.push_back(single.Sample(logits, prompt, one).token);
+  std::vector<int32_t> two;
+  Sampler first(p);
+  two.push_back(first.Sample(logits, prompt, two).token);
+  Sampler rest(p, /*first_step=*/1);
+  for (int i = 1; i < 40; ++i) two.push_back(rest.Sample(logits, prompt, two).token);
+  EXPECT_EQ(one, two);
+  // And the penalties do bite: without them the stream differs.
+  std::vector<int32_t> plain;
+  Sampler unpenalized(SamplingParams{.temperature = 0.9f, .seed = 21});
+  for (int i = 0; i < 40; ++i) plain.push_back(unpenalized.Sample(logits, prompt, plain).token);
+  EXPECT_NE(one, plain);
+}
+
+TEST(SamplerTest, PenalizedSampleDoesNotAllocateOnceWarm) {
+  const std::vector<float> logits = ShuffledRamp(32000, 1e-3f, 15);
+  std::vector<int32_t> prompt(300), generated(200);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 7 % 32000);
+  for (size_t i = 0; i < generated.size(); ++i) generated[i] = static_cast<int32_t>(i * 13 % 500);
+  SamplingParams p = AllProcessors(0.8f);
+  p.logprobs = 0;
+  Sampler s(p);
+  s.Sample(logits, prompt, generated);
+  const int64_t before = g_allocations.load();
+  for (int i = 0; i < 20; ++i) s.Sample(logits, prompt, generated);
+  EXPECT_EQ(g_allocations.load() - before, 0);
+}
+
+TEST(SamplerTest, ChoiceSeedKeepsChoiceZeroAndSeparatesTheOthers) {
+  EXPECT_EQ(ChoiceSeed(1234, 0), 1234u);
+  std::set<uint64_t> seeds;
+  for (uint32_t i = 0; i < 16; ++i) seeds.insert(ChoiceSeed(1234, i));
+  for (uint32_t i = 1; i < 16; ++i) seeds.insert(ChoiceSeed(1235, i));
+  EXPECT_EQ(seeds.size(), 31u);
+  EXPECT_EQ(ChoiceSeed(99, 3), ChoiceSeed(99, 3));
+}
+
+TEST(SamplerTest, FillLogprobsIsTheLogSoftmaxWithTheBestAlternatives) {
+  std::vector<std::pair<float, int32_t>> scratch;
+  SampledToken out;
+  FillLogprobs(kLogits, 2, 2, scratch, out);
+  double z = 0;
+  for (float l : kLogits) z += std::exp(static_cast<double>(l));
+  EXPECT_EQ(out.token, 2);
+  EXPECT_NEAR(out.logprob, -0.5 - std::log(z), 1e-5);
+  ASSERT_EQ(out.top_logprobs.size(), 2u);
+  EXPECT_EQ(out.top_logprobs[0].token, 1);
+  EXPECT_EQ(out.top_logprobs[1].token, 4);
+  EXPECT_NEAR(out.top_logprobs[1].logprob, 2.0 - std::log(z), 1e-5);
 }
 
 }  // namespace

@@ -416,6 +416,22 @@ TEST_F(PrefillWorkerTest, BadRequestsAreInvalidArgument) {
   EXPECT_EQ(code({RequestId(6), RandomPrompt(100, 1), Greedy(4000)}, landing),
             kInvalid)
       << "beyond the context";
+  SamplingParams penalized = Greedy(4);
+  penalized.frequency_penalty = -3.0f;
+  EXPECT_EQ(code({RequestId(8), RandomPrompt(10, 1), penalized}, landing),
+            kInvalid)
+      << "frequency_penalty";
+  SamplingParams biased = Greedy(4);
+  biased.logit_bias = {{999, 1.0f}};
+  EXPECT_EQ(code({RequestId(9), RandomPrompt(10, 1), biased}, landing),
+            kInvalid)
+      << "logit_bias outside the vocabulary";
+  SamplingParams prompt_logprobs = Greedy(4);
+  prompt_logprobs.prompt_logprobs = 40;
+  EXPECT_EQ(
+      code({RequestId(10), RandomPrompt(10, 1), prompt_logprobs}, landing),
+      kInvalid)
+      << "prompt_logprobs";
 
   const GenerationRequest ok{RequestId(7), RandomPrompt(100, 1),
                              Greedy(4)};  // Needs 7 blocks.

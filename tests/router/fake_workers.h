@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -63,6 +64,25 @@ inline wire::FinishReason ScriptFinish(const wire::EngineRequest& request,
   }
   if (step + 1 >= request.max_tokens()) return wire::FINISH_REASON_LENGTH;
   return wire::FINISH_REASON_UNSPECIFIED;
+}
+
+// What a worker answers for EngineRequest.prompt_logprobs: position i of
+// the prompt gets its token with logprob -i and as many alternatives as
+// asked (ids 0, 1, ...).
+inline void ScriptPromptLogprobs(
+    const wire::EngineRequest& request,
+    google::protobuf::RepeatedPtrField<wire::SampledToken>* out) {
+  if (!request.has_prompt_logprobs()) return;
+  for (int i = 1; i < request.prompt_size(); ++i) {
+    wire::SampledToken* t = out->Add();
+    t->set_token_id(request.prompt(i));
+    t->set_logprob(-static_cast<float>(i));
+    for (uint32_t k = 0; k < request.prompt_logprobs(); ++k) {
+      wire::TokenLogprob* top = t->add_top();
+      top->set_token_id(static_cast<int32_t>(k));
+      top->set_logprob(-static_cast<float>(k));
+    }
+  }
 }
 
 inline void FillLayout(wire::LoadReport* report) {
@@ -132,6 +152,11 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
     absl::MutexLock lock(&mu_);
     return static_cast<int>(reserved_.size());
   }
+  // The requests of every Decode call so far, in arrival order.
+  std::vector<wire::DecodeRequest> decode_requests() const {
+    absl::MutexLock lock(&mu_);
+    return decode_requests_;
+  }
 
   std::atomic<int> reserves{0}, releases{0}, decodes{0}, decodes_local{0},
       decodes_cancelled{0}, decodes_done{0};
@@ -171,6 +196,10 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
     ++decodes;
     const Behavior b = behavior();
     const wire::EngineRequest& req = r->request();
+    {
+      absl::MutexLock lock(&mu_);
+      decode_requests_.push_back(*r);
+    }
     int64_t step = 0;
     if (r->has_first_token()) {
       absl::MutexLock lock(&mu_);
@@ -204,6 +233,9 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
           if (response.tokens_size() > 0) writer->Write(response);
           return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                               "fake: decode worker lost");
+        }
+        if (step == 0) {
+          ScriptPromptLogprobs(req, response.mutable_prompt_logprobs());
         }
         *response.add_tokens() = ScriptSample(b.script, step, req);
         finish =
@@ -250,6 +282,7 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
   mutable absl::Mutex mu_;
   Behavior behavior_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint32_t> reserved_ ABSL_GUARDED_BY(mu_);
+  std::vector<wire::DecodeRequest> decode_requests_ ABSL_GUARDED_BY(mu_);
   FakeServer<FakeDecodeWorker> server_;  // Last: stopped before the rest goes.
 };
 
@@ -304,6 +337,7 @@ class FakePrefillWorker final : public wire::PrefillWorker::Service {
                           "fake: empty landing");
     }
     *response->mutable_first_token() = ScriptSample(b.script, 0, r->request());
+    ScriptPromptLogprobs(r->request(), response->mutable_prompt_logprobs());
     response->set_finish_reason(
         ScriptFinish(r->request(), response->first_token().token_id(), 0));
     ++prefills_ok;

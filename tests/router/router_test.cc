@@ -6,9 +6,12 @@
 // tests/cluster.
 #include "router/router.h"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -18,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "client/pdctl_commands.h"
 #include "client/pdserve_client.h"
+#include "engine/sampler.h"
 #include "gtest/gtest.h"
 #include "tests/router/fake_workers.h"
 
@@ -26,6 +30,7 @@ namespace {
 
 using testing_util::FakeDecodeWorker;
 using testing_util::FakePrefillWorker;
+namespace wire = ::pdserve::internal::v1;
 
 struct Result {
   absl::Status status;
@@ -251,6 +256,158 @@ TEST(RouterTest, LogprobsArePassedThrough) {
     ASSERT_EQ(lps[i].top_size(), 2);
     EXPECT_EQ(lps[i].top(1).token_id(), 1);
   }
+}
+
+// n choices: each message belongs to one choice, each choice ends with its
+// own finish reason and usage, and the choices stream side by side. Choice
+// 0 runs disaggregated; the others start once its first Decode message is
+// back and go to the same decode worker, prefilled there (from the prefix
+// cache the real worker has; see tests/cluster for that part).
+TEST(RouterTest, ChoicesStreamSideBySideEachWithItsFinishAndUsage) {
+  Cluster c(1, 2);
+  FakeDecodeWorker::Behavior b;
+  b.token_delay = absl::Milliseconds(5);
+  c.decode(0).set_behavior(b);
+  c.decode(1).set_behavior(b);
+  v1::GenerateRequest req = Text("Say hi", 64);
+  req.set_n(3);
+  req.mutable_sampling()->set_seed(77);
+  req.set_request_id("multi");
+  const Result r = c.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  std::map<uint32_t, std::string> text;
+  std::map<uint32_t, int> finishes;
+  std::vector<uint32_t> order;
+  for (const v1::GenerateResponse& m : r.all) {
+    ASSERT_LT(m.index(), 3u);
+    EXPECT_EQ(m.request_id(), "multi");
+    EXPECT_EQ(finishes[m.index()], 0)
+        << "a message of choice " << m.index() << " after its last";
+    text[m.index()] += m.text();
+    order.push_back(m.index());
+    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      ++finishes[m.index()];
+      EXPECT_EQ(m.finish_reason(), v1::FINISH_REASON_STOP);
+      EXPECT_EQ(m.usage().prompt_tokens(), 7u);
+      EXPECT_EQ(m.usage().completion_tokens(), 14u);
+    } else {
+      EXPECT_FALSE(m.has_usage());
+    }
+  }
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(text[i], "Hello, world!") << "choice " << i;
+    EXPECT_EQ(finishes[i], 1) << "choice " << i;
+  }
+  // Interleaved: some message of a later choice comes before choice 0's last.
+  const auto last0 = std::find(order.rbegin(), order.rend(), 0u);
+  EXPECT_TRUE(
+      std::any_of(last0 + 1, order.rend(), [](uint32_t i) { return i != 0; }));
+  // One prefill and one reservation (choice 0); the other choices on the
+  // same decode worker, prefilled locally, each with its own seed.
+  EXPECT_EQ(c.prefill(0).prefills, 1);
+  const int holder = c.decode(0).decodes > 0 ? 0 : 1;
+  EXPECT_EQ(c.decode(holder).reserves, 1);
+  EXPECT_EQ(c.decode(holder).decodes, 3);
+  EXPECT_EQ(c.decode(holder).decodes_local, 2);
+  EXPECT_EQ(c.decode(1 - holder).decodes, 0);
+  std::set<uint64_t> seeds, ids;
+  for (const wire::DecodeRequest& d : c.decode(holder).decode_requests()) {
+    seeds.insert(d.request().seed());
+    ids.insert(d.request().request_id());
+    if (d.has_first_token())
+      EXPECT_EQ(d.request().seed(), 77u) << "choice 0 keeps the seed";
+  }
+  EXPECT_EQ(seeds,
+            (std::set<uint64_t>{77, ChoiceSeed(77, 1), ChoiceSeed(77, 2)}));
+  EXPECT_EQ(ids.size(), 3u);
+}
+
+TEST(RouterTest, ChoicesAfterAFirstTokenThatFinishesGoTheUsualWay) {
+  Cluster c(1, 1);
+  v1::GenerateRequest req = Text("x", 1);
+  req.set_n(2);
+  const Result r = c.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  std::set<uint32_t> finished;
+  for (const auto& m : r.all) {
+    EXPECT_EQ(m.text(), "H");
+    EXPECT_EQ(m.finish_reason(), v1::FINISH_REASON_LENGTH);
+    finished.insert(m.index());
+  }
+  EXPECT_EQ(finished, (std::set<uint32_t>{0, 1}));
+  EXPECT_EQ(c.prefill(0).prefills, 2);  // The second from the worker's cache.
+  EXPECT_EQ(c.decode(0).reservations(), 0);
+}
+
+TEST(RouterTest, AFailingChoiceFailsTheCall) {
+  Cluster c(0, 1);
+  FakeDecodeWorker::Behavior b;
+  b.fail_decode_after = 3;
+  c.decode(0).set_behavior(b);
+  v1::GenerateRequest req = Text("x", 20);
+  req.set_n(4);
+  const Result r = c.Generate(req);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
+}
+
+// Prompt logprobs come on the first message of choice 0, from the worker
+// that prefilled the prompt, disaggregated or not.
+TEST(RouterTest, PromptLogprobsComeOnTheFirstMessageOfChoiceZero) {
+  for (int prefill_workers : {0, 1}) {
+    SCOPED_TRACE(prefill_workers);
+    Cluster c(prefill_workers, 1);
+    v1::GenerateRequest req = Text("abc", 4);
+    req.set_prompt_logprobs(2);
+    req.set_n(2);
+    const Result r = c.Generate(req);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    int with = 0;
+    bool first_of_zero = true;
+    for (const auto& m : r.all) {
+      if (m.index() == 0 && first_of_zero) {
+        first_of_zero = false;
+        ASSERT_EQ(m.prompt_logprobs_size(), 3);  // BOS a b c: positions 1..3.
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_EQ(m.prompt_logprobs(i).token_id(), "abc"[i]);
+          EXPECT_FLOAT_EQ(m.prompt_logprobs(i).logprob(), -(i + 1.0f));
+          EXPECT_EQ(m.prompt_logprobs(i).top_size(), 2);
+        }
+      }
+      with += m.prompt_logprobs_size() > 0;
+    }
+    EXPECT_EQ(with, 1);
+    // Only choice 0 asked the workers for them.
+    const auto seen = c.decode(0).decode_requests();
+    ASSERT_EQ(seen.size(), 2u);
+    EXPECT_EQ(std::count_if(seen.begin(), seen.end(),
+                            [](const wire::DecodeRequest& d) {
+                              return d.request().has_prompt_logprobs();
+                            }),
+              1);
+  }
+}
+
+// The logit processing reaches the workers as asked.
+TEST(RouterTest, PenaltiesAndLogitBiasReachTheWorkers) {
+  Cluster c(0, 1);
+  v1::GenerateRequest req = Text("x", 2);
+  v1::SamplingParams* s = req.mutable_sampling();
+  s->set_presence_penalty(0.5f);
+  s->set_frequency_penalty(-1.0f);
+  s->set_repetition_penalty(1.2f);
+  (*s->mutable_logit_bias())[72] = 3.0f;
+  (*s->mutable_logit_bias())[5] = -100.0f;
+  ASSERT_TRUE(c.Generate(req).status.ok());
+  const auto seen = c.decode(0).decode_requests();
+  ASSERT_EQ(seen.size(), 1u);
+  const wire::EngineRequest& e = seen[0].request();
+  EXPECT_FLOAT_EQ(e.presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(e.frequency_penalty(), -1.0f);
+  EXPECT_FLOAT_EQ(e.repetition_penalty(), 1.2f);
+  ASSERT_EQ(e.logit_bias_size(), 2);
+  EXPECT_FLOAT_EQ(e.logit_bias().at(72), 3.0f);
+  EXPECT_FLOAT_EQ(e.logit_bias().at(5), -100.0f);
 }
 
 TEST(RouterTest, FailedPrefillIsRetriedOnAnotherPrefillWorker) {

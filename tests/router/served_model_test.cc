@@ -149,6 +149,36 @@ TEST(ValidateGenerateRequestTest, EveryBadInputIsInvalidArgumentWithAMessage) {
        "257 bytes"},
       {"stop not UTF-8", [](auto& r) { r.add_stop("\xC3"); },
        "stop[0] is not valid UTF-8"},
+      {"n 0", [](auto& r) { r.set_n(0); }, "n must be in [1, 16], got 0"},
+      {"n 17", [](auto& r) { r.set_n(17); }, "n must be in [1, 16], got 17"},
+      {"prompt_logprobs 21", [](auto& r) { r.set_prompt_logprobs(21); },
+       "prompt_logprobs must be in [0, 20], got 21"},
+      {"presence_penalty 3",
+       [](auto& r) { r.mutable_sampling()->set_presence_penalty(3); },
+       "presence_penalty must be in [-2, 2], got 3"},
+      {"frequency_penalty NaN",
+       [](auto& r) { r.mutable_sampling()->set_frequency_penalty(NAN); },
+       "frequency_penalty"},
+      {"repetition_penalty 0",
+       [](auto& r) { r.mutable_sampling()->set_repetition_penalty(0); },
+       "repetition_penalty must be in (0, 10], got 0"},
+      {"repetition_penalty 11",
+       [](auto& r) { r.mutable_sampling()->set_repetition_penalty(11); },
+       "repetition_penalty"},
+      {"logit_bias id outside vocab",
+       [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[258] = 1; },
+       "logit_bias: token id 258 is outside the vocabulary [0, 258)"},
+      {"logit_bias value 101",
+       [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[3] = 101; },
+       "logit_bias of token 3 must be in [-100, 100], got 101"},
+      {"301 logit_bias entries",
+       [](auto& r) {
+         for (int i = 0; i < 301; ++i) {
+           (*r.mutable_sampling()
+                 ->mutable_logit_bias())[i % 258 - (i / 258) * 1000] = 1;
+         }
+       },
+       "logit_bias has 301 entries; at most 300"},
   };
   for (const BadCase& c : cases) {
     v1::GenerateRequest r = Base();
@@ -166,7 +196,34 @@ TEST(ValidateGenerateRequestTest, LimitsThemselvesAreAccepted) {
   v1::GenerateRequest r = Base();
   for (int i = 0; i < 16; ++i) r.add_stop(std::string(256, 'a' + i));
   r.set_logprobs(20);
-  EXPECT_TRUE(ValidateGenerateRequest(r, *Tiny()).ok());
+  r.set_n(16);
+  r.set_prompt_logprobs(20);
+  v1::SamplingParams* s = r.mutable_sampling();
+  s->set_presence_penalty(-2);
+  s->set_frequency_penalty(2);
+  s->set_repetition_penalty(10);
+  for (int i = 0; i < 258; ++i)
+    (*s->mutable_logit_bias())[i] = i % 2 ? 100 : -100;
+  auto v = ValidateGenerateRequest(r, *Tiny());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->n, 16u);
+  EXPECT_EQ(v->engine.sampling.prompt_logprobs, 20);
+  EXPECT_EQ(v->engine.sampling.repetition_penalty, 10.0f);
+  ASSERT_EQ(v->engine.sampling.logit_bias.size(), 258u);
+  for (const auto& [id, bias] : v->engine.sampling.logit_bias) {
+    EXPECT_EQ(bias, id % 2 ? 100.0f : -100.0f) << id;
+  }
+}
+
+TEST(ValidateGenerateRequestTest, NewFieldsDefaultToNoEffect) {
+  auto v = ValidateGenerateRequest(Base(), *Tiny());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->n, 1u);
+  EXPECT_FALSE(v->engine.sampling.prompt_logprobs.has_value());
+  EXPECT_EQ(v->engine.sampling.presence_penalty, 0.0f);
+  EXPECT_EQ(v->engine.sampling.frequency_penalty, 0.0f);
+  EXPECT_EQ(v->engine.sampling.repetition_penalty, 1.0f);
+  EXPECT_TRUE(v->engine.sampling.logit_bias.empty());
 }
 
 }  // namespace
