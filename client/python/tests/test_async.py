@@ -9,7 +9,7 @@ import time
 import pytest
 
 import pdserve
-from test_client import LONG, free_blocks, wait_blocks_free
+from test_client import LONG, free_blocks, wait_blocks_free, wait_blocks_held
 
 
 def run(coroutine):
@@ -57,7 +57,7 @@ def test_task_cancellation_cancels_the_call(cluster, worker_stubs):
 
             task = asyncio.ensure_future(consume())
             await asyncio.wait_for(first.wait(), 10)
-            assert free_blocks(cluster, worker_stubs)[0] < total
+            assert wait_blocks_held(cluster, worker_stubs, total)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
