@@ -17,6 +17,7 @@ APT_PACKAGES=(
   libucx-dev             # kv_transfer "ucx" transport (built when found)
   libboost-dev           # Boost.Beast/Asio: the router's HTTP server
   libcpp-httplib-dev     # pd-http-bench only: the HTTP library Beast was measured against
+  clang libclang-rt-dev  # the libFuzzer targets (tests/fuzz): clang and its fuzzer runtime
   python3
 )
 
