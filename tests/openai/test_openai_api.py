@@ -305,3 +305,28 @@ def test_api_key_is_required_when_set(start_cluster):
     with urllib.request.urlopen(
             f"http://127.0.0.1:{keyed.http_port}/health") as r:
         assert r.status == 200
+
+
+def test_no_decode_worker_is_503(start_cluster):
+    import os
+    import signal
+    import urllib.error
+    import urllib.request
+    lone = start_cluster(0, 1)
+    pid = int((lone.dir / "decode-0.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    health = f"http://127.0.0.1:{lone.http_port}/health"
+    deadline = time.time() + 10
+    status = 200
+    while time.time() < deadline and status == 200:
+        try:
+            with urllib.request.urlopen(health) as r:
+                status = r.status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        time.sleep(0.1)
+    assert status == 503
+    with pytest.raises(openai.InternalServerError) as e:
+        client(lone).completions.create(model=MODEL_NAME, prompt=PROMPT,
+                                        max_tokens=4)
+    assert e.value.status_code == 503
