@@ -68,7 +68,7 @@ TEST(ApiKeysTest, RefusesMissingMalformedAndWrongValues) {
 }
 
 TEST(ApiKeysTest, RefusesKeysThatCannotBeSent) {
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string(""), std::string("has space"), std::string("a,b"),
         std::string("tab\t"), std::string("caf\xc3\xa9"),
         std::string(257, 'k')}) {

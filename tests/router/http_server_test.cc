@@ -236,7 +236,7 @@ TEST_F(HttpServerTest, HeaderFloodIs431) {
 
 TEST_F(HttpServerTest, MalformedRequestIs400AndClosed) {
   StartServer();
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string("NOT HTTP AT ALL\r\n\r\n"),
         std::string("GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"),
         std::string("GET / HTTP/1.1\r\nBad Header Line\r\n\r\n"),

@@ -314,8 +314,9 @@ TEST(RouterTest, ChoicesStreamSideBySideEachWithItsFinishAndUsage) {
   for (const wire::DecodeRequest& d : c.decode(holder).decode_requests()) {
     seeds.insert(d.request().seed());
     ids.insert(d.request().request_id());
-    if (d.has_first_token())
+    if (d.has_first_token()) {
       EXPECT_EQ(d.request().seed(), 77u) << "choice 0 keeps the seed";
+    }
   }
   EXPECT_EQ(seeds,
             (std::set<uint64_t>{77, ChoiceSeed(77, 1), ChoiceSeed(77, 2)}));
