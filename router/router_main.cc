@@ -38,6 +38,9 @@ ABSL_FLAG(int32_t, poll_interval_ms, 100,
           "Period of the workers' load reports, in milliseconds");
 ABSL_FLAG(int32_t, prefill_retries, 2,
           "Other prefill workers to try when a prefill fails");
+ABSL_FLAG(std::string, served_model_name, "",
+          "Name clients use for the model (overrides the config's; default: "
+          "the model directory's base name)");
 ABSL_FLAG(std::string, http_listen, "127.0.0.1:0",
           "Address of the OpenAI-compatible HTTP API (port 0: any free port; "
           "empty: no HTTP)");
@@ -72,6 +75,10 @@ int main(int argc, char** argv) {
   pdserve::RouterOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.cluster = *std::move(cluster);
+  if (const std::string name = absl::GetFlag(FLAGS_served_model_name);
+      !name.empty()) {
+    options.cluster.set_served_model_name(name);
+  }
   options.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   options.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.poll_interval =

@@ -330,3 +330,13 @@ def test_no_decode_worker_is_503(start_cluster):
         client(lone).completions.create(model=MODEL_NAME, prompt=PROMPT,
                                         max_tokens=4)
     assert e.value.status_code == 503
+
+
+def test_served_model_name_flag(start_cluster):
+    named = start_cluster(0, 1, "--served_model_name=tiny-stories")
+    api = client(named)
+    assert [m.id for m in api.models.list().data] == ["tiny-stories"]
+    assert api.completions.create(model="tiny-stories", prompt=PROMPT,
+                                  max_tokens=2).choices[0].text
+    with pytest.raises(openai.NotFoundError):
+        api.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2)

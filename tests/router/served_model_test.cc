@@ -226,5 +226,14 @@ TEST(ValidateGenerateRequestTest, NewFieldsDefaultToNoEffect) {
   EXPECT_TRUE(v->engine.sampling.logit_bias.empty());
 }
 
+TEST(DefaultServedModelNameTest, IsTheDirectorysBaseName) {
+  EXPECT_EQ(DefaultServedModelName("/models/Llama-3.1-8B-Instruct"),
+            "Llama-3.1-8B-Instruct");
+  EXPECT_EQ(DefaultServedModelName("/models/Qwen3-0.6B/"), "Qwen3-0.6B");
+  EXPECT_EQ(DefaultServedModelName("build/models/stories260K"), "stories260K");
+  EXPECT_EQ(DefaultServedModelName("stories260K"), "stories260K");
+  EXPECT_EQ(DefaultServedModelName("builtin:tiny"), "builtin:tiny");
+}
+
 }  // namespace
 }  // namespace pdserve
