@@ -481,7 +481,9 @@ grpc::ServerUnaryReactor* DecodeWorker::Release(
       g.ReleaseReservation(id);
       reservations_.erase(it);
     }
-    reactor->Finish(grpc::Status::OK);
+    // Answered on the loop's next pass, after it has published its load:
+    // a caller that asks GetLoad once Release returned sees the blocks free.
+    loop_->Post([reactor](Generator&) { reactor->Finish(grpc::Status::OK); });
   });
   return reactor;
 }
