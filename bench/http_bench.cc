@@ -305,18 +305,21 @@ void Report(absl::string_view what, const ClientResult& r,
   const double mem = peak_rss_mib - before.rss_mib;
   std::cout << absl::StrFormat(
       "| %s | %d | %d / %d | %d | %.0f / %.0f ms | %.1f s | %.1f MiB "
-      "(%.1f KiB/stream) | %.2f s (%.0f us/stream, %.1f us/event) |\n",
+      "(%.1f KiB/stream) | %.2f s (%.0f us/stream, %.1f us/event) | %.0f%% "
+      "|\n",
       what, n, r.finished, r.failed, r.max_open, r.ttfe_p50_ms, r.ttfe_p99_ms,
       r.seconds, mem, mem * 1024.0 / n, cpu, cpu * 1e6 / n,
-      cpu * 1e6 / (static_cast<double>(n) * (events + 1)));
+      cpu * 1e6 / (static_cast<double>(n) * (events + 1)),
+      100.0 * cpu / (r.seconds * std::thread::hardware_concurrency()));
 }
 
 void PrintHeader() {
   std::cout << absl::StrFormat(
       "\n%d streams x %d events, one every %d ms\n\n"
       "| server | streams | finished / failed | most open at once | first "
-      "event p50 / p99 | wall | server memory | server CPU |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|\n",
+      "event p50 / p99 | wall | server memory | server CPU | of the "
+      "machine's CPU time |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
       absl::GetFlag(FLAGS_streams), absl::GetFlag(FLAGS_events),
       absl::GetFlag(FLAGS_interval_ms));
 }
