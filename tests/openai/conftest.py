@@ -40,6 +40,12 @@ class Cluster:
                 "--bin", str(BUILD)]
         if router_args:
             args += ["--router-args", router_args]
+        # Engine threads per worker; 1 under ThreadSanitizer, which cannot
+        # see into OpenMP (docs/development.md).
+        threads = os.environ.get("PDSERVE_TEST_WORKER_THREADS")
+        if threads:
+            args += ["--prefill-args", f"--num_threads={threads}",
+                     "--decode-args", f"--num_threads={threads}"]
         subprocess.run(args, check=True, capture_output=True, timeout=120)
         self.http_port = int((run_dir / "router.http_port").read_text())
         self.base_url = f"http://127.0.0.1:{self.http_port}/v1"

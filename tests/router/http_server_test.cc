@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
@@ -99,19 +100,36 @@ std::string Post(const std::string& path, const std::string& body) {
 
 // Echoes method, path and body; /stream sends three events from another
 // thread; /hold answers only when released and records the client leaving.
+// The handler runs on the server's threads: what it shares with the test
+// is under `mu` or handed over by a Notification.
 struct TestHandler {
   std::atomic<int> gone{0};
   absl::Notification release;
-  std::shared_ptr<HttpExchange> held;
-  std::vector<std::thread> threads;
+  absl::Notification holding;  // `held` is set.
+  absl::Mutex mu;
+  std::shared_ptr<HttpExchange> held ABSL_GUARDED_BY(mu);
+  std::vector<std::thread> threads ABSL_GUARDED_BY(mu);
 
   ~TestHandler() {
     if (!release.HasBeenNotified()) release.Notify();
-    for (auto& t : threads) t.join();
+    std::vector<std::thread> joining;
+    {
+      absl::MutexLock lock(&mu);
+      joining.swap(threads);
+    }
+    for (auto& t : joining) t.join();
+  }
+
+  // The /hold exchange, once the handler has it (null after 5 s).
+  std::shared_ptr<HttpExchange> WaitHeld() {
+    if (!holding.WaitForNotificationWithTimeout(absl::Seconds(5))) return {};
+    absl::MutexLock lock(&mu);
+    return held;
   }
 
   HttpServer::Handler handler() {
     return [this](HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
+      absl::MutexLock lock(&mu);
       if (request.path == "/stream") {
         threads.emplace_back([exchange] {
           exchange->StartEvents();
@@ -130,6 +148,7 @@ struct TestHandler {
           exchange->SendEvent("late");
           exchange->EndEvents();
         });
+        holding.Notify();
         return;
       }
       exchange->Respond(
@@ -303,20 +322,19 @@ TEST_F(HttpServerTest, IdleKeepAliveConnectionIsClosed) {
 
 TEST_F(HttpServerTest, ClientLeavingMidAnswerIsReported) {
   StartServer();
+  std::shared_ptr<HttpExchange> held;
   {
     Client c(server_->port());
     ASSERT_TRUE(c.Send(Get("/hold")));
-    for (int i = 0; i < 100 && !handler_.held; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ASSERT_TRUE(handler_.held);
-    EXPECT_FALSE(handler_.held->client_gone());
+    held = handler_.WaitHeld();
+    ASSERT_TRUE(held);
+    EXPECT_FALSE(held->client_gone());
   }  // The client closes its socket.
   for (int i = 0; i < 200 && handler_.gone.load() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(handler_.gone.load(), 1);
-  EXPECT_TRUE(handler_.held->client_gone());
+  EXPECT_TRUE(held->client_gone());
   // Answering a departed client is harmless.
   handler_.release.Notify();
 }
@@ -338,10 +356,7 @@ TEST_F(HttpServerTest, ExchangeOutlivingTheServerDoesNothing) {
   StartServer();
   Client c(server_->port());
   ASSERT_TRUE(c.Send(Get("/hold")));
-  for (int i = 0; i < 100 && !handler_.held; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(handler_.held);
+  ASSERT_TRUE(handler_.WaitHeld());
   server_->Stop();
   EXPECT_TRUE(c.WaitClosed(2000));
   handler_.release.Notify();  // The held exchange answers a stopped server.
