@@ -237,7 +237,7 @@ OpenAiService::OpenAiService(Deps deps)
 void OpenAiService::Handle(HttpRequest request,
                            std::shared_ptr<HttpExchange> exchange) {
   const std::string& path = request.path;
-  const bool get = request.method == "GET" || request.method == "HEAD";
+  const bool get = request.method == "GET";
   const bool post = request.method == "POST";
   if (path == "/health") {
     if (!get) return RespondError(*exchange, absl::InvalidArgumentError("use GET"));
