@@ -6,13 +6,16 @@
 //         router's, Beast's parser and our bounds) whose handler parses the
 //         body the same way and answers; the client then closes.
 // Anything but a clean answer or a clean close is a finding: a crash, a
-// sanitizer report, a hang (libFuzzer's -timeout), a leak.
+// sanitizer report, a hang (no close within 10 s, or libFuzzer's -timeout),
+// a leak.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -78,17 +81,35 @@ void SendToServer(const uint8_t* data, size_t size) {
   size_t sent = 0;
   while (sent < size) {
     const ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     sent += n;
   }
   shutdown(fd, SHUT_WR);
-  // Read until the server closes: every input must end that way, soon.
+  // Read until the server closes: every input must end that way, within the
+  // server's 300 ms timeouts; ten seconds of silence is a hang.
+  // libFuzzer's timeout alarm (SIGALRM) interrupts system calls: EINTR is
+  // not an answer.
   char buf[4096];
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (true) {
     pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 2000) <= 0) __builtin_trap();  // The server hung.
-    if (recv(fd, buf, sizeof(buf), 0) <= 0) break;
+    const int ready = poll(&p, 1, 1000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) __builtin_trap();
+    if (ready == 0) {
+      if (std::chrono::steady_clock::now() > give_up) __builtin_trap();  // Hung.
+      continue;
+    }
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
   }
+  // Reset rather than linger in TIME_WAIT: thousands of inputs a second
+  // would otherwise run out of local ports.
+  linger reset{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
   close(fd);
 }
 
