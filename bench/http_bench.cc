@@ -47,6 +47,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "httplib.h"
+#include "common/process.h"
 #include "router/http_server.h"
 #include "tests/router/fake_workers.h"
 
@@ -67,13 +68,6 @@ namespace pdserve {
 namespace {
 
 namespace fs = std::filesystem;
-
-void RaiseOpenFileLimit() {
-  rlimit limit{};
-  getrlimit(RLIMIT_NOFILE, &limit);
-  limit.rlim_cur = limit.rlim_max;
-  setrlimit(RLIMIT_NOFILE, &limit);
-}
 
 // ---- client role -------------------------------------------------------
 

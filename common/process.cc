@@ -1,6 +1,7 @@
 #include "common/process.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <fstream>
@@ -9,6 +10,19 @@
 #include "common/log.h"
 
 namespace pdserve {
+
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 ||
+      limit.rlim_cur >= limit.rlim_max) {
+    return;
+  }
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    PD_LOG(WARNING) << "could not raise the open file limit to "
+                    << limit.rlim_max;
+  }
+}
 namespace {
 
 sigset_t TerminationSignals() {

@@ -18,6 +18,10 @@ int WaitForTerminationSignal();
 
 // Writes `port` and a newline to `path` atomically (a temporary file renamed
 // into place), so a launcher polling for the file never reads half of it.
+// Raises this process's soft limit of open files to its hard limit (the
+// default soft one is often 1024); logs a warning when it cannot.
+void RaiseOpenFileLimit();
+
 absl::Status WritePortFile(const std::string& path, int port);
 
 // What main() does once its server is up: writes `port` to `port_file`

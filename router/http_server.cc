@@ -1,8 +1,6 @@
 #include "router/http_server.h"
 
 #include <atomic>
-#include <sys/resource.h>
-
 #include <array>
 #include <chrono>
 #include <exception>
@@ -26,6 +24,7 @@
 #include "boost/beast/http/status.hpp"
 #include "boost/beast/http/string_body.hpp"
 #include "common/log.h"
+#include "common/process.h"
 
 namespace pdserve {
 
@@ -79,20 +78,6 @@ std::string ErrorResponse(int status, absl::string_view message) {
                                   R"(","type":"invalid_request_error",)",
                                   R"("param":null,"code":null}})");
   return WholeResponse(status, "application/json", body, {}, false);
-}
-
-// Every open connection is a descriptor: take the hard limit, not the
-// default soft one (often 1024).
-void RaiseOpenFileLimit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) {
-    return;
-  }
-  limit.rlim_cur = limit.rlim_max;
-  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
-    PD_LOG(WARNING) << "could not raise the open file limit to "
-                    << limit.rlim_max;
-  }
 }
 
 }  // namespace
@@ -585,6 +570,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "bad HTTP listen address '", options.listen, "': ", ec.message()));
   }
+  // Every open connection is a descriptor.
   RaiseOpenFileLimit();
   auto impl = std::make_shared<Impl>(options, std::move(handler));
   impl->weak_self = impl;

@@ -63,7 +63,8 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
         started_(absl::Now()),
         deadline_(started_ + deps.request_deadline),
         writer_(request_, std::move(id), absl::ToUnixSeconds(started_),
-                deps.model->tokenizer()) {
+                deps.model->tokenizer()),
+        record_(started_) {
     for (size_t i = 0; i < request_.prompts.size(); ++i) {
       streams_.push_back(std::make_unique<PromptStream>(this, i));
     }
@@ -137,13 +138,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   void OnMessage(int prompt_index, const v1::GenerateResponse& message) {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
-    if (ttft_ == absl::ZeroDuration() && message.token_ids_size() > 0) {
-      ttft_ = absl::Now() - started_;
-    }
-    if (message.has_usage()) {
-      if (message.index() == 0) prompt_tokens_ += message.usage().prompt_tokens();
-      completion_tokens_ += message.usage().completion_tokens();
-    }
+    record_.Sent(message);
     if (!request_.stream) {
       writer_.Add(prompt_index, message);
       return;
@@ -182,9 +177,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
-    deps_.metrics->RequestFinished("http", OutcomeName(first_error_.raw_code()),
-                                   prompt_tokens_, completion_tokens_, ttft_,
-                                   absl::Now() - started_);
+    record_.Finish("http", first_error_, *deps_.metrics);
     if (!first_error_.ok()) {
       if (absl::IsCancelled(first_error_) && exchange_->client_gone()) return;
       if (events_started_) {
@@ -224,9 +217,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   bool events_started_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Duration ttft_ ABSL_GUARDED_BY(mu_);
-  uint64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  RequestRecord record_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

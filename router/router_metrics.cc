@@ -3,6 +3,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace pdserve {
 
@@ -85,6 +86,23 @@ std::string RouterMetrics::Exposition(
              "Time from a request's arrival to its end.", &out);
   if (gauges) gauges(&out);
   return out;
+}
+
+void RequestRecord::Sent(const v1::GenerateResponse& message) {
+  if (ttft_ == absl::ZeroDuration() && message.token_ids_size() > 0) {
+    ttft_ = absl::Now() - started_;
+  }
+  if (message.has_usage()) {
+    // Every choice's last message has the usage; the prompt counts once.
+    if (message.index() == 0) prompt_tokens_ += message.usage().prompt_tokens();
+    completion_tokens_ += message.usage().completion_tokens();
+  }
+}
+
+void RequestRecord::Finish(absl::string_view api, const absl::Status& status,
+                           RouterMetrics& metrics) const {
+  metrics.RequestFinished(api, OutcomeName(status.raw_code()), prompt_tokens_,
+                          completion_tokens_, ttft_, absl::Now() - started_);
 }
 
 std::string OutcomeName(int absl_status_code) {

@@ -19,7 +19,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "pdserve/v1/generation.pb.h"
 
 namespace pdserve {
 
@@ -70,6 +72,29 @@ class RouterMetrics {
 
 // "ok", or the status code's name in lower case ("resource_exhausted").
 std::string OutcomeName(int absl_status_code);
+
+// What one request contributes to the metrics, gathered from the messages
+// it sends: the time of its first token and each choice's usage. The gRPC
+// and the HTTP front end keep one per request.
+// Thread-safety: none; its owner serializes the calls.
+class RequestRecord {
+ public:
+  explicit RequestRecord(absl::Time started) : started_(started) {}
+
+  absl::Time started() const { return started_; }
+
+  // Notes a message sent to the client.
+  void Sent(const v1::GenerateResponse& message);
+  // Records the request, ended with `status`, as `api` ("grpc", "http").
+  void Finish(absl::string_view api, const absl::Status& status,
+              RouterMetrics& metrics) const;
+
+ private:
+  const absl::Time started_;
+  absl::Duration ttft_;  // Zero until a token was sent.
+  uint64_t prompt_tokens_ = 0;
+  uint64_t completion_tokens_ = 0;
+};
 
 }  // namespace pdserve
 

@@ -110,15 +110,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     {
       absl::MutexLock lock(&mu_);
       if (final_status_ || write_failed_) return;
-      if (ttft_ == absl::ZeroDuration() && message.token_ids_size() > 0) {
-        ttft_ = absl::Now() - started_;
-      }
-      if (message.has_usage()) {
-        if (message.index() == 0) {
-          prompt_tokens_ += message.usage().prompt_tokens();
-        }
-        completion_tokens_ += message.usage().completion_tokens();
-      }
+      record_.Sent(message);
       if (write_in_flight_) {
         // One queued message per choice at most: a later message of a
         // choice joins the one already queued (in order); other choices'
@@ -151,9 +143,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       absl::MutexLock lock(&mu_);
       if (final_status_) return;
       final_status_ = status;
-      metrics_->RequestFinished("grpc", OutcomeName(status.raw_code()),
-                                prompt_tokens_, completion_tokens_, ttft_,
-                                absl::Now() - started_);
+      record_.Finish("grpc", status, *metrics_);
       if (write_in_flight_) return;  // OnWriteDone finishes.
     }
     Finish(ToGrpcStatus(status));
@@ -224,8 +214,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         orchestrator_(orchestrator),
         executor_(executor),
         metrics_(metrics),
-        started_(absl::Now()),
-        deadline_(ClientDeadline(context, default_deadline)) {}
+        deadline_(ClientDeadline(context, default_deadline)),
+        record_(absl::Now()) {}
 
   static absl::Time ClientDeadline(grpc::CallbackServerContext* context,
                                    absl::Duration default_deadline) {
@@ -240,15 +230,11 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   RequestOrchestrator* const orchestrator_;
   BoundedExecutor* const executor_;
   RouterMetrics* const metrics_;
-  const absl::Time started_;
   const absl::Time deadline_;
-  // For the metrics.
-  absl::Duration ttft_ ABSL_GUARDED_BY(mu_);
-  uint64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<GenerateCall> self_ ABSL_GUARDED_BY(mu_);
+  RequestRecord record_ ABSL_GUARDED_BY(mu_);
   std::optional<BoundedExecutor::Ticket> ticket_ ABSL_GUARDED_BY(mu_);
   DownstreamCalls downstream_;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
