@@ -190,6 +190,7 @@ int RunFakeDecode(int interval_ms) {
   b.script = "Once upon a time, there was a little girl. ";
   b.token_delay = absl::Milliseconds(interval_ms);
   b.free_blocks = 1000000;
+  b.total_blocks = 1000000;
   worker.set_behavior(b);
   std::cout << worker.address() << std::endl;
   // Runs until the bench kills it.
@@ -434,13 +435,10 @@ int RunRouterMode() {
       << R"({"model": "builtin:tiny", "decode_workers": [{"id": "fake-0", "address": ")"
       << fake_address << "\"}]}";
   int router_fd = -1;
-  // One orchestration thread per request is the router's design until
-  // issue 14: max_inflight must cover every stream.
   const pid_t router_pid = Spawn(
       {router, absl::StrCat("--config=", (dir / "cluster.json").string()),
        absl::StrCat("--http_port_file=", (dir / "http.port").string()),
-       absl::StrCat("--port_file=", (dir / "grpc.port").string()),
-       absl::StrCat("--max_inflight=", n + 16), "--max_queued=16"},
+       absl::StrCat("--port_file=", (dir / "grpc.port").string())},
       &router_fd);
   for (int i = 0; i < 300 && !fs::exists(dir / "grpc.port"); ++i) {
     absl::SleepFor(absl::Milliseconds(100));
@@ -452,8 +450,7 @@ int RunRouterMode() {
   ProcessSample before, after;
   double peak = 0;
   const ClientResult r = RunLoad(port, router_pid, &before, &after, &peak);
-  Report(absl::StrCat("pd-router (max_inflight ", n + 16, "), fake decode"),
-         r, before, after, peak);
+  Report("pd-router, fake decode", r, before, after, peak);
   kill(router_pid, SIGTERM);
   kill(fake, SIGKILL);
   waitpid(router_pid, nullptr, 0);

@@ -11,6 +11,9 @@ ABSL_FLAG(std::string, model, "builtin:tiny",
           "builtin:llama-110m");
 ABSL_FLAG(std::string, backend, "cpu", "Engine backend");
 ABSL_FLAG(int64_t, kv_cache_mb, 256, "KV pool size in MiB");
+ABSL_FLAG(int32_t, kv_blocks, 0,
+          "KV pool size in blocks; overrides --kv_cache_mb when set (e.g. to "
+          "give a worker exactly the room a test or a benchmark needs)");
 ABSL_FLAG(int32_t, block_size, 16,
           "Tokens per KV block (prefill and decode workers must agree)");
 ABSL_FLAG(int32_t, num_threads, 0,
@@ -32,6 +35,12 @@ absl::StatusOr<EngineConfig> EngineConfigFromFlags() {
         absl::StrCat("--kv_cache_mb must be in [1, 2^30]; got ", kv_cache_mb));
   }
   config.kv_cache_bytes = static_cast<size_t>(kv_cache_mb) << 20;
+  config.num_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  if (config.num_kv_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_blocks must be >= 0 (0: size by --kv_cache_mb); got ",
+        config.num_kv_blocks));
+  }
   config.block_size = absl::GetFlag(FLAGS_block_size);
   config.num_threads = absl::GetFlag(FLAGS_num_threads);
   config.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);

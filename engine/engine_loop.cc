@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(
   PD_ASSIGN_OR_RETURN(
       std::unique_ptr<ModelRunner> runner,
       CreateModelRunner(model, {.backend = config.backend,
+                                .num_kv_blocks = config.num_kv_blocks,
                                 .kv_cache_bytes = config.kv_cache_bytes,
                                 .block_size = config.block_size,
                                 .num_threads = config.num_threads}));

@@ -49,6 +49,8 @@ struct EngineConfig {
   std::string backend = "cpu";
   // Memory of the KV pool. Default: 256 MiB.
   size_t kv_cache_bytes = size_t{256} << 20;
+  // Blocks of the KV pool; 0 sizes it from kv_cache_bytes. Default: 0.
+  int32_t num_kv_blocks = 0;
   // Tokens per KV block; prefill and decode workers must agree. Default: 16.
   int32_t block_size = 16;
   // Engine threads for the cpu backend; 0 uses every core. Default: 0.

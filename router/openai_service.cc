@@ -12,8 +12,6 @@
 #include "engine/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "router/api_keys.h"
-#include "router/bounded_executor.h"
-#include "router/downstream_calls.h"
 #include "router/openai_api.h"
 #include "router/orchestrator.h"
 #include "router/router_metrics.h"
@@ -64,75 +62,61 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
         deadline_(started_ + deps.request_deadline),
         writer_(request_, std::move(id), absl::ToUnixSeconds(started_),
                 deps.model->tokenizer()),
-        record_(started_) {
-    for (size_t i = 0; i < request_.prompts.size(); ++i) {
-      streams_.push_back(std::make_unique<PromptStream>(this, i));
-    }
-  }
+        record_(started_) {}
 
   OpenAiResponseWriter& writer() { return writer_; }
 
-  // Submits every prompt's run; answers 429 when the executor is full.
+  // Starts every prompt's run.
   void Start() {
     std::weak_ptr<OpenAiCall> weak = weak_from_this();
     exchange_->OnClientGone([weak] {
       if (auto self = weak.lock()) self->Cancel();
     });
-    std::shared_ptr<OpenAiCall> self = shared_from_this();
-    absl::MutexLock lock(&mu_);
-    remaining_ = static_cast<int>(streams_.size());
-    for (size_t i = 0; i < streams_.size(); ++i) {
-      std::optional<BoundedExecutor::Ticket> ticket = deps_.executor->Submit(
-          [self, i] {
-            absl::Status status = self->deps_.orchestrator->Run(
-                self->request_.prompts[i], *self->streams_[i]);
-            self->PromptDone(status);
-          },
-          [self] {
-            self->PromptDone(absl::UnavailableError("the router is stopping"));
-          });
-      if (!ticket) {
-        // Those not submitted are done now; those submitted are cancelled.
-        remaining_ -= static_cast<int>(streams_.size() - i);
-        RecordError(absl::ResourceExhaustedError(
-            "the router is at its limit of requests in flight and queued; "
-            "retry later"));
-        break;
-      }
-      tickets_.push_back(*ticket);
+    {
+      absl::MutexLock lock(&mu_);
+      remaining_ = static_cast<int>(request_.prompts.size());
     }
-    if (!first_error_.ok()) CancelLocked();
-    if (remaining_ == 0) FinishLocked();
+    for (size_t i = 0; i < request_.prompts.size(); ++i) {
+      std::shared_ptr<RunningRequest> running = deps_.orchestrator->Start(
+          request_.prompts[i],
+          std::make_shared<PromptStream>(shared_from_this(), i));
+      bool failed;
+      {
+        absl::MutexLock lock(&mu_);
+        running_.push_back(running);
+        failed = !first_error_.ok();
+      }
+      // A prompt that failed (or a client gone) cancelled those before;
+      // this one too.
+      if (failed) running->Cancel();
+    }
   }
 
   void Cancel() {
-    absl::MutexLock lock(&mu_);
-    RecordError(absl::CancelledError("the client went away"));
-    CancelLocked();
-    if (remaining_ == 0) FinishLocked();
+    std::vector<std::shared_ptr<RunningRequest>> running;
+    {
+      absl::MutexLock lock(&mu_);
+      RecordError(absl::CancelledError("the client went away"));
+      running = running_;
+    }
+    for (auto& r : running) r->Cancel();
   }
 
  private:
+  // One prompt's stream: its messages and its end go to the call.
   class PromptStream final : public GenerateStream {
    public:
-    PromptStream(OpenAiCall* call, int index) : call_(call), index_(index) {}
+    PromptStream(std::shared_ptr<OpenAiCall> call, int index)
+        : call_(std::move(call)), index_(index) {}
     absl::Time deadline() const override { return call_->deadline_; }
-    bool AddDownstream(grpc::ClientContext* context) override {
-      return downstream_.Add(context);
-    }
-    void RemoveDownstream(grpc::ClientContext* context) override {
-      downstream_.Remove(context);
-    }
-    bool cancelled() const override { return downstream_.cancelled(); }
     void Send(v1::GenerateResponse message) override {
       call_->OnMessage(index_, message);
     }
-    void Cancel() { downstream_.Cancel(); }
+    void End(const absl::Status& status) override { call_->PromptDone(status); }
 
    private:
-    OpenAiCall* const call_;
+    const std::shared_ptr<OpenAiCall> call_;
     const int index_;
-    DownstreamCalls downstream_;
   };
 
   void OnMessage(int prompt_index, const v1::GenerateResponse& message) {
@@ -152,26 +136,24 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   }
 
   void PromptDone(const absl::Status& status) {
-    absl::MutexLock lock(&mu_);
-    if (!status.ok()) {
-      RecordError(status);
-      CancelLocked();  // One prompt failed: the request has.
+    std::vector<std::shared_ptr<RunningRequest>> to_cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status.ok()) {
+        RecordError(status);
+        to_cancel = running_;  // One prompt failed: the request has.
+      }
+      --remaining_;
+      if (remaining_ == 0) {
+        FinishLocked();
+        running_.clear();
+      }
     }
-    --remaining_;
-    if (remaining_ == 0) FinishLocked();
+    for (auto& r : to_cancel) r->Cancel();
   }
 
   void RecordError(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (first_error_.ok()) first_error_ = status;
-  }
-
-  void CancelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (auto& stream : streams_) stream->Cancel();
-    // Runs still queued never start: they are done now.
-    for (BoundedExecutor::Ticket ticket : tickets_) {
-      if (deps_.executor->Remove(ticket)) --remaining_;
-    }
-    tickets_.clear();
   }
 
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -208,11 +190,11 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   const std::shared_ptr<HttpExchange> exchange_;
   const absl::Time started_;
   const absl::Time deadline_;
-  std::vector<std::unique_ptr<PromptStream>> streams_;  // Fixed at birth.
 
   absl::Mutex mu_;
   OpenAiResponseWriter writer_ ABSL_GUARDED_BY(mu_);
-  std::vector<BoundedExecutor::Ticket> tickets_ ABSL_GUARDED_BY(mu_);
+  // The prompts' runs, until the last one ends.
+  std::vector<std::shared_ptr<RunningRequest>> running_ ABSL_GUARDED_BY(mu_);
   int remaining_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   bool events_started_ ABSL_GUARDED_BY(mu_) = false;

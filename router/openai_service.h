@@ -8,15 +8,14 @@
 //   GET  /metrics                                      Prometheus text
 //
 // A generation request runs like a gRPC Generate call: each of its prompts
-// is one RequestOrchestrator run on the router's BoundedExecutor (a full
-// executor is 429 with Retry-After), with the same validation and the same
-// messages. Chat requests are rendered through the model's chat template
+// is one RequestOrchestrator request (refused admission is 429 with
+// Retry-After), with the same validation and the same messages. Chat requests are rendered through the model's chat template
 // first. A client that disconnects cancels every downstream call of its
 // request, so the decode workers free its KV blocks at once.
 //
 // Thread-safety: Handle() from the HTTP server's threads; it never blocks.
 // Ownership: borrows everything; what it borrows must outlive the HTTP
-// server that calls it and the executor tasks it submits.
+// server that calls it and the requests it starts.
 #ifndef PDSERVE_ROUTER_OPENAI_SERVICE_H_
 #define PDSERVE_ROUTER_OPENAI_SERVICE_H_
 
@@ -30,7 +29,6 @@
 namespace pdserve {
 
 class ApiKeys;
-class BoundedExecutor;
 class RequestOrchestrator;
 class RouterMetrics;
 class ServedModel;
@@ -42,7 +40,6 @@ class OpenAiService {
     std::shared_ptr<const ServedModel> model;
     WorkerRegistry* registry = nullptr;
     RequestOrchestrator* orchestrator = nullptr;
-    BoundedExecutor* executor = nullptr;
     RouterMetrics* metrics = nullptr;
     // Null or empty: no key required.
     const ApiKeys* api_keys = nullptr;

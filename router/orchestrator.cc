@@ -1,16 +1,15 @@
 #include "router/orchestrator.h"
 
 #include <algorithm>
-#include <thread>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/log.h"
-#include "common/status_macros.h"
 #include "engine/sampler.h"
+#include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
 #include "router/response_assembler.h"
 
@@ -41,459 +40,889 @@ absl::Status Annotate(const absl::Status& status, const std::string& what) {
                       absl::StrCat(what, ": ", status.message()));
 }
 
-// A downstream call's context, registered with the client's stream for
-// cancellation for as long as it lives.
-class DownstreamContext {
+// The handle of a request that ended inside Start (refused or invalid).
+class EndedRequest final : public RunningRequest {
  public:
-  DownstreamContext(GenerateStream& stream, absl::Time deadline)
-      : stream_(stream) {
-    context_.set_deadline(absl::ToChronoTime(deadline));
-    registered_ = stream_.AddDownstream(&context_);
-  }
-  ~DownstreamContext() {
-    if (registered_) stream_.RemoveDownstream(&context_);
-  }
-  DownstreamContext(const DownstreamContext&) = delete;
-  DownstreamContext& operator=(const DownstreamContext&) = delete;
-
-  // False when the client had already cancelled: do not start the call.
-  bool ok() const { return registered_; }
-  grpc::ClientContext* get() { return &context_; }
-
- private:
-  GenerateStream& stream_;
-  grpc::ClientContext context_;
-  bool registered_ = false;
-};
-
-// The stream of one choice of an n > 1 request: the client's stream, plus
-// a cancellation of its own that Fail() sets when another choice failed.
-class ChoiceStream final : public GenerateStream {
- public:
-  explicit ChoiceStream(GenerateStream& client) : client_(client) {}
-
-  absl::Time deadline() const override { return client_.deadline(); }
-  bool AddDownstream(grpc::ClientContext* context) override {
-    absl::MutexLock lock(&mu_);
-    if (failed_ || !client_.AddDownstream(context)) return false;
-    downstream_.push_back(context);
-    return true;
-  }
-  void RemoveDownstream(grpc::ClientContext* context) override {
-    absl::MutexLock lock(&mu_);
-    client_.RemoveDownstream(context);
-    std::erase(downstream_, context);
-  }
-  bool cancelled() const override {
-    absl::MutexLock lock(&mu_);
-    return failed_ || client_.cancelled();
-  }
-  void Send(v1::GenerateResponse message) override {
-    client_.Send(std::move(message));
-  }
-
-  // Cancels the choice's downstream calls, now and later.
-  void Fail() {
-    absl::MutexLock lock(&mu_);
-    failed_ = true;
-    // Under mu_ as in the router's own stream: no context goes meanwhile.
-    for (grpc::ClientContext* context : downstream_) context->TryCancel();
-  }
-
- private:
-  GenerateStream& client_;
-  mutable absl::Mutex mu_;
-  bool failed_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<grpc::ClientContext*> downstream_ ABSL_GUARDED_BY(mu_);
+  void Cancel() override {}
 };
 
 }  // namespace
 
-// One request's state across its attempts.
-struct RequestOrchestrator::Request {
-  GenerateStream& stream;
-  ValidatedRequest validated;
-  // The current attempt's id (a new one per decode worker tried).
-  uint64_t id = 0;
-  wire::EngineRequest engine;
-  ResponseAssembler out;
-  absl::Time deadline;
-  ChoiceHooks hooks;
+// One choice of a request: a state machine over gRPC callback calls.
+// Its steps run one at a time (each starts the next call from the previous
+// one's completion), so the attempt state needs no lock; mu_ guards what
+// Cancel() touches from other threads. The admission fields are the
+// orchestrator's, under its mu_.
+class RequestOrchestrator::Choice final
+    : public std::enable_shared_from_this<Choice> {
+ public:
+  Choice(RequestOrchestrator* orchestrator, std::shared_ptr<Request> request,
+         const ValidatedRequest& validated, const std::string& request_id,
+         uint32_t index, const WorkerEndpoint* preferred, absl::Time deadline,
+         int32_t priority);
 
-  // Tells hooks.on_prompt_cached, the first time only.
+  // Starts the choice on decode worker `decode` (its blocks committed).
+  void Run(const WorkerEndpoint* decode);
+  // Ends the choice with `status`; only the first call counts.
+  void End(absl::Status status);
+  void Cancel();
+
+  // The Decode stream's reactions (DecodeCall).
+  // Takes one message; false when the choice wants no more (a stop string
+  // or a bad token: the call is then cancelled).
+  bool OnDecodeMessage(const wire::DecodeResponse& response);
+  void OnDecodeDone(const absl::Status& status);
+
+  // Admission state: the orchestrator's mu_.
+  QueueKey key;
+  bool queued = false;
+  absl::Time not_before = absl::InfinitePast();
+  const WorkerEndpoint* committed_on = nullptr;
+  int64_t committed_blocks = 0;
+  // Decode workers tried (failed or full), for admission's choice.
+  std::vector<const WorkerEndpoint*> tried;
+  // The first decode failure, once retried; ends the choice when no other
+  // worker is left.
+  absl::Status last_failure;
+
+  const uint32_t index;
+  const WorkerEndpoint* const preferred;
+  const absl::Time deadline;
+  const int32_t priority;
+  const int64_t reserve_tokens;
+  const absl::Time created = absl::Now();
+
+ private:
+  // CANCELLED or DEADLINE_EXCEEDED when the client's call is over.
+  absl::Status ClientEnded() const;
+  // A context for the next call, registered for Cancel(); null when the
+  // choice was cancelled already (do not start the call).
+  std::shared_ptr<grpc::ClientContext> NewContext(absl::Time deadline);
+  void CallDone();
+
+  void StartReserve();
+  void OnReserved(const absl::Status& status);
+  void StartPrefill();
+  void OnPrefilled(const absl::Status& status);
+  // Every prefill worker failed with `status`: release the landing, then
+  // try another decode worker when the release says this one is down.
+  void PrefillFailed(absl::Status status);
+  void StartDecode();
+  // Back to admission for another decode worker: this one was full
+  // (`full`) or failed with `status` before any token.
+  void Retry(const absl::Status& status, bool full);
+  void ReleaseLanding();
+
+  RequestOrchestrator* const orchestrator_;
+  const std::shared_ptr<Request> request_;
+  ValidatedRequest validated_;
+  ResponseAssembler out_;
+
+  // The current attempt.
+  const WorkerEndpoint* decode_ = nullptr;
+  uint64_t id_ = 0;
+  wire::EngineRequest engine_;
+  bool disaggregated_ = false;
+  bool retried_failure_ = false;
+  wire::ReserveRequest reserve_;
+  wire::Landing landing_;
+  std::vector<const WorkerEndpoint*> tried_prefill_;
+  absl::Status last_prefill_error_;
+  wire::PrefillResponse prefilled_;
+  wire::SampledToken first_token_;
+  // Decode stream outcome.
+  bool finished_ = false;
+  absl::Status token_error_;
+  bool prompt_cached_ = false;
+
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);
+};
+
+// One request: its choices, and its stream until it finishes.
+class RequestOrchestrator::Request final
+    : public RunningRequest,
+      public std::enable_shared_from_this<Request> {
+ public:
+  Request(RequestOrchestrator* orchestrator,
+          std::shared_ptr<GenerateStream> stream, ValidatedRequest validated,
+          std::string request_id, int32_t priority)
+      : orchestrator_(orchestrator),
+        validated_(std::move(validated)),
+        request_id_(std::move(request_id)),
+        priority_(priority),
+        n_(validated_.n),
+        deadline_(stream->deadline()),
+        stream_(std::move(stream)),
+        choices_(n_),
+        statuses_(n_),
+        remaining_(static_cast<int>(n_)) {}
+
+  // Creates choice `index` and admits it.
+  void StartChoice(uint32_t index, const WorkerEndpoint* preferred) {
+    auto choice = std::make_shared<Choice>(orchestrator_, shared_from_this(),
+                                           validated_, request_id_, index,
+                                           preferred, deadline_, priority_);
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      choices_[index] = choice;
+      cancelled = cancelled_;
+    }
+    orchestrator_->CallStarted();
+    if (cancelled) {
+      choice->End(absl::CancelledError("the client cancelled the request"));
+    } else {
+      orchestrator_->Admit(choice);
+    }
+  }
+
+  void Cancel() override {
+    std::vector<std::shared_ptr<Choice>> choices;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return;
+      cancelled_ = true;
+      choices = choices_;
+    }
+    for (auto& c : choices) {
+      if (c) c->Cancel();
+    }
+  }
+
+  void Send(v1::GenerateResponse message) {
+    // stream_ is only reset once every choice ended, after their last Send.
+    stream_->Send(std::move(message));
+  }
+
+  // Choice 0's prompt KV is in `decode`'s prefix cache: the others start.
   void PromptCached(const WorkerEndpoint* decode) {
-    if (hooks.on_prompt_cached)
-      std::exchange(hooks.on_prompt_cached, nullptr)(decode);
+    if (n_ == 1) return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (others_started_ || cancelled_ || failed_) return;
+      others_started_ = true;
+    }
+    for (uint32_t i = 1; i < n_; ++i) StartChoice(i, decode);
   }
 
-  int64_t prompt_tokens() const { return engine.prompt_size(); }
-  int64_t reserve_tokens() const {
-    return engine.prompt_size() + static_cast<int64_t>(engine.max_tokens());
+  void ChoiceDone(uint32_t index, absl::Status status) {
+    std::vector<std::shared_ptr<Choice>> to_cancel;
+    bool start_others = false;
+    std::shared_ptr<GenerateStream> stream;
+    absl::Status final_status;
+    {
+      absl::MutexLock lock(&mu_);
+      statuses_[index] = std::move(status);
+      --remaining_;
+      if (!statuses_[index].ok()) {
+        failed_ = true;
+        for (auto& c : choices_) {
+          if (c) to_cancel.push_back(c);
+        }
+      }
+      if (index == 0 && !others_started_ && n_ > 1) {
+        others_started_ = true;
+        if (statuses_[0].ok() && !cancelled_) {
+          // Choice 0 ended with its first token, on a prefill worker
+          // (whose prefix cache holds the prompt now) or by a stop string.
+          start_others = true;
+        } else {
+          // The others never start.
+          remaining_ -= static_cast<int>(n_ - 1);
+          for (uint32_t i = 1; i < n_; ++i) {
+            statuses_[i] = absl::CancelledError("another choice failed");
+          }
+        }
+      }
+      if (remaining_ == 0) {
+        stream = std::move(stream_);
+        final_status = FinalStatus();
+        choices_.clear();
+      }
+    }
+    for (auto& c : to_cancel) c->Cancel();
+    if (start_others) {
+      for (uint32_t i = 1; i < n_; ++i) StartChoice(i, nullptr);
+    }
+    if (stream) {
+      stream->End(final_status);
+      orchestrator_->running_.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
+
+ private:
+  // The first failure, in choice order, that is not just another choice's
+  // cancellation of this one.
+  absl::Status FinalStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const absl::Status& s : statuses_) {
+      if (!s.ok() && !absl::IsCancelled(s)) return s;
+    }
+    for (const absl::Status& s : statuses_) {
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  RequestOrchestrator* const orchestrator_;
+  const ValidatedRequest validated_;
+  const std::string request_id_;
+  const int32_t priority_;
+  const uint32_t n_;
+  const absl::Time deadline_;
+
+  absl::Mutex mu_;
+  std::shared_ptr<GenerateStream> stream_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Choice>> choices_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
+  int remaining_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool others_started_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// How one attempt on a decode worker ended.
-struct RequestOrchestrator::Attempt {
-  enum Kind {
-    kDone,          // `status` ends the call.
-    kDecodeFull,    // No KV blocks on that worker: try another.
-    kDecodeFailed,  // It failed before the client got a token: may retry.
-  };
-  Kind kind = kDone;
-  absl::Status status;
+// One Decode stream: a read reactor that hands each message to its choice
+// and deletes itself when the call is done.
+class RequestOrchestrator::DecodeCall final
+    : public grpc::ClientReadReactor<wire::DecodeResponse> {
+ public:
+  DecodeCall(std::shared_ptr<Choice> choice,
+             std::shared_ptr<grpc::ClientContext> context)
+      : choice_(std::move(choice)), context_(std::move(context)) {}
 
-  static Attempt Done(absl::Status s) { return {kDone, std::move(s)}; }
+  void Start(const WorkerEndpoint* decode, wire::DecodeRequest request) {
+    request_ = std::move(request);
+    decode->decode->async()->Decode(context_.get(), &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows.
+    if (!wanted_ || !choice_->OnDecodeMessage(response_)) {
+      // A stop string or a bad token ended the choice before the worker
+      // would: cancel it (its completion comes after this reaction).
+      if (wanted_) context_->TryCancel();
+      wanted_ = false;
+    }
+    response_.Clear();
+    StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    choice_->OnDecodeDone(FromGrpcStatus(status));
+    delete this;
+  }
+
+ private:
+  const std::shared_ptr<Choice> choice_;
+  const std::shared_ptr<grpc::ClientContext> context_;
+  wire::DecodeRequest request_;
+  wire::DecodeResponse response_;
+  bool wanted_ = true;
 };
 
-RequestOrchestrator::RequestOrchestrator(
-    std::shared_ptr<const ServedModel> model, WorkerRegistry* registry,
-    const Options& options)
-    : model_(std::move(model)),
-      registry_(registry),
-      options_(options),
-      // Random start: ids stay unique across router restarts too, as far as
-      // the workers' leftover state is concerned.
-      next_id_((RandomU64() >> 2) + 1) {}
+RequestOrchestrator::Choice::Choice(RequestOrchestrator* orchestrator,
+                                    std::shared_ptr<Request> request,
+                                    const ValidatedRequest& validated,
+                                    const std::string& request_id,
+                                    uint32_t index,
+                                    const WorkerEndpoint* preferred,
+                                    absl::Time deadline, int32_t priority)
+    : index(index),
+      preferred(preferred),
+      deadline(deadline),
+      priority(priority),
+      reserve_tokens(static_cast<int64_t>(validated.engine.prompt.size()) +
+                     validated.engine.sampling.max_tokens),
+      orchestrator_(orchestrator),
+      request_(std::move(request)),
+      validated_(validated),
+      out_(ResponseAssembler::Options{
+          .tokenizer = orchestrator->model_->tokenizer(),
+          .skip_special_tokens = validated.skip_special_tokens,
+          .stop_strings = validated.stop_strings,
+          .logprobs = validated.engine.sampling.logprobs > 0,
+          .request_id = request_id,
+          .prompt_tokens =
+              static_cast<uint32_t>(validated.engine.prompt.size()),
+          .index = index}),
+      id_(orchestrator->NewId()) {
+  SamplingParams& sampling = validated_.engine.sampling;
+  sampling.seed = ChoiceSeed(*sampling.seed, index);
+  if (index > 0) sampling.prompt_logprobs.reset();  // Choice 0 carries them.
+}
 
-absl::Status RequestOrchestrator::ClientEnded(const Request& r) const {
-  if (absl::Now() >= r.deadline) {
+absl::Status RequestOrchestrator::Choice::ClientEnded() const {
+  if (absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the request's deadline passed");
   }
-  if (r.stream.cancelled()) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) {
     return absl::CancelledError("the client cancelled the request");
   }
   return absl::OkStatus();
 }
 
-absl::Status RequestOrchestrator::Run(const v1::GenerateRequest& request,
-                                      GenerateStream& stream) {
-  PD_ASSIGN_OR_RETURN(ValidatedRequest validated,
-                      ValidateGenerateRequest(request, *model_));
-  if (!validated.engine.sampling.seed) {
-    validated.engine.sampling.seed = RandomU64();
-  }
-  const std::string request_id =
-      request.request_id().empty() ? absl::StrCat("req-", next_id_.fetch_add(1))
-                                   : request.request_id();
-  if (validated.n == 1) {
-    return RunChoice(validated, 0, request_id, stream, {});
-  }
-  return RunChoices(validated, request_id, stream);
+std::shared_ptr<grpc::ClientContext> RequestOrchestrator::Choice::NewContext(
+    absl::Time call_deadline) {
+  auto context = std::make_shared<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(call_deadline));
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return nullptr;
+  context_ = context;
+  return context;
 }
 
-absl::Status RequestOrchestrator::RunChoices(const ValidatedRequest& validated,
-                                             const std::string& request_id,
-                                             GenerateStream& stream) {
-  const uint32_t n = validated.n;
-  // Choice i runs on choice_streams[i]; choices 1..n-1 on threads of their
-  // own, started by choice 0's on_prompt_cached.
-  std::vector<std::unique_ptr<ChoiceStream>> choice_streams;
-  for (uint32_t i = 0; i < n; ++i) {
-    choice_streams.push_back(std::make_unique<ChoiceStream>(stream));
-  }
-  std::vector<absl::Status> statuses(n);
-  auto fail_others = [&](uint32_t failed) {
-    for (uint32_t i = 0; i < n; ++i) {
-      if (i != failed) choice_streams[i]->Fail();
-    }
-  };
-  std::vector<std::thread> others;
-  bool started = false;  // Touched by choice 0's thread (this one) only.
-  auto start_others = [&](const WorkerEndpoint* decode) {
-    started = true;
-    for (uint32_t i = 1; i < n; ++i) {
-      others.emplace_back([&, i, decode] {
-        statuses[i] = RunChoice(validated, i, request_id, *choice_streams[i],
-                                {.prefix_holder = decode});
-        if (!statuses[i].ok()) fail_others(i);
-      });
-    }
-  };
-  statuses[0] = RunChoice(validated, 0, request_id, *choice_streams[0],
-                          {.on_prompt_cached = start_others});
-  if (!statuses[0].ok()) {
-    fail_others(0);
-  } else if (!started) {
-    // Choice 0 ended with its first token, on a prefill worker (whose
-    // prefix cache holds the prompt now) or by a stop string.
-    start_others(nullptr);
-  }
-  for (std::thread& t : others) t.join();
-  // The first failure, in choice order, that is not just another choice's
-  // cancellation of this one.
-  for (const absl::Status& s : statuses) {
-    if (!s.ok() && !absl::IsCancelled(s)) return s;
-  }
-  for (const absl::Status& s : statuses) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+void RequestOrchestrator::Choice::CallDone() {
+  absl::MutexLock lock(&mu_);
+  context_.reset();
 }
 
-absl::Status RequestOrchestrator::RunChoice(const ValidatedRequest& validated,
-                                            uint32_t index,
-                                            const std::string& request_id,
-                                            GenerateStream& stream,
-                                            ChoiceHooks hooks) {
-  const uint64_t first_id = next_id_.fetch_add(1);
-  ResponseAssembler::Options out_options{
-      .tokenizer = model_->tokenizer(),
-      .skip_special_tokens = validated.skip_special_tokens,
-      .stop_strings = validated.stop_strings,
-      .logprobs = validated.engine.sampling.logprobs > 0,
-      .request_id = request_id,
-      .prompt_tokens = static_cast<uint32_t>(validated.engine.prompt.size()),
-      .index = index};
-  Request r{.stream = stream,
-            .validated = validated,
-            .id = first_id,
-            .engine = {},
-            .out = ResponseAssembler(std::move(out_options)),
-            .deadline = stream.deadline(),
-            .hooks = std::move(hooks)};
-  SamplingParams& sampling = r.validated.engine.sampling;
-  sampling.seed = ChoiceSeed(*sampling.seed, index);
-  if (index > 0) sampling.prompt_logprobs.reset();  // Choice 0 carries them.
-  std::vector<const WorkerEndpoint*> tried;
-  bool any_full = false;
-  bool retried_failure = false;
-  absl::Status last_failure;
-  for (;;) {
-    PD_RETURN_IF_ERROR(ClientEnded(r));
-    const WorkerEndpoint* decode = tried.empty() && r.hooks.prefix_holder
-                                       ? r.hooks.prefix_holder
-                                       : registry_->PickDecode(tried);
-    if (decode == nullptr) {
-      if (!last_failure.ok()) return last_failure;
-      if (any_full) {
-        return absl::ResourceExhaustedError(
-            "no decode worker has free KV blocks for the request; retry "
-            "later");
-      }
-      return absl::UnavailableError("no healthy decode worker");
-    }
-    tried.push_back(decode);
-    if (tried.size() > 1) r.id = next_id_.fetch_add(1);
-    r.validated.engine.id = RequestId(r.id);
-    r.engine.Clear();
-    ToWire(r.validated.engine, &r.engine);
-
-    Attempt attempt = RunOnDecode(decode, r);
-    switch (attempt.kind) {
-      case Attempt::kDone:
-        return attempt.status;
-      case Attempt::kDecodeFull:
-        any_full = true;
-        break;
-      case Attempt::kDecodeFailed:
-        PD_LOG(WARNING) << "request " << r.id << ": decode worker "
-                        << decode->id
-                        << " failed before any token: " << attempt.status;
-        if (retried_failure) return attempt.status;
-        retried_failure = true;
-        last_failure = attempt.status;
-        break;
-    }
-  }
-}
-
-RequestOrchestrator::Attempt RequestOrchestrator::RunOnDecode(
-    const WorkerEndpoint* decode, Request& r) {
-  wire::DecodeRequest decode_request;
-  *decode_request.mutable_request() = r.engine;
-  const bool disaggregate = decode != r.hooks.prefix_holder &&
-                            r.prompt_tokens() > options_.short_prompt_tokens &&
-                            registry_->healthy_prefill() > 0;
-  if (!disaggregate) {
-    return Decode(decode, decode_request, /*disaggregated=*/false, r);
-  }
-
-  wire::Landing landing;
+void RequestOrchestrator::Choice::Cancel() {
+  std::shared_ptr<grpc::ClientContext> context;
   {
-    DownstreamContext context(
-        r.stream, std::min(r.deadline, absl::Now() + options_.control_timeout));
-    if (!context.ok()) return Attempt::Done(ClientEnded(r));
-    wire::ReserveRequest reserve;
-    reserve.set_request_id(r.id);
-    reserve.set_num_tokens(static_cast<uint32_t>(r.reserve_tokens()));
-    registry_->NoteDispatched(decode, r.reserve_tokens());
-    const absl::Status status = FromGrpcStatus(
-        decode->decode->Reserve(context.get(), reserve, &landing));
-    if (!status.ok()) {
-      if (absl::Status ended = ClientEnded(r); !ended.ok()) {
-        return Attempt::Done(ended);
-      }
-      if (absl::IsResourceExhausted(status)) {
-        return {Attempt::kDecodeFull, status};
-      }
-      if (absl::IsInvalidArgument(status)) {  // See Prefill().
-        return Attempt::Done(absl::InternalError(
-            absl::StrCat("decode worker ", decode->id,
-                         " refused the reservation: ", status.message())));
-      }
-      registry_->ReportCallFailure(decode, status);
-      return {Attempt::kDecodeFailed,
-              Annotate(status,
-                       absl::StrCat("Reserve on decode worker ", decode->id))};
-    }
+    absl::MutexLock lock(&mu_);
+    if (cancelled_ || ended_) return;
+    cancelled_ = true;
+    context = context_;
   }
-
-  absl::StatusOr<wire::PrefillResponse> prefilled = Prefill(landing, r);
-  if (!prefilled.ok()) {
-    const absl::Status released = Release(decode, r.id);
-    // Every prefill worker failing may be the decode worker's fault (they
-    // could not reach it); then another decode worker may do.
-    if (absl::IsUnavailable(released) && ClientEnded(r).ok()) {
-      return {Attempt::kDecodeFailed, prefilled.status()};
-    }
-    return Attempt::Done(prefilled.status());
-  }
-
-  // The first token goes to the client at once: this is the TTFT.
-  v1::GenerateResponse message = r.out.NewMessage();
-  r.out.AddPromptLogprobs(prefilled->prompt_logprobs(), &message);
-  if (absl::Status s = r.out.AddToken(prefilled->first_token(), &message);
-      !s.ok()) {
-    Release(decode, r.id).IgnoreError();
-    return Attempt::Done(s);
-  }
-  if (prefilled->finish_reason() != wire::FINISH_REASON_UNSPECIFIED ||
-      r.out.stopped()) {
-    Release(decode, r.id).IgnoreError();
-    r.out.Finish(ToPublic(prefilled->finish_reason()), &message);
-    r.stream.Send(std::move(message));
-    return Attempt::Done(absl::OkStatus());
-  }
-  r.stream.Send(std::move(message));
-  *decode_request.mutable_first_token() = prefilled->first_token();
-  return Decode(decode, decode_request, /*disaggregated=*/true, r);
+  // Outside mu_: gRPC may run the call's completion inline.
+  if (context) context->TryCancel();
+  if (orchestrator_->Dequeue(*this)) End(ClientEnded());
 }
 
-absl::StatusOr<wire::PrefillResponse> RequestOrchestrator::Prefill(
-    const wire::Landing& landing, Request& r) {
-  wire::PrefillRequest request;
-  *request.mutable_request() = r.engine;
-  *request.mutable_landing() = landing;
-  std::vector<const WorkerEndpoint*> tried;
-  absl::Status last = absl::UnavailableError("no healthy prefill worker");
-  for (int attempt = 0; attempt <= options_.prefill_retries; ++attempt) {
-    const WorkerEndpoint* prefill = registry_->PickPrefill(tried);
-    if (prefill == nullptr) break;
-    tried.push_back(prefill);
-    DownstreamContext context(r.stream, r.deadline);
-    if (!context.ok()) return ClientEnded(r);
-    registry_->NoteDispatched(prefill, r.prompt_tokens());
-    wire::PrefillResponse response;
-    const absl::Status status = FromGrpcStatus(
-        prefill->prefill->Prefill(context.get(), request, &response));
-    if (status.ok()) return response;
-    PD_RETURN_IF_ERROR(ClientEnded(r));
-    registry_->ReportCallFailure(prefill, status);
-    last = Annotate(status, absl::StrCat("prefill worker ", prefill->id));
-    PD_LOG(WARNING) << "request " << r.id << ": " << last;
+void RequestOrchestrator::Choice::End(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;
+    ended_ = true;
+    context_.reset();
+  }
+  orchestrator_->Uncommit(*this);
+  request_->ChoiceDone(index, std::move(status));
+  orchestrator_->CallEnded();
+}
+
+void RequestOrchestrator::Choice::Run(const WorkerEndpoint* decode) {
+  if (absl::Status ended = ClientEnded(); !ended.ok()) return End(ended);
+  if (decode_ != nullptr) id_ = orchestrator_->NewId();  // A new attempt.
+  decode_ = decode;
+  validated_.engine.id = RequestId(id_);
+  engine_.Clear();
+  ToWire(validated_.engine, &engine_);
+  disaggregated_ =
+      decode != preferred &&
+      engine_.prompt_size() > orchestrator_->options_.short_prompt_tokens &&
+      orchestrator_->registry_->healthy_prefill() > 0;
+  if (disaggregated_) {
+    StartReserve();
+  } else {
+    orchestrator_->registry_->NoteDispatched(decode_, reserve_tokens);
+    StartDecode();
+  }
+}
+
+void RequestOrchestrator::Choice::StartReserve() {
+  std::shared_ptr<grpc::ClientContext> context = NewContext(std::min(
+      deadline, absl::Now() + orchestrator_->options_.control_timeout));
+  if (!context) return End(ClientEnded());
+  reserve_.set_request_id(id_);
+  reserve_.set_num_tokens(static_cast<uint32_t>(reserve_tokens));
+  landing_.Clear();
+  orchestrator_->registry_->NoteDispatched(decode_, reserve_tokens);
+  decode_->decode->async()->Reserve(
+      context.get(), &reserve_, &landing_,
+      [self = shared_from_this(), context](grpc::Status status) {
+        self->OnReserved(FromGrpcStatus(status));
+      });
+}
+
+void RequestOrchestrator::Choice::OnReserved(const absl::Status& status) {
+  CallDone();
+  if (status.ok()) {
+    tried_prefill_.clear();
+    last_prefill_error_ = absl::UnavailableError("no healthy prefill worker");
+    return StartPrefill();
+  }
+  if (absl::Status ended = ClientEnded(); !ended.ok()) return End(ended);
+  if (absl::IsResourceExhausted(status)) return Retry(status, /*full=*/true);
+  if (absl::IsInvalidArgument(status)) {  // See OnPrefilled().
+    return End(absl::InternalError(
+        absl::StrCat("decode worker ", decode_->id,
+                     " refused the reservation: ", status.message())));
+  }
+  orchestrator_->registry_->ReportCallFailure(decode_, status);
+  Retry(Annotate(status, absl::StrCat("Reserve on decode worker ", decode_->id)),
+        /*full=*/false);
+}
+
+void RequestOrchestrator::Choice::StartPrefill() {
+  const WorkerEndpoint* prefill =
+      static_cast<int>(tried_prefill_.size()) <=
+              orchestrator_->options_.prefill_retries
+          ? orchestrator_->registry_->PickPrefill(tried_prefill_)
+          : nullptr;
+  if (prefill == nullptr) {
+    return PrefillFailed(absl::UnavailableError(absl::StrCat(
+        "prefill failed on ", tried_prefill_.size(),
+        " worker(s); last error: ", last_prefill_error_.message())));
+  }
+  tried_prefill_.push_back(prefill);
+  std::shared_ptr<grpc::ClientContext> context = NewContext(deadline);
+  if (!context) {
+    ReleaseLanding();
+    return End(ClientEnded());
+  }
+  auto request = std::make_shared<wire::PrefillRequest>();
+  *request->mutable_request() = engine_;
+  *request->mutable_landing() = landing_;
+  prefilled_.Clear();
+  orchestrator_->registry_->NoteDispatched(prefill, engine_.prompt_size());
+  prefill->prefill->async()->Prefill(
+      context.get(), request.get(), &prefilled_,
+      [self = shared_from_this(), context, request](grpc::Status status) {
+        self->OnPrefilled(FromGrpcStatus(status));
+      });
+}
+
+void RequestOrchestrator::Choice::OnPrefilled(const absl::Status& status) {
+  CallDone();
+  if (!status.ok()) {
+    if (absl::Status ended = ClientEnded(); !ended.ok()) {
+      ReleaseLanding();
+      return End(ended);
+    }
+    const WorkerEndpoint* prefill = tried_prefill_.back();
+    orchestrator_->registry_->ReportCallFailure(prefill, status);
+    last_prefill_error_ =
+        Annotate(status, absl::StrCat("prefill worker ", prefill->id));
+    PD_LOG(WARNING) << "request " << id_ << ": " << last_prefill_error_;
     // The router checked everything the client sent, so a worker refusing
     // the request (or the landing) is the cluster's fault, not the
     // client's; another prefill worker would refuse it too.
     if (absl::IsInvalidArgument(status)) {
-      return absl::InternalError(last.message());
+      ReleaseLanding();
+      return End(absl::InternalError(last_prefill_error_.message()));
     }
+    return StartPrefill();
   }
-  return absl::UnavailableError(
-      absl::StrCat("prefill failed on ", tried.size(),
-                   " worker(s); last error: ", last.message()));
+
+  // The first token goes to the client at once: this is the TTFT.
+  v1::GenerateResponse message = out_.NewMessage();
+  out_.AddPromptLogprobs(prefilled_.prompt_logprobs(), &message);
+  if (absl::Status s = out_.AddToken(prefilled_.first_token(), &message);
+      !s.ok()) {
+    ReleaseLanding();
+    return End(s);
+  }
+  if (prefilled_.finish_reason() != wire::FINISH_REASON_UNSPECIFIED ||
+      out_.stopped()) {
+    ReleaseLanding();
+    out_.Finish(ToPublic(prefilled_.finish_reason()), &message);
+    request_->Send(std::move(message));
+    return End(absl::OkStatus());
+  }
+  request_->Send(std::move(message));
+  first_token_ = prefilled_.first_token();
+  prefilled_.Clear();
+  StartDecode();
 }
 
-RequestOrchestrator::Attempt RequestOrchestrator::Decode(
-    const WorkerEndpoint* decode, const wire::DecodeRequest& decode_request,
-    bool disaggregated, Request& r) {
-  DownstreamContext context(r.stream, r.deadline);
-  if (!context.ok()) {
-    if (disaggregated) Release(decode, r.id).IgnoreError();
-    return Attempt::Done(ClientEnded(r));
-  }
-  if (!disaggregated) registry_->NoteDispatched(decode, r.reserve_tokens());
-  std::unique_ptr<grpc::ClientReader<wire::DecodeResponse>> reader =
-      decode->decode->Decode(context.get(), decode_request);
+void RequestOrchestrator::Choice::PrefillFailed(absl::Status status) {
+  // Every prefill worker failing may be the decode worker's fault (they
+  // could not reach it); then another decode worker may do.
+  orchestrator_->Release(
+      decode_, id_,
+      [self = shared_from_this(), status](const absl::Status& released) {
+        if (absl::IsUnavailable(released) && self->ClientEnded().ok()) {
+          return self->Retry(status, /*full=*/false);
+        }
+        self->End(status);
+      });
+}
 
-  bool finished = false;
-  absl::Status token_error;
-  wire::DecodeResponse response;
-  while (!finished && reader->Read(&response)) {
+void RequestOrchestrator::Choice::ReleaseLanding() {
+  orchestrator_->Release(decode_, id_, nullptr);
+}
+
+void RequestOrchestrator::Choice::StartDecode() {
+  std::shared_ptr<grpc::ClientContext> context = NewContext(deadline);
+  if (!context) {
+    if (disaggregated_) ReleaseLanding();
+    return End(ClientEnded());
+  }
+  wire::DecodeRequest request;
+  *request.mutable_request() = engine_;
+  if (disaggregated_) *request.mutable_first_token() = first_token_;
+  finished_ = false;
+  token_error_ = absl::OkStatus();
+  auto* call = new DecodeCall(shared_from_this(), std::move(context));
+  call->Start(decode_, std::move(request));
+}
+
+bool RequestOrchestrator::Choice::OnDecodeMessage(
+    const wire::DecodeResponse& response) {
+  if (!prompt_cached_) {
     // The worker's engine holds the prompt's KV now, in its prefix cache.
-    r.PromptCached(decode);
-    v1::GenerateResponse message = r.out.NewMessage();
-    r.out.AddPromptLogprobs(response.prompt_logprobs(), &message);
-    for (const wire::SampledToken& token : response.tokens()) {
-      token_error = r.out.AddToken(token, &message);
-      if (!token_error.ok() || r.out.stopped()) break;
-    }
-    if (!token_error.ok()) break;
-    if (r.out.stopped() ||
-        response.finish_reason() != wire::FINISH_REASON_UNSPECIFIED) {
-      r.out.Finish(ToPublic(response.finish_reason()), &message);
-      finished = true;
-    }
-    if (message.token_ids_size() > 0 || finished) {
-      r.stream.Send(std::move(message));
-    }
+    prompt_cached_ = true;
+    if (index == 0) request_->PromptCached(decode_);
   }
-  // A stop string ends the request before the worker would: cancel it. After
-  // a finish reason the worker ends the stream itself.
-  if (r.out.stopped() || !token_error.ok()) context.get()->TryCancel();
-  const absl::Status status = FromGrpcStatus(reader->Finish());
-  if (finished) return Attempt::Done(absl::OkStatus());
-  if (!token_error.ok()) {
-    if (disaggregated) Release(decode, r.id).IgnoreError();
-    return Attempt::Done(token_error);
+  v1::GenerateResponse message = out_.NewMessage();
+  out_.AddPromptLogprobs(response.prompt_logprobs(), &message);
+  for (const wire::SampledToken& token : response.tokens()) {
+    token_error_ = out_.AddToken(token, &message);
+    if (!token_error_.ok() || out_.stopped()) break;
   }
-  if (absl::Status ended = ClientEnded(r); !ended.ok()) {
+  if (!token_error_.ok()) return false;
+  if (out_.stopped() ||
+      response.finish_reason() != wire::FINISH_REASON_UNSPECIFIED) {
+    out_.Finish(ToPublic(response.finish_reason()), &message);
+    finished_ = true;
+  }
+  if (message.token_ids_size() > 0 || finished_) {
+    request_->Send(std::move(message));
+  }
+  // After a finish reason the worker ends the stream itself.
+  return !out_.stopped();
+}
+
+void RequestOrchestrator::Choice::OnDecodeDone(const absl::Status& status) {
+  CallDone();
+  if (finished_) return End(absl::OkStatus());
+  if (!token_error_.ok()) {
+    if (disaggregated_) ReleaseLanding();
+    return End(token_error_);
+  }
+  if (absl::Status ended = ClientEnded(); !ended.ok()) {
     // The worker frees a cancelled decode itself; the release covers a
     // Decode call that never reached it.
-    if (disaggregated) Release(decode, r.id).IgnoreError();
-    return Attempt::Done(ended);
+    if (disaggregated_) ReleaseLanding();
+    return End(ended);
   }
   const absl::Status failure =
       status.ok()
           ? absl::UnavailableError("the stream ended without a finish reason")
           : status;
-  registry_->ReportCallFailure(decode, failure);
-  if (disaggregated && !absl::IsUnavailable(failure))
-    Release(decode, r.id).IgnoreError();
-  const std::string where = absl::StrCat("decode worker ", decode->id);
-  if (r.out.completion_tokens() == 0) {
-    if (absl::IsResourceExhausted(failure)) {
-      return {Attempt::kDecodeFull, failure};
-    }
+  orchestrator_->registry_->ReportCallFailure(decode_, failure);
+  if (disaggregated_ && !absl::IsUnavailable(failure)) ReleaseLanding();
+  const std::string where = absl::StrCat("decode worker ", decode_->id);
+  if (out_.completion_tokens() == 0) {
+    if (absl::IsResourceExhausted(failure)) return Retry(failure, true);
     if (absl::IsInvalidArgument(failure)) {
       // As for prefill: the request was checked, so this is internal.
-      return Attempt::Done(absl::InternalError(
+      return End(absl::InternalError(
           absl::StrCat(where, " refused the request: ", failure.message())));
     }
-    return {Attempt::kDecodeFailed, Annotate(failure, where)};
+    return Retry(Annotate(failure, where), /*full=*/false);
   }
-  PD_LOG(WARNING) << "request " << r.id << ": " << where << " failed after "
-                  << r.out.completion_tokens() << " tokens: " << failure;
-  return Attempt::Done(absl::UnavailableError(
-      absl::StrCat(where, " failed after ", r.out.completion_tokens(),
-                   " tokens: ", failure.message())));
+  PD_LOG(WARNING) << "request " << id_ << ": " << where << " failed after "
+                  << out_.completion_tokens() << " tokens: " << failure;
+  End(absl::UnavailableError(absl::StrCat(where, " failed after ",
+                                          out_.completion_tokens(),
+                                          " tokens: ", failure.message())));
 }
 
-absl::Status RequestOrchestrator::Release(const WorkerEndpoint* decode,
-                                          uint64_t request_id) {
-  grpc::ClientContext context;
-  context.set_deadline(
-      absl::ToChronoTime(absl::Now() + options_.control_timeout));
-  wire::ReleaseRequest request;
-  request.set_request_id(request_id);
-  wire::ReleaseResponse response;
-  const absl::Status status =
-      FromGrpcStatus(decode->decode->Release(&context, request, &response));
-  if (!status.ok()) {
-    PD_LOG(WARNING) << "request " << request_id << ": Release on decode worker "
-                    << decode->id << " failed: " << status;
-    registry_->ReportCallFailure(decode, status);
+void RequestOrchestrator::Choice::Retry(const absl::Status& status,
+                                        bool full) {
+  if (!full) {
+    PD_LOG(WARNING) << "request " << id_ << ": decode worker " << decode_->id
+                    << " failed before any token: " << status;
+    if (retried_failure_) return End(status);
+    retried_failure_ = true;
   }
-  return status;
+  orchestrator_->Uncommit(*this);
+  {
+    absl::MutexLock lock(&orchestrator_->mu_);
+    tried.push_back(decode_);
+    if (!full) last_failure = status;
+  }
+  orchestrator_->Admit(shared_from_this());
+}
+
+RequestOrchestrator::RequestOrchestrator(
+    std::shared_ptr<const ServedModel> model, WorkerRegistry* registry,
+    RouterMetrics* metrics, const Options& options)
+    : model_(std::move(model)),
+      registry_(registry),
+      metrics_(metrics),
+      options_(options),
+      // Random start: ids stay unique across router restarts too, as far as
+      // the workers' leftover state is concerned.
+      next_id_((RandomU64() >> 2) + 1),
+      admission_([this] { AdmissionLoop(); }) {}
+
+RequestOrchestrator::~RequestOrchestrator() {
+  Stop();
+  WaitUntilIdle();
+}
+
+std::shared_ptr<RunningRequest> RequestOrchestrator::Start(
+    const v1::GenerateRequest& request,
+    std::shared_ptr<GenerateStream> stream) {
+  absl::StatusOr<ValidatedRequest> validated =
+      ValidateGenerateRequest(request, *model_);
+  if (!validated.ok()) {
+    stream->End(validated.status());
+    return std::make_shared<EndedRequest>();
+  }
+  if (!validated->engine.sampling.seed) {
+    validated->engine.sampling.seed = RandomU64();
+  }
+  std::string request_id = request.request_id().empty()
+                               ? absl::StrCat("req-", NewId())
+                               : request.request_id();
+  running_.fetch_add(1, std::memory_order_relaxed);
+  auto run = std::make_shared<Request>(this, std::move(stream),
+                                       *std::move(validated),
+                                       std::move(request_id),
+                                       request.priority());
+  run->StartChoice(0, nullptr);
+  return run;
+}
+
+void RequestOrchestrator::Admit(const std::shared_ptr<Choice>& choice) {
+  absl::Status why;
+  const WorkerEndpoint* decode = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    const bool first = choice->key.second == 0;  // Never admitted before.
+    if (first) choice->key = {choice->priority, ++arrivals_};
+    if (stopping_) {
+      why = absl::UnavailableError("the router is stopping");
+    } else {
+      // A new request places at once only when none waits before it; one
+      // coming back from a full or failed worker keeps its place.
+      const bool ahead_waits =
+          !queue_.empty() && queue_.begin()->first < choice->key;
+      if (!ahead_waits) decode = PlaceLocked(*choice, &why);
+      if (decode == nullptr && why.ok()) {
+        if (first && static_cast<int64_t>(queue_.size()) >=
+                         options_.max_queued) {
+          why = absl::ResourceExhaustedError(absl::StrCat(
+              "the decode workers have no KV room for the request and ",
+              queue_.size(),
+              " requests already wait for it (the router's max_queued); "
+              "retry later"));
+        } else {
+          queue_.emplace(choice->key, choice);
+          choice->queued = true;
+          wake_ = true;
+          wake_cv_.Signal();
+        }
+      }
+    }
+  }
+  if (decode != nullptr) {
+    choice->Run(decode);
+  } else if (!why.ok()) {
+    choice->End(why);
+  }
+}
+
+const WorkerEndpoint* RequestOrchestrator::PlaceLocked(Choice& choice,
+                                                       absl::Status* why) {
+  std::vector<const WorkerEndpoint*> exclude = choice.tried;
+  bool any_usable = false, any_untried = false;
+  int64_t largest_tokens = 0;
+  const WorkerEndpoint* preferred = nullptr;
+  const std::vector<const WorkerEndpoint*> workers =
+      registry_->decode_workers();
+  auto blocks_on = [&](const WorkerRegistry::KvCapacity& c) {
+    const int64_t block_size = c.block_size > 0 ? c.block_size : 16;
+    return (choice.reserve_tokens + block_size - 1) / block_size;
+  };
+  for (const WorkerEndpoint* w : workers) {
+    const WorkerRegistry::KvCapacity capacity = registry_->DecodeCapacity(w);
+    if (!capacity.usable) continue;
+    any_usable = true;
+    largest_tokens = std::max(
+        largest_tokens,
+        capacity.total_blocks * std::max<int64_t>(capacity.block_size, 1));
+    if (std::find(choice.tried.begin(), choice.tried.end(), w) !=
+        choice.tried.end()) {
+      continue;
+    }
+    any_untried = true;
+    if (committed_[w] + blocks_on(capacity) > capacity.total_blocks) {
+      exclude.push_back(w);
+    } else if (w == choice.preferred) {
+      preferred = w;
+    }
+  }
+  if (!any_usable) {
+    *why = choice.last_failure.ok()
+               ? absl::UnavailableError("no healthy decode worker")
+               : choice.last_failure;
+    return nullptr;
+  }
+  if (choice.reserve_tokens > largest_tokens) {
+    *why = absl::ResourceExhaustedError(absl::StrCat(
+        "the request needs KV for ", choice.reserve_tokens,
+        " tokens (prompt + max_tokens) and the largest decode worker's pool "
+        "holds ",
+        largest_tokens, "; lower max_tokens or shorten the prompt"));
+    return nullptr;
+  }
+  if (!any_untried) {
+    if (!choice.last_failure.ok()) {
+      *why = choice.last_failure;
+      return nullptr;
+    }
+    // Every worker said it was full (another router's requests, which this
+    // ledger does not see): wait, and try them all again.
+    choice.tried.clear();
+    choice.not_before = absl::Now() + options_.recheck_interval;
+    return nullptr;
+  }
+  const WorkerEndpoint* decode =
+      preferred != nullptr ? preferred : registry_->PickDecode(exclude);
+  if (decode == nullptr) return nullptr;
+  choice.committed_on = decode;
+  choice.committed_blocks = blocks_on(registry_->DecodeCapacity(decode));
+  committed_[decode] += choice.committed_blocks;
+  return decode;
+}
+
+void RequestOrchestrator::Uncommit(Choice& choice) {
+  absl::MutexLock lock(&mu_);
+  if (choice.committed_on == nullptr) return;
+  committed_[choice.committed_on] -= choice.committed_blocks;
+  choice.committed_on = nullptr;
+  choice.committed_blocks = 0;
+  if (!queue_.empty()) {
+    wake_ = true;
+    wake_cv_.Signal();
+  }
+}
+
+bool RequestOrchestrator::Dequeue(Choice& choice) {
+  absl::MutexLock lock(&mu_);
+  if (!choice.queued) return false;
+  queue_.erase(choice.key);
+  choice.queued = false;
+  return true;
+}
+
+int64_t RequestOrchestrator::queued() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+void RequestOrchestrator::AdmissionLoop() {
+  absl::MutexLock lock(&mu_);
+  absl::Time next_expiry_scan = absl::InfinitePast();
+  while (!stopping_) {
+    if (!wake_) {
+      const absl::Time until = queue_.empty()
+                                   ? absl::InfiniteFuture()
+                                   : absl::Now() + options_.recheck_interval;
+      wake_cv_.WaitWithDeadline(&mu_, until);
+    }
+    wake_ = false;
+    if (stopping_) break;
+    const absl::Time now = absl::Now();
+    const bool scan_expiry = now >= next_expiry_scan;
+    if (scan_expiry) next_expiry_scan = now + options_.recheck_interval;
+    std::vector<std::pair<std::shared_ptr<Choice>, const WorkerEndpoint*>>
+        placed;
+    std::vector<std::pair<std::shared_ptr<Choice>, absl::Status>> ended;
+    // Strict order: the first that cannot be placed holds back those
+    // behind it (they are only checked for their deadline).
+    bool blocked = false;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      Choice& choice = *it->second;
+      std::optional<absl::Status> end;
+      const WorkerEndpoint* decode = nullptr;
+      if (now >= choice.deadline) {
+        end = absl::DeadlineExceededError(
+            "the request's deadline passed while it waited for KV room");
+      } else if (!blocked && choice.not_before <= now) {
+        absl::Status why;
+        decode = PlaceLocked(choice, &why);
+        if (decode == nullptr && !why.ok()) end = why;
+        blocked = decode == nullptr && why.ok();
+      } else {
+        blocked = true;
+      }
+      if (decode != nullptr || end) {
+        choice.queued = false;
+        if (decode != nullptr) {
+          placed.emplace_back(it->second, decode);
+        } else {
+          ended.emplace_back(it->second, *end);
+        }
+        it = queue_.erase(it);
+        continue;
+      }
+      if (blocked && !scan_expiry) break;
+      ++it;
+    }
+    if (placed.empty() && ended.empty()) continue;
+    mu_.Unlock();
+    for (auto& [choice, decode] : placed) choice->Run(decode);
+    for (auto& [choice, why] : ended) choice->End(why);
+    mu_.Lock();
+  }
+}
+
+void RequestOrchestrator::Stop() {
+  absl::btree_map<QueueKey, std::shared_ptr<Choice>> queued;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    queued.swap(queue_);
+    for (auto& [key, choice] : queued) choice->queued = false;
+    wake_cv_.Signal();
+  }
+  admission_.join();
+  for (auto& [key, choice] : queued) {
+    choice->End(absl::UnavailableError("the router is stopping"));
+  }
+}
+
+void RequestOrchestrator::WaitUntilIdle() {
+  absl::MutexLock lock(&mu_);
+  while (calls_.load() > 0) idle_cv_.Wait(&mu_);
+}
+
+void RequestOrchestrator::CallEnded() {
+  if (calls_.fetch_sub(1) == 1) {
+    absl::MutexLock lock(&mu_);
+    idle_cv_.SignalAll();
+  }
+}
+
+void RequestOrchestrator::Release(
+    const WorkerEndpoint* decode, uint64_t request_id,
+    std::function<void(const absl::Status&)> done) {
+  struct Call {
+    grpc::ClientContext context;
+    wire::ReleaseRequest request;
+    wire::ReleaseResponse response;
+  };
+  auto call = std::make_shared<Call>();
+  call->context.set_deadline(
+      absl::ToChronoTime(absl::Now() + options_.control_timeout));
+  call->request.set_request_id(request_id);
+  CallStarted();
+  decode->decode->async()->Release(
+      &call->context, &call->request, &call->response,
+      [this, call, decode, request_id,
+       done = std::move(done)](grpc::Status grpc_status) {
+        const absl::Status status = FromGrpcStatus(grpc_status);
+        if (!status.ok()) {
+          PD_LOG(WARNING) << "request " << request_id
+                          << ": Release on decode worker " << decode->id
+                          << " failed: " << status;
+          registry_->ReportCallFailure(decode, status);
+        }
+        if (done) done(status);
+        CallEnded();
+      });
 }
 
 }  // namespace pdserve

@@ -1,76 +1,100 @@
-// RequestOrchestrator: runs one Generate request across the cluster, on the
-// calling thread (a BoundedExecutor thread), following DESIGN.md's request
-// flow "decode reserves, prefill pushes":
+// RequestOrchestrator: runs Generate requests across the cluster without a
+// thread per request, following DESIGN.md's request flow "decode reserves,
+// prefill pushes":
 //
-//   validate and tokenize -> pick a decode worker D -> Reserve on D ->
-//   Prefill on the least-loaded prefill worker P with D's landing (retried
-//   on other P with the same reservation) -> stream the first token ->
-//   Decode on D from the first token -> stream tokens until a finish.
+//   validate and tokenize -> admit (KV capacity) -> Reserve on a decode
+//   worker D -> Prefill on a prefill worker P with D's landing (retried on
+//   other P with the same reservation) -> stream the first token -> Decode
+//   on D from the first token -> stream tokens until a finish.
 //
-// Prompts of at most short_prompt_tokens, and every prompt when no prefill
-// worker is healthy, skip Reserve/Prefill: D prefills them itself. A full D
-// (RESOURCE_EXHAUSTED) sends the request to the next one; when all are full
-// the request fails with RESOURCE_EXHAUSTED. A D that fails before any token
-// reached the client is retried once on another D; after that the stream
-// ends with UNAVAILABLE and the tokens sent stand. A worker answering
-// INVALID_ARGUMENT to a request the router checked is INTERNAL to the
-// client (the cluster's fault, not the request's). Every downstream call
-// carries the client's deadline and is cancelled when the client cancels;
-// a reservation that will not be decoded is released.
+// Every downstream call is a gRPC callback (reactor) client call; the
+// router's threads only react to their completions, and a request costs
+// its state (a few KiB) rather than a thread. Prompts of at most
+// short_prompt_tokens, and every prompt when no prefill worker is healthy,
+// skip Reserve/Prefill: D prefills them itself.
+//
+// Admission is by KV capacity. The orchestrator keeps a ledger of the KV
+// blocks (prompt + max_tokens, rounded up to D's blocks) each request it
+// placed holds on its decode worker; a request is placed on a decode worker
+// whose reported pool has room for it beyond the ledger. A request no worker
+// has room for waits in a bounded queue, lowest GenerateRequest.priority
+// first and in arrival order within a priority, and is placed as soon as a
+// request ends or a load report shows room (and re-checked every
+// recheck_interval). The queue full, or a request larger than every decode
+// worker's pool, is RESOURCE_EXHAUSTED at once; no healthy decode worker is
+// UNAVAILABLE. A request waiting past its deadline ends DEADLINE_EXCEEDED.
+//
+// Faults: a D that answers RESOURCE_EXHAUSTED (another router filled it)
+// sends the request to the next D with room, or back to the queue. A D that
+// fails before any token reached the client is retried once on another D;
+// after that the stream ends with UNAVAILABLE and the tokens sent stand. A
+// worker answering INVALID_ARGUMENT to a request the router checked is
+// INTERNAL to the client (the cluster's fault, not the request's). Every
+// downstream call carries the client's deadline and is cancelled when the
+// client cancels; a reservation that will not be decoded is released.
 //
 // n > 1 choices share the prompt's KV through the prefix caches rather than
-// an engine-level fork (vLLM V1's fan-out, chosen as the smaller change to
-// this synchronous orchestrator; issue 14 rewrites it non-blocking): choice
-// 0 runs as a request of its own. As soon as its prompt's KV is in a
-// worker's prefix cache — its first Decode message came back, so decode
-// worker D holds the prompt (landed KV joins D's cache when D takes the
-// Decode call; a local prefill registers its blocks as it computes them) —
-// choices 1..n-1 start, each on a thread of its own, on D and prefilled there
-// (D computes only the tail past the prompt's last full block, which each
-// choice needs for its own first logits). When choice 0 ends with its first
-// token on a prefill worker (its KV never reaches D's engine), the other
-// choices go the usual way and their prefill worker serves the prompt from
-// its own cache. A choice that fails ends the call with its status and
-// cancels the others. All of this is in RunChoices().
+// an engine-level fork (vLLM V1's fan-out): choice 0 runs as a request of
+// its own. As soon as its prompt's KV is in a decode worker's prefix cache —
+// its first Decode message came back — choices 1..n-1 start on that worker
+// (preferred when it has room) and are prefilled there (it computes only
+// the tail past the prompt's last full block). When choice 0 ends with its
+// first token on a prefill worker, the other choices go the usual way and
+// their prefill worker serves the prompt from its own cache. A choice that
+// fails ends the request with its status and cancels the others.
 //
-// Thread-safety: Run() may be called from many threads at once.
+// Thread-safety: every method from any thread. Start() never blocks: it
+// validates, places or queues the request and returns; its stream hears the
+// rest from gRPC's callback threads and the admission thread.
 // Ownership: the orchestrator shares the model and borrows the registry,
-// which must outlive it.
+// which must outlive it; each request keeps its stream until it finishes.
 #ifndef PDSERVE_ROUTER_ORCHESTRATOR_H_
 #define PDSERVE_ROUTER_ORCHESTRATOR_H_
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "grpcpp/client_context.h"
 #include "pdserve/v1/generation.pb.h"
 #include "router/served_model.h"
 #include "router/worker_registry.h"
 
 namespace pdserve {
 
-// The client side of one Generate call, as the orchestrator sees it.
-// Implementations are thread-safe: cancellation comes from another thread.
+class RouterMetrics;
+
+// The client side of one Generate request, as the orchestrator sees it.
 class GenerateStream {
  public:
   virtual ~GenerateStream() = default;
   // When the client's call ends (its deadline, or the router's default).
   virtual absl::Time deadline() const = 0;
-  // Registers a downstream call's context, to be TryCancel()ed when the
-  // client cancels. False (and not registered) if it already has: then do
-  // not start the call. Unregister before destroying the context.
-  virtual bool AddDownstream(grpc::ClientContext* context) = 0;
-  virtual void RemoveDownstream(grpc::ClientContext* context) = 0;
-  // True once the client cancelled or its deadline passed.
-  virtual bool cancelled() const = 0;
-  // Queues `message` for the client; never blocks (messages of a choice
-  // not yet written are merged). Called from several threads for n > 1.
+  // Queues `message` for the client; never blocks. For n > 1 the choices
+  // send from several threads at once.
   virtual void Send(v1::GenerateResponse message) = 0;
+  // The request is over: `status` ends the call (OK after the last message
+  // was sent). Called exactly once, after every Send; possibly from inside
+  // RequestOrchestrator::Start.
+  virtual void End(const absl::Status& status) = 0;
+};
+
+// A request the orchestrator runs, as its front end holds it.
+class RunningRequest {
+ public:
+  virtual ~RunningRequest() = default;
+  // The client went away: the request ends with CANCELLED (unless it ended
+  // already), its downstream calls are cancelled and its reservation is
+  // released. Idempotent; any thread; never blocks.
+  virtual void Cancel() = 0;
 };
 
 class RequestOrchestrator {
@@ -85,53 +109,95 @@ class RequestOrchestrator {
     // Deadline of Reserve and Release calls (capped by the client's).
     // Default: 5 s.
     absl::Duration control_timeout = absl::Seconds(5);
+    // Requests waiting for KV capacity; more are refused with
+    // RESOURCE_EXHAUSTED. Default: 4096.
+    int32_t max_queued = 4096;
+    // How often waiting requests are checked against the workers' latest
+    // load reports when no request ended meanwhile. Default: 50 ms.
+    absl::Duration recheck_interval = absl::Milliseconds(50);
   };
 
+  // `metrics` may be null. Starts the admission thread.
   RequestOrchestrator(std::shared_ptr<const ServedModel> model,
-                      WorkerRegistry* registry, const Options& options);
+                      WorkerRegistry* registry, RouterMetrics* metrics,
+                      const Options& options);
+  // Stop(), then waits for every request to end.
+  ~RequestOrchestrator();
 
-  // Runs `request` to its end, sending its messages to `stream`; returns the
-  // status to end the call with (OK after the last message was sent).
-  absl::Status Run(const v1::GenerateRequest& request, GenerateStream& stream);
+  // Starts `request`; its messages and its end go to `stream`. Returns the
+  // handle that cancels it (it may have finished already, e.g. refused).
+  std::shared_ptr<RunningRequest> Start(
+      const v1::GenerateRequest& request,
+      std::shared_ptr<GenerateStream> stream);
+
+  // Refuses new requests and ends the queued ones with UNAVAILABLE;
+  // requests already placed run on (cancel them through their handles).
+  // Idempotent.
+  void Stop();
+  // Waits until no request runs and no downstream call is in flight.
+  void WaitUntilIdle();
+
+  // Requests started and not finished, queued ones included.
+  int64_t running() const { return running_.load(std::memory_order_relaxed); }
+  // Choices waiting for KV capacity.
+  int64_t queued() const;
 
  private:
-  struct Request;
-  struct Attempt;
-  // How a choice runs besides its request.
-  struct ChoiceHooks {
-    // Tried first, and prefilled there: it holds the prompt's KV. Null: the
-    // usual choice of worker and of where to prefill.
-    const WorkerEndpoint* prefix_holder = nullptr;
-    // Called once, when the prompt's KV is in decode worker `decode`'s
-    // prefix cache (the choice's first Decode message came back). Not
-    // called when the choice ends before that.
-    std::function<void(const WorkerEndpoint* decode)> on_prompt_cached;
-  };
+  class Choice;
+  class Request;
+  class DecodeCall;
+  friend class Choice;
+  friend class Request;
+  friend class DecodeCall;
 
-  // Runs choice `index` of `validated` to its end.
-  absl::Status RunChoice(const ValidatedRequest& validated, uint32_t index,
-                         const std::string& request_id, GenerateStream& stream,
-                         ChoiceHooks hooks);
-  // Runs n > 1 choices (see the file comment).
-  absl::Status RunChoices(const ValidatedRequest& validated,
-                          const std::string& request_id,
-                          GenerateStream& stream);
-  Attempt RunOnDecode(const WorkerEndpoint* decode, Request& r);
-  absl::StatusOr<internal::v1::PrefillResponse> Prefill(
-      const internal::v1::Landing& landing, Request& r);
-  Attempt Decode(const WorkerEndpoint* decode,
-                 const internal::v1::DecodeRequest& decode_request,
-                 bool disaggregated, Request& r);
-  // Frees `request_id`'s reservation on `decode`, even when the client has
-  // cancelled. Failures are logged and returned.
-  absl::Status Release(const WorkerEndpoint* decode, uint64_t request_id);
-  // CANCELLED or DEADLINE_EXCEEDED when the client's call is over.
-  absl::Status ClientEnded(const Request& r) const;
+  // Where a choice waits in the queue: (priority, arrival).
+  using QueueKey = std::pair<int32_t, uint64_t>;
+
+  // Places `choice` on a decode worker with room (committing its blocks)
+  // and starts it there, or queues it, or ends it with the reason it can
+  // be neither. `front`: it was placed before and keeps its arrival.
+  void Admit(const std::shared_ptr<Choice>& choice);
+  // The decode worker `choice` goes to now, its blocks committed there; or
+  // null with, in `why`, an error when it should not wait.
+  const WorkerEndpoint* PlaceLocked(Choice& choice, absl::Status* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns `choice`'s committed blocks; wakes the admission thread when
+  // some request waits.
+  void Uncommit(Choice& choice);
+  // Removes a queued choice; false when it is not queued.
+  bool Dequeue(Choice& choice);
+  void AdmissionLoop();
+  // Frees `request_id`'s reservation on `decode`; `done` (may be null)
+  // hears how it went.
+  void Release(const WorkerEndpoint* decode, uint64_t request_id,
+               std::function<void(const absl::Status&)> done);
+  void CallStarted() { calls_.fetch_add(1, std::memory_order_relaxed); }
+  void CallEnded();
+  uint64_t NewId() { return next_id_.fetch_add(1); }
 
   const std::shared_ptr<const ServedModel> model_;
   WorkerRegistry* const registry_;
+  RouterMetrics* const metrics_;
   const Options options_;
   std::atomic<uint64_t> next_id_;
+  std::atomic<int64_t> running_ = 0;
+  // Choices placed or queued, and Release calls, in flight: what
+  // WaitUntilIdle waits for.
+  std::atomic<int64_t> calls_ = 0;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::btree_map<QueueKey, std::shared_ptr<Choice>> queue_
+      ABSL_GUARDED_BY(mu_);
+  // KV blocks committed per decode worker.
+  absl::flat_hash_map<const WorkerEndpoint*, int64_t> committed_
+      ABSL_GUARDED_BY(mu_);
+  // Set when a request ended or arrived: the admission thread looks now.
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar wake_cv_;
+  absl::CondVar idle_cv_;
+  std::thread admission_;
 };
 
 }  // namespace pdserve

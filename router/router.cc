@@ -6,7 +6,6 @@
 #include "common/grpc_server.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "router/bounded_executor.h"
 #include "router/cluster_config.h"
 #include "router/openai_service.h"
 #include "router/orchestrator.h"
@@ -19,11 +18,11 @@ namespace pdserve {
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Start(
     const RouterOptions& options) {
-  if (options.max_inflight < 1 || options.max_queued < 0 ||
-      options.prefill_retries < 0 || options.short_prompt_tokens < 0) {
+  if (options.max_queued < 0 || options.prefill_retries < 0 ||
+      options.short_prompt_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "bad router options: max_inflight ", options.max_inflight,
-        " (>= 1), max_queued ", options.max_queued, " (>= 0), prefill_retries ",
+        "bad router options: max_queued ", options.max_queued,
+        " (>= 0), prefill_retries ",
         options.prefill_retries, " (>= 0), short_prompt_tokens ",
         options.short_prompt_tokens, " (>= 0)"));
   }
@@ -48,26 +47,24 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
                               .head_dim = config.head_dim},
           WorkerRegistry::Options{.poll_interval = options.poll_interval,
                                   .load_timeout = options.load_timeout}));
+  router->metrics_ = std::make_unique<RouterMetrics>();
   router->orchestrator_ = std::make_unique<RequestOrchestrator>(
-      router->model_, router->registry_.get(),
+      router->model_, router->registry_.get(), router->metrics_.get(),
       RequestOrchestrator::Options{
           .prefill_retries = options.prefill_retries,
           .short_prompt_tokens = options.short_prompt_tokens,
-          .control_timeout = options.control_timeout});
-  router->executor_ = std::make_unique<BoundedExecutor>(options.max_inflight,
-                                                        options.max_queued);
-  router->metrics_ = std::make_unique<RouterMetrics>();
+          .control_timeout = options.control_timeout,
+          .max_queued = options.max_queued,
+          .recheck_interval = options.poll_interval});
   router->service_ = std::make_unique<RouterService>(
       router->model_, router->registry_.get(), router->orchestrator_.get(),
-      router->executor_.get(), &router->api_keys_, options.default_deadline,
-      router->metrics_.get());
+      &router->api_keys_, options.default_deadline, router->metrics_.get());
   if (!options.http_listen.empty()) {
     Router* raw = router.get();
     router->openai_ = std::make_unique<OpenAiService>(OpenAiService::Deps{
         .model = router->model_,
         .registry = router->registry_.get(),
         .orchestrator = router->orchestrator_.get(),
-        .executor = router->executor_.get(),
         .metrics = router->metrics_.get(),
         .api_keys = &router->api_keys_,
         .gauges = [raw](std::string* out) { raw->WriteGauges(out); },
@@ -115,10 +112,15 @@ void Router::Shutdown(absl::Duration grace) {
   // their downstream calls; the request threads then finish them.
   // HTTP connections close at once: their requests are cancelled like
   // those of gRPC calls past the grace period.
+  // Requests still queued end with UNAVAILABLE once the gRPC server has
+  // stopped taking calls; the others end as their clients are cancelled,
+  // and the registry's channels stay until their last downstream call is
+  // done.
   if (http_) http_->Stop();
   if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
-  if (executor_) executor_->Stop();
+  if (orchestrator_) orchestrator_->Stop();
   if (server_) server_->Wait();
+  if (orchestrator_) orchestrator_->WaitUntilIdle();
   registry_.reset();  // Stops polling.
 }
 
@@ -128,11 +130,11 @@ void Router::WriteGauges(std::string* out) const {
       "# HELP pdserve_router_requests_running Generation requests being "
       "served now.\n# TYPE pdserve_router_requests_running gauge\n"
       "pdserve_router_requests_running ",
-      executor_->running(),
+      orchestrator_->running(),
       "\n# HELP pdserve_router_requests_queued Generation requests waiting "
-      "for a router thread.\n# TYPE pdserve_router_requests_queued gauge\n"
+      "for KV room on the decode workers.\n# TYPE pdserve_router_requests_queued gauge\n"
       "pdserve_router_requests_queued ",
-      executor_->queued(),
+      orchestrator_->queued(),
       "\n# HELP pdserve_router_http_connections Open HTTP connections.\n"
       "# TYPE pdserve_router_http_connections gauge\n"
       "pdserve_router_http_connections ",
@@ -159,7 +161,9 @@ void Router::WriteGauges(std::string* out) const {
   }
 }
 
-int Router::running_requests() const { return executor_->running(); }
-int Router::queued_requests() const { return executor_->queued(); }
+int64_t Router::running_requests() const {
+  return orchestrator_->running();
+}
+int64_t Router::queued_requests() const { return orchestrator_->queued(); }
 
 }  // namespace pdserve

@@ -9,8 +9,9 @@
 //
 // Thread-safety: port(), api_keys() and stats from any thread; Shutdown()
 // from one.
-// Ownership: the Router owns the gRPC server, the worker registry (and its
-// poller) and the request threads.
+// Ownership: the Router owns the gRPC and HTTP servers, the worker
+// registry (and its poller) and the orchestrator (and its admission
+// thread).
 #ifndef PDSERVE_ROUTER_ROUTER_H_
 #define PDSERVE_ROUTER_ROUTER_H_
 
@@ -27,7 +28,6 @@
 
 namespace pdserve {
 
-class BoundedExecutor;
 class OpenAiService;
 class RequestOrchestrator;
 class RouterMetrics;
@@ -42,11 +42,10 @@ struct RouterOptions {
   // The model and the workers; must pass ValidateClusterConfig. Default:
   // empty (Start fails).
   internal::v1::ClusterConfig cluster;
-  // Generate requests served at once (one router thread each). Default: 64.
-  int max_inflight = 64;
-  // Generate requests waiting for a thread beyond those; more are refused
-  // with RESOURCE_EXHAUSTED. Default: 256.
-  int max_queued = 256;
+  // Requests waiting for KV room on the decode workers (admission is by
+  // KV capacity, orchestrator.h); more are refused with RESOURCE_EXHAUSTED.
+  // Default: 4096.
+  int max_queued = 4096;
   // Period of the workers' load reports. Default: 100 ms.
   absl::Duration poll_interval = absl::Milliseconds(100);
   // Deadline of one load report. Default: 1 s.
@@ -95,9 +94,10 @@ class Router {
   // server calls api_keys().Check with the Authorization header's value).
   const ApiKeys& api_keys() const { return api_keys_; }
 
-  // Generate calls running / waiting for a thread now.
-  int running_requests() const;
-  int queued_requests() const;
+  // Requests started and not ended (queued ones included) / waiting for
+  // KV room now.
+  int64_t running_requests() const;
+  int64_t queued_requests() const;
 
   // The gauge lines of /metrics.
   void WriteGauges(std::string* out) const;
@@ -110,7 +110,6 @@ class Router {
   std::shared_ptr<const ServedModel> model_;
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<RequestOrchestrator> orchestrator_;
-  std::unique_ptr<BoundedExecutor> executor_;
   std::unique_ptr<RouterMetrics> metrics_;
   std::unique_ptr<RouterService> service_;
   std::unique_ptr<OpenAiService> openai_;

@@ -30,10 +30,9 @@ ABSL_FLAG(std::string, port_file, "",
           "Write the bound port to this file once serving");
 ABSL_FLAG(std::string, config, "",
           "Cluster config (JSON of pdserve.internal.v1.ClusterConfig)");
-ABSL_FLAG(int32_t, max_inflight, 64, "Generate requests served at once");
-ABSL_FLAG(int32_t, max_queued, 256,
-          "Generate requests waiting beyond max_inflight; more are refused "
-          "with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_queued, 4096,
+          "Requests waiting for KV room on the decode workers (admission is "
+          "by KV capacity); more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, poll_interval_ms, 100,
           "Period of the workers' load reports, in milliseconds");
 ABSL_FLAG(int32_t, prefill_retries, 2,
@@ -79,7 +78,6 @@ int main(int argc, char** argv) {
       !name.empty()) {
     options.cluster.set_served_model_name(name);
   }
-  options.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   options.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.poll_interval =
       absl::Milliseconds(absl::GetFlag(FLAGS_poll_interval_ms));

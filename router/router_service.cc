@@ -12,7 +12,6 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "proto/convert.h"
-#include "router/downstream_calls.h"
 #include "router/response_assembler.h"
 
 namespace pdserve {
@@ -61,51 +60,39 @@ class FinishedWriteReactor final
 };
 
 // One Generate call: the reactor gRPC drives, and the GenerateStream the
-// orchestrator (on an executor thread) sends to. Owned by a shared_ptr:
-// the reactor's own reference goes in OnDone, the executor task's when the
-// task ends.
+// orchestrator sends to (from gRPC's callback threads). Owned by a
+// shared_ptr: the reactor's own reference goes in OnDone, the
+// orchestrator's when the request ends.
 class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                            public GenerateStream {
  public:
   static GenerateCall* Start(grpc::CallbackServerContext* context,
                              const v1::GenerateRequest& request,
                              RequestOrchestrator* orchestrator,
-                             BoundedExecutor* executor,
                              absl::Duration default_deadline,
                              RouterMetrics* metrics) {
-    auto call = std::shared_ptr<GenerateCall>(new GenerateCall(
-        context, request, orchestrator, executor, default_deadline, metrics));
+    auto call = std::shared_ptr<GenerateCall>(
+        new GenerateCall(context, default_deadline, metrics));
     {
       absl::MutexLock lock(&call->mu_);
       call->self_ = call;
     }
-    std::optional<BoundedExecutor::Ticket> ticket = executor->Submit(
-        [call] {
-          call->FinishWith(call->orchestrator_->Run(call->request_, *call));
-        },
-        [call] {
-          call->FinishWith(absl::UnavailableError("the router is stopping"));
-        });
-    if (!ticket) {
-      call->FinishWith(absl::ResourceExhaustedError(
-          "the router is at its limit of requests in flight and queued; "
-          "retry later"));
-    } else {
+    std::shared_ptr<RunningRequest> running =
+        orchestrator->Start(request, call);
+    bool cancelled;
+    {
       absl::MutexLock lock(&call->mu_);
-      call->ticket_ = ticket;
+      call->running_ = running;
+      cancelled = call->cancelled_;
     }
+    // OnCancel came before the handle: cancel now.
+    if (cancelled) running->Cancel();
     return call.get();
   }
 
   // GenerateStream.
   absl::Time deadline() const override { return deadline_; }
-  bool AddDownstream(grpc::ClientContext* context) override {
-    return downstream_.Add(context);
-  }
-  void RemoveDownstream(grpc::ClientContext* context) override {
-    downstream_.Remove(context);
-  }
-  bool cancelled() const override { return downstream_.cancelled(); }
+  void End(const absl::Status& status) override { FinishWith(status); }
   void Send(v1::GenerateResponse message) override {
     {
       absl::MutexLock lock(&mu_);
@@ -178,21 +165,16 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   }
 
   void OnCancel() override {
-    std::optional<BoundedExecutor::Ticket> ticket;
-    BoundedExecutor* executor = nullptr;
+    std::shared_ptr<RunningRequest> running;
     {
       // Every member this reaction reads, it reads under mu_, which OnDone
       // takes before the call can go (gRPC runs OnDone after OnCancel, but
       // through code ThreadSanitizer cannot see).
       absl::MutexLock lock(&mu_);
-      downstream_.Cancel();
-      ticket = ticket_;
-      executor = executor_;
+      cancelled_ = true;
+      running = running_;
     }
-    // Still queued: it will never run, so end it here.
-    if (ticket && executor->Remove(*ticket)) {
-      FinishWith(absl::CancelledError("the client cancelled the request"));
-    }
+    if (running) running->Cancel();
   }
 
   void OnDone() override {
@@ -207,13 +189,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
  private:
   GenerateCall(grpc::CallbackServerContext* context,
-               const v1::GenerateRequest& request,
-               RequestOrchestrator* orchestrator, BoundedExecutor* executor,
                absl::Duration default_deadline, RouterMetrics* metrics)
-      : request_(request),
-        orchestrator_(orchestrator),
-        executor_(executor),
-        metrics_(metrics),
+      : metrics_(metrics),
         deadline_(ClientDeadline(context, default_deadline)),
         record_(absl::Now()) {}
 
@@ -226,17 +203,15 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                                                 : client;
   }
 
-  const v1::GenerateRequest request_;
-  RequestOrchestrator* const orchestrator_;
-  BoundedExecutor* const executor_;
   RouterMetrics* const metrics_;
   const absl::Time deadline_;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<GenerateCall> self_ ABSL_GUARDED_BY(mu_);
   RequestRecord record_ ABSL_GUARDED_BY(mu_);
-  std::optional<BoundedExecutor::Ticket> ticket_ ABSL_GUARDED_BY(mu_);
-  DownstreamCalls downstream_;
+  // The request's handle; set once the orchestrator took the request.
+  std::shared_ptr<RunningRequest> running_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   // Messages not written yet, oldest first; one per choice at most.
@@ -251,14 +226,12 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 RouterService::RouterService(std::shared_ptr<const ServedModel> model,
                              WorkerRegistry* registry,
                              RequestOrchestrator* orchestrator,
-                             BoundedExecutor* executor,
                              const ApiKeys* api_keys,
                              absl::Duration default_deadline,
                              RouterMetrics* metrics)
     : model_(std::move(model)),
       registry_(registry),
       orchestrator_(orchestrator),
-      executor_(executor),
       api_keys_(api_keys),
       default_deadline_(default_deadline),
       metrics_(metrics) {}
@@ -272,7 +245,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
   if (absl::Status s = ParseRequest(*raw, &request); !s.ok()) {
     return new FinishedWriteReactor(s);
   }
-  return GenerateCall::Start(context, request, orchestrator_, executor_,
+  return GenerateCall::Start(context, request, orchestrator_,
                              default_deadline_, metrics_);
 }
 

@@ -1,11 +1,12 @@
 // RouterService: the public pdserve.v1.Generation API of pd-router, on the
 // gRPC callback API.
 //
-// Generate admits each call into a BoundedExecutor (RESOURCE_EXHAUSTED when
-// it is full) whose thread runs the RequestOrchestrator; the call's reactor
+// Generate hands each call to the RequestOrchestrator (which admits it by
+// KV capacity, or refuses it with RESOURCE_EXHAUSTED); the call's reactor
 // writes the messages the orchestrator sends, one write in flight, merging
 // those that arrive meanwhile, and never blocks in a reaction. A client that
-// cancels (or whose deadline passes) has every downstream call cancelled.
+// cancels (or whose deadline passes) cancels its request, and with it every
+// downstream call.
 // Tokenize, ListModels and Health answer inline.
 //
 // API keys: when the ApiKeys set is enabled, Generate, Tokenize and
@@ -31,7 +32,6 @@
 #include "grpcpp/grpcpp.h"
 #include "pdserve/v1/generation.grpc.pb.h"
 #include "router/api_keys.h"
-#include "router/bounded_executor.h"
 #include "router/orchestrator.h"
 #include "router/router_metrics.h"
 #include "router/served_model.h"
@@ -51,7 +51,7 @@ class RouterService final : public RouterServiceBase {
   // `metrics` records every Generate call.
   RouterService(std::shared_ptr<const ServedModel> model,
                 WorkerRegistry* registry, RequestOrchestrator* orchestrator,
-                BoundedExecutor* executor, const ApiKeys* api_keys,
+                const ApiKeys* api_keys,
                 absl::Duration default_deadline, RouterMetrics* metrics);
 
   // GenerateRequest in, GenerateResponse messages out.
@@ -74,7 +74,6 @@ class RouterService final : public RouterServiceBase {
   const std::shared_ptr<const ServedModel> model_;
   WorkerRegistry* const registry_;
   RequestOrchestrator* const orchestrator_;
-  BoundedExecutor* const executor_;
   const ApiKeys* const api_keys_;
   const absl::Duration default_deadline_;
   RouterMetrics* const metrics_;

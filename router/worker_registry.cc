@@ -310,6 +310,27 @@ void WorkerRegistry::ReportCallFailure(const WorkerEndpoint* worker,
   StartPoll(w);
 }
 
+WorkerRegistry::KvCapacity WorkerRegistry::DecodeCapacity(
+    const WorkerEndpoint* worker) const {
+  for (const auto& w : workers_) {
+    if (w->endpoint.get() != worker) continue;
+    absl::MutexLock lock(&mu_);
+    return KvCapacity{
+        .usable = w->healthy && w->compatible,
+        .total_blocks = w->report.total_blocks(),
+        .block_size = static_cast<int32_t>(w->report.layout().block_size())};
+  }
+  return {};
+}
+
+std::vector<const WorkerEndpoint*> WorkerRegistry::decode_workers() const {
+  std::vector<const WorkerEndpoint*> out;
+  for (const auto& w : workers_) {
+    if (w->endpoint->role == WorkerRole::kDecode) out.push_back(w->endpoint.get());
+  }
+  return out;
+}
+
 int WorkerRegistry::healthy_prefill() const {
   absl::MutexLock lock(&mu_);
   int n = 0;

@@ -114,6 +114,19 @@ class WorkerRegistry {
   int healthy_decode() const;
   std::vector<WorkerSnapshot> Snapshot() const;
 
+  // A decode worker's KV pool as of its last report: what admission
+  // weighs a request's blocks against.
+  struct KvCapacity {
+    // Healthy and compatible: it may be chosen.
+    bool usable = false;
+    int64_t total_blocks = 0;
+    // Tokens per block; 0 before the first report.
+    int32_t block_size = 0;
+  };
+  KvCapacity DecodeCapacity(const WorkerEndpoint* worker) const;
+  // Every configured decode worker, fixed for the registry's life.
+  std::vector<const WorkerEndpoint*> decode_workers() const;
+
  private:
   struct WorkerState {
     std::unique_ptr<WorkerEndpoint> endpoint;

@@ -117,18 +117,18 @@ v1::GenerateRequest Text(const std::string& text, uint32_t max_tokens = 64,
   return r;
 }
 
-// A router admitting one request and queueing none, held by a long request
-// (a slow decode worker) until release().
+// A router whose one decode worker has room for one long request and that
+// queues none, held by such a request (a slow decode worker) until
+// release().
 class Blocked {
  public:
-  Blocked()
-      : cluster_([](RouterOptions& o) {
-          o.max_inflight = 1;
-          o.max_queued = 0;
-        }) {
+  Blocked() : cluster_([](RouterOptions& o) { o.max_queued = 0; }) {
+    // A pool of 64 blocks of 16 tokens: the long request fills it.
     FakeDecodeWorker::Behavior slow;
     slow.token_delay = absl::Milliseconds(10);
+    slow.total_blocks = 64;
     cluster_.decode().set_behavior(slow);
+    EXPECT_TRUE(cluster_.decode().AwaitFreshReport());
     blocker_client_ = cluster_.Client();
     blocker_ = std::thread([this] {
       blocker_result_ =

@@ -696,10 +696,13 @@ TEST(ClusterTest, BadRequestsAreInvalidArgumentAndTheClusterKeepsServing) {
 }
 
 TEST(ClusterTest, OverloadIsRefusedWithResourceExhaustedAndNothingLeaks) {
-  auto started =
-      LocalCluster::Start({.prefill = 1,
-                           .decode = 1,
-                           .router_args = "--max_inflight=2 --max_queued=2"});
+  // Room for two requests of 100 tokens (7 blocks each) on the decode
+  // worker, two more waiting: the rest are refused.
+  auto started = LocalCluster::Start(
+      {.prefill = 1,
+       .decode = 1,
+       .decode_args = "--num_threads=1 --max_batch_tokens=64 --kv_blocks=14",
+       .router_args = "--max_queued=2"});
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
   const int32_t idle = FreeBlocks(cluster, "decode-0");

@@ -32,7 +32,8 @@ def model_dir(tmp_path_factory):
 
 
 class Cluster:
-    def __init__(self, run_dir, prefill, decode, model, router_args=""):
+    def __init__(self, run_dir, prefill, decode, model, router_args="",
+                 decode_args=""):
         self.dir = run_dir
         self.script = ROOT / "deploy/local/cluster.sh"
         args = [str(self.script), "up", "--prefill", str(prefill), "--decode",
@@ -44,8 +45,10 @@ class Cluster:
         # see into OpenMP (docs/development.md).
         threads = os.environ.get("PDSERVE_TEST_WORKER_THREADS")
         if threads:
-            args += ["--prefill-args", f"--num_threads={threads}",
-                     "--decode-args", f"--num_threads={threads}"]
+            args += ["--prefill-args", f"--num_threads={threads}"]
+            decode_args = f"--num_threads={threads} {decode_args}".strip()
+        if decode_args:
+            args += ["--decode-args", decode_args]
         subprocess.run(args, check=True, capture_output=True, timeout=120)
         self.http_port = int((run_dir / "router.http_port").read_text())
         self.base_url = f"http://127.0.0.1:{self.http_port}/v1"
@@ -83,9 +86,9 @@ class Cluster:
 def start_cluster(tmp_path_factory, model_dir):
     started = []
 
-    def start(prefill=1, decode=1, router_args=""):
+    def start(prefill=1, decode=1, router_args="", decode_args=""):
         cluster = Cluster(tmp_path_factory.mktemp("cluster"), prefill, decode,
-                          model_dir, router_args)
+                          model_dir, router_args, decode_args)
         started.append(cluster)
         return cluster
 
@@ -97,4 +100,4 @@ def start_cluster(tmp_path_factory, model_dir):
 @pytest.fixture(scope="session")
 def cluster(start_cluster):
     """1P1D: one prefill and one decode worker behind the router."""
-    return start_cluster(1, 1, "--max_inflight=128 --max_queued=1024")
+    return start_cluster(1, 1)

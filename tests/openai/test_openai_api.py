@@ -166,14 +166,17 @@ def test_errors_are_openai_exceptions(cluster):
 
 
 def test_full_router_answers_429(start_cluster):
-    busy = start_cluster(1, 1, "--max_inflight=1 --max_queued=0")
+    # 32 blocks of 16 tokens on the decode worker, and no queue: a request
+    # of 400 tokens leaves no room for one of 200.
+    busy = start_cluster(1, 1, "--max_queued=0", "--kv_blocks=32")
     api = client(busy)
     stream = api.completions.create(model=MODEL_NAME, prompt=PROMPT,
                                     max_tokens=400, stream=True,
                                     extra_body={"ignore_eos": True})
-    next(iter(stream))  # It holds the only slot now.
+    next(iter(stream))  # It holds most of the KV pool now.
     with pytest.raises(openai.RateLimitError) as e:
-        api.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4)
+        api.completions.create(model=MODEL_NAME, prompt=PROMPT,
+                               max_tokens=200)
     assert e.value.response.headers.get("retry-after") == "1"
     stream.close()
 

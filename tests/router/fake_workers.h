@@ -126,6 +126,8 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
     std::string script = "Hello, world!";
     std::string role = "decode";
     uint32_t free_blocks = 1000;
+    // The pool the router admits requests against.
+    uint32_t total_blocks = 1000;
     // Reserve answers this code (OK: a landing).
     grpc::StatusCode reserve_code = grpc::StatusCode::OK;
     // Decode fails with UNAVAILABLE after this many tokens (-1: never).
@@ -159,7 +161,17 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
   }
 
   std::atomic<int> reserves{0}, releases{0}, decodes{0}, decodes_local{0},
-      decodes_cancelled{0}, decodes_done{0};
+      decodes_cancelled{0}, decodes_done{0}, load_reports{0};
+
+  // Waits (up to 5 s) until the router polled twice more: a behavior set
+  // before the call is in its view of the worker.
+  bool AwaitFreshReport() const {
+    const int seen = load_reports;
+    for (int i = 0; i < 500 && load_reports < seen + 2; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return load_reports >= seen + 2;
+  }
 
   grpc::Status Reserve(grpc::ServerContext*, const wire::ReserveRequest* r,
                        wire::Landing* landing) override {
@@ -271,8 +283,9 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
     report->set_worker_id("fake-decode");
     report->set_role(b.role);
     FillLayout(report);
-    report->set_total_blocks(1000);
-    report->set_free_blocks(b.free_blocks);
+    report->set_total_blocks(b.total_blocks);
+    report->set_free_blocks(std::min(b.free_blocks, b.total_blocks));
+    ++load_reports;
     absl::MutexLock lock(&mu_);
     report->set_reservations(static_cast<uint32_t>(reserved_.size()));
     return grpc::Status::OK;

@@ -572,13 +572,13 @@ TEST(RouterTest, DeadlineReachesTheDecodeWorker) {
 }
 
 TEST(RouterTest, AdmissionQueueFullIsResourceExhausted) {
-  Cluster c(0, 1, [](RouterOptions& o) {
-    o.max_inflight = 1;
-    o.max_queued = 1;
-  });
+  // A pool of 64 blocks of 16 tokens: one long request fills it.
+  Cluster c(0, 1, [](RouterOptions& o) { o.max_queued = 1; });
   FakeDecodeWorker::Behavior slow;
   slow.token_delay = absl::Milliseconds(10);
+  slow.total_blocks = 64;
   c.decode(0).set_behavior(slow);
+  ASSERT_TRUE(c.decode(0).AwaitFreshReport());
   v1::GenerateRequest long_req = Text("x", 1000);
   long_req.set_ignore_eos(true);
   std::atomic<bool> stop = false;
@@ -610,13 +610,13 @@ TEST(RouterTest, AdmissionQueueFullIsResourceExhausted) {
 }
 
 TEST(RouterTest, QueuedRequestCancelledByItsClientLeavesTheQueue) {
-  Cluster c(0, 1, [](RouterOptions& o) {
-    o.max_inflight = 1;
-    o.max_queued = 1;
-  });
+  // A pool of 64 blocks of 16 tokens: one long request fills it.
+  Cluster c(0, 1, [](RouterOptions& o) { o.max_queued = 1; });
   FakeDecodeWorker::Behavior slow;
   slow.token_delay = absl::Milliseconds(10);
+  slow.total_blocks = 64;
   c.decode(0).set_behavior(slow);
+  ASSERT_TRUE(c.decode(0).AwaitFreshReport());
   v1::GenerateRequest long_req = Text("x", 1000);
   long_req.set_ignore_eos(true);
   std::atomic<bool> stop = false;
@@ -750,10 +750,10 @@ TEST(RouterTest, RouterStartFailsOnBadConfigOrAddress) {
   auto* w = options.cluster.add_decode_workers();
   w->set_id("d");
   w->set_address("127.0.0.1:1");
-  options.max_inflight = 0;
+  options.max_queued = -1;
   EXPECT_EQ(Router::Start(options).status().code(),
             absl::StatusCode::kInvalidArgument);
-  options.max_inflight = 1;
+  options.max_queued = 0;
   options.listen = "256.0.0.1:99999";
   EXPECT_FALSE(Router::Start(options).ok());
 }

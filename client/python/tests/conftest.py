@@ -74,7 +74,7 @@ class LocalCluster:
     """A real cluster: 1 prefill and 1 decode worker behind one router,
     plus any extra routers (start_router) over the same workers."""
 
-    def __init__(self, name: str, router_args: str = "") -> None:
+    def __init__(self, name: str, router_args: str = "", decode_args: str = WORKER_ARGS) -> None:
         for b in ("router/pd-router", "prefill_worker/pd-prefill",
                   "decode_worker/pd-decode", "client/pdctl"):
             _binary(b)
@@ -84,7 +84,7 @@ class LocalCluster:
             [str(REPO / "deploy/local/cluster.sh"), "up", "--dir", str(self.dir),
              "--bin", str(BUILD), "--prefill", "1", "--decode", "1",
              "--model", "builtin:tiny", "--prefill-args", WORKER_ARGS,
-             "--decode-args", WORKER_ARGS, "--router-args", router_args],
+             "--decode-args", decode_args, "--router-args", router_args],
             capture_output=True, text=True)
         if result.returncode != 0:
             self.down()

@@ -13,26 +13,31 @@ import time
 import pytest
 
 import pdserve
-from conftest import wait_serving
+from conftest import WORKER_ARGS, LocalCluster, wait_serving
 from test_client import LONG
 
 NO_RETRY = pdserve.RetryPolicy(max_attempts=1)
 
 
 @pytest.fixture(scope="module")
-def one_at_a_time(cluster):
-    """A router that runs one Generate and queues none."""
-    return cluster.start_router("limited-router", "--max_inflight=1", "--max_queued=0")
+def one_at_a_time():
+    """A router whose decode worker has KV room for one LONG request (251
+    blocks of 16 tokens: 4000 tokens and a prompt of up to 16) and that
+    queues none."""
+    c = LocalCluster("limited", router_args="--max_queued=0",
+                     decode_args=WORKER_ARGS + " --kv_blocks=251")
+    yield c.address
+    c.down()
 
 
 class Blocker:
-    """A long request holding the router's only slot until release()."""
+    """A long request holding the decode worker's KV pool until release()."""
 
     def __init__(self, address):
         self.client = pdserve.Client(address, retry=NO_RETRY)
         wait_serving(self.client)
         self.stream = self.client.stream("x", **LONG)
-        next(self.stream)  # Running: it holds the slot.
+        next(self.stream)  # Running: it holds the pool.
 
     def release(self):
         self.stream.close()
