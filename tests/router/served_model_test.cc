@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/builtin_tiny.h"
+#include "engine/model_files/model_info.h"
 #include "gtest/gtest.h"
 
 namespace pdserve {
@@ -15,7 +15,7 @@ namespace {
 
 std::shared_ptr<const ServedModel> Tiny() {
   static auto* model = new std::shared_ptr<const ServedModel>(
-      ServedModel::FromModel("tiny", *MakeTinyModel()));
+      ServedModel::FromInfo("tiny", *LoadModelInfo("builtin:tiny")));
   return *model;
 }
 
