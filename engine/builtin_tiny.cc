@@ -62,11 +62,13 @@ absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(std::string name,
                                                              DType dtype, uint64_t seed) {
   PD_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<Tokenizer> tokenizer;
-  if (config.vocab_size >= 258) tokenizer = Tokenizer::MakeByteLevel(config.vocab_size);
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const ModelInfo> info,
-                      ModelInfo::FromParts({.name = std::move(name),
-                                            .config = config,
-                                            .tokenizer = std::move(tokenizer)}));
+  if (config.vocab_size >= 258)
+    tokenizer = Tokenizer::MakeByteLevel(config.vocab_size);
+  PD_ASSIGN_OR_RETURN(
+      std::shared_ptr<const ModelInfo> info,
+      ModelInfo::FromParts({.name = std::move(name),
+                            .config = config,
+                            .tokenizer = std::move(tokenizer)}));
   return MakeRandomModel(std::move(info), dtype, seed);
 }
 
@@ -108,7 +110,8 @@ absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(
 
 absl::StatusOr<std::shared_ptr<const Model>> MakeBuiltinModel(
     std::shared_ptr<const ModelInfo> info) {
-  if (info->name() == "builtin:tiny") return MakeRandomModel(std::move(info), DType::kF32, 0);
+  if (info->name() == "builtin:tiny")
+    return MakeRandomModel(std::move(info), DType::kF32, 0);
   if (info->name() == "builtin:llama-110m") {
     return MakeRandomModel(std::move(info), DType::kBF16, 1);
   }
@@ -117,7 +120,8 @@ absl::StatusOr<std::shared_ptr<const Model>> MakeBuiltinModel(
 }
 
 absl::StatusOr<std::shared_ptr<const Model>> MakeTinyModel() {
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const ModelInfo> info, LoadModelInfo("builtin:tiny"));
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const ModelInfo> info,
+                      LoadModelInfo("builtin:tiny"));
   return MakeBuiltinModel(std::move(info));
 }
 

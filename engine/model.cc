@@ -126,16 +126,19 @@ absl::StatusOr<std::shared_ptr<const Model>> Model::FromInfo(
 absl::StatusOr<std::shared_ptr<const Model>> Model::FromParts(
     std::string name, ModelConfig config, ModelWeights weights,
     std::vector<std::vector<std::byte>> owned_storage, std::unique_ptr<Tokenizer> tokenizer) {
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const ModelInfo> info,
-                      ModelInfo::FromParts({.name = std::move(name),
-                                            .config = std::move(config),
-                                            .tokenizer = std::move(tokenizer)}));
-  return FromInfo(std::move(info), std::move(weights), std::move(owned_storage));
+  PD_ASSIGN_OR_RETURN(
+      std::shared_ptr<const ModelInfo> info,
+      ModelInfo::FromParts({.name = std::move(name),
+                            .config = std::move(config),
+                            .tokenizer = std::move(tokenizer)}));
+  return FromInfo(std::move(info), std::move(weights),
+                  std::move(owned_storage));
 }
 
 absl::StatusOr<std::shared_ptr<const Model>> Model::Assemble(
     std::shared_ptr<const ModelInfo> info, ModelWeights weights,
-    std::vector<std::vector<std::byte>> owned_storage, std::unique_ptr<Checkpoint> checkpoint) {
+    std::vector<std::vector<std::byte>> owned_storage,
+    std::unique_ptr<Checkpoint> checkpoint) {
   PD_RETURN_IF_ERROR(ValidateWeights(info->config(), weights));
   std::shared_ptr<Model> m(new Model());
   m->info_ = std::move(info);
@@ -146,7 +149,8 @@ absl::StatusOr<std::shared_ptr<const Model>> Model::Assemble(
 }
 
 absl::StatusOr<std::shared_ptr<const Model>> Model::Load(std::string_view spec) {
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const ModelInfo> info, LoadModelInfo(spec));
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const ModelInfo> info,
+                      LoadModelInfo(spec));
   if (spec.starts_with("builtin:")) return MakeBuiltinModel(std::move(info));
   PD_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt,
                       Checkpoint::Open(std::filesystem::path(spec)));

@@ -80,7 +80,9 @@ class Model {
   // can be used).
   const Tokenizer* tokenizer() const { return info_->tokenizer(); }
   // EOS ids from config.json, generation_config.json and the tokenizer.
-  const std::vector<int32_t>& eos_token_ids() const { return info_->eos_token_ids(); }
+  const std::vector<int32_t>& eos_token_ids() const {
+    return info_->eos_token_ids();
+  }
   std::optional<int32_t> bos_token_id() const { return info_->bos_token_id(); }
 
  private:

@@ -81,8 +81,7 @@ std::vector<float> PermuteForHalfRotation(const float* w, int heads,
 // must hold at least the header): INVALID_ARGUMENT naming `path` for a field
 // out of range or a model the engine cannot run.
 absl::StatusOr<ModelConfig> ConfigFromHeader(std::string_view bytes,
-                                             const fs::path& path,
-                                             Header& h) {
+                                             const fs::path& path, Header& h) {
   if (bytes.size() < sizeof(Header)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path.string(), ": too short for a llama2.c header"));
@@ -437,9 +436,9 @@ absl::StatusOr<std::shared_ptr<const ModelInfo>> LoadLlama2cModelInfo(
                       ConfigFromHeader(header, checkpoint_bin, h));
   PD_ASSIGN_OR_RETURN(TokenizerFiles files,
                       ReadTokenizerFiles(tokenizer_bin, parts.config));
-  PD_ASSIGN_OR_RETURN(parts.tokenizer,
-                      Tokenizer::FromHfJson(files.tokenizer_json,
-                                            files.tokenizer_config_json));
+  PD_ASSIGN_OR_RETURN(
+      parts.tokenizer,
+      Tokenizer::FromHfJson(files.tokenizer_json, files.tokenizer_config_json));
   parts.name = checkpoint_bin.stem().string();
   parts.generation_config = {.bos_token_id = kBosId, .eos_token_ids = {kEosId}};
   return ModelInfo::FromParts(std::move(parts));

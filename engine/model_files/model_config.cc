@@ -370,11 +370,10 @@ absl::StatusOr<GenerationConfig> ParseGenerationConfig(
       auto it = j.find(field);
       return it != j.end() && !it->is_null();
     };
-    for (auto [field, out] :
-         {std::pair{"temperature", &g.temperature},
-          {"top_p", &g.top_p},
-          {"min_p", &g.min_p},
-          {"repetition_penalty", &g.repetition_penalty}}) {
+    for (auto [field, out] : {std::pair{"temperature", &g.temperature},
+                              {"top_p", &g.top_p},
+                              {"min_p", &g.min_p},
+                              {"repetition_penalty", &g.repetition_penalty}}) {
       if (!present(field)) continue;
       float v = 0.0f;
       PD_RETURN_IF_ERROR(ReadFloat(j, field, v));
@@ -396,9 +395,10 @@ absl::StatusOr<GenerationConfig> ParseGenerationConfig(
     // The field readers speak of config.json; say which file it is.
     constexpr absl::string_view kPrefix = "config.json";
     absl::string_view message = s.message();
-    if (absl::StartsWith(message, kPrefix)) message.remove_prefix(kPrefix.size());
-    return absl::Status(
-        s.code(), absl::StrCat("generation_config.json", message));
+    if (absl::StartsWith(message, kPrefix))
+      message.remove_prefix(kPrefix.size());
+    return absl::Status(s.code(),
+                        absl::StrCat("generation_config.json", message));
   }
   return g;
 }

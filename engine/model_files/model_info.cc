@@ -41,7 +41,8 @@ void AddUnique(std::vector<int32_t>& ids, int32_t id) {
 absl::StatusOr<ModelInfo::Parts> ReadModelDirectory(const fs::path& dir) {
   ModelInfo::Parts parts;
   fs::path canonical = fs::absolute(dir).lexically_normal();
-  if (canonical.filename().empty()) canonical = canonical.parent_path();  // "dir/"
+  if (canonical.filename().empty())
+    canonical = canonical.parent_path();  // "dir/"
   parts.name = canonical.filename().string();
   PD_ASSIGN_OR_RETURN(std::string config_text,
                       ReadSmallFile(dir / "config.json"));
@@ -79,9 +80,9 @@ absl::StatusOr<std::shared_ptr<const ModelInfo>> ModelInfo::FromParts(
   for (int32_t id : config.eos_token_ids) AddUnique(info->eos_token_ids_, id);
   if (const Tokenizer* tokenizer = info->tokenizer_.get()) {
     if (tokenizer->vocab_size() > config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokenizer has ", tokenizer->vocab_size(),
-          " tokens but the model only ", config.vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer has ", tokenizer->vocab_size(),
+                       " tokens but the model only ", config.vocab_size));
     }
     for (int32_t id : tokenizer->eos_token_ids()) {
       AddUnique(info->eos_token_ids_, id);
@@ -139,9 +140,9 @@ absl::StatusOr<std::shared_ptr<const ModelInfo>> LoadModelInfo(
     } else if (spec == "builtin:llama-110m") {
       parts.config = Llama110MConfig();
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown builtin model '", std::string(spec),
-          "' (known: builtin:tiny, builtin:llama-110m)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown builtin model '", std::string(spec),
+                       "' (known: builtin:tiny, builtin:llama-110m)"));
     }
     parts.name = std::string(spec);
     parts.tokenizer = Tokenizer::MakeByteLevel(parts.config.vocab_size);

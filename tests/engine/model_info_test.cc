@@ -34,9 +34,9 @@ class ModelInfoTest : public ::testing::Test {
            (std::string("model-info-") +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
-    ASSERT_TRUE(ConvertLlama2cToHf(kSrc / "stories260K.bin",
-                                   kSrc / "tok512.bin", dir_)
-                    .ok());
+    ASSERT_TRUE(
+        ConvertLlama2cToHf(kSrc / "stories260K.bin", kSrc / "tok512.bin", dir_)
+            .ok());
     WriteFile(dir_ / "chat_template.jinja", kChatTemplate);
     WriteFile(dir_ / "generation_config.json", R"({
       "bos_token_id": 1, "eos_token_id": [2, 5], "do_sample": true,
@@ -133,8 +133,8 @@ TEST_F(ModelInfoTest, BadGenerationConfigNamesTheFile) {
 }
 
 TEST_F(ModelInfoTest, Llama2cInfoReadsTheHeaderOnly) {
-  auto info = LoadLlama2cModelInfo(kSrc / "stories260K.bin",
-                                   kSrc / "tok512.bin");
+  auto info =
+      LoadLlama2cModelInfo(kSrc / "stories260K.bin", kSrc / "tok512.bin");
   ASSERT_TRUE(info.ok()) << info.status();
   ExpectStories260kInfo(**info);
   EXPECT_EQ((*info)->name(), "stories260K");
@@ -167,10 +167,9 @@ TEST_F(ModelInfoTest, Llama2cInfoReadsTheHeaderOnly) {
             absl::StatusCode::kInvalidArgument);
   // Shorter than the header, or missing: no info either.
   WriteFile(header_only, ckpt.substr(0, 27));
-  EXPECT_EQ(LoadLlama2cModelInfo(header_only, kSrc / "tok512.bin")
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LoadLlama2cModelInfo(header_only, kSrc / "tok512.bin").status().code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LoadLlama2cModelInfo(dir_ / "missing.bin", kSrc / "tok512.bin")
                 .status()
                 .code(),

@@ -50,9 +50,9 @@ TEST(ServedModelTest, LoadsWithoutReadingWeights) {
   const fs::path src = fs::path(PDSERVE_MODELS_DIR) / "stories260K";
   const fs::path dir = fs::path(testing::TempDir()) / "served-no-weights";
   fs::remove_all(dir);
-  ASSERT_TRUE(ConvertLlama2cToHf(src / "stories260K.bin", src / "tok512.bin",
-                                 dir)
-                  .ok());
+  ASSERT_TRUE(
+      ConvertLlama2cToHf(src / "stories260K.bin", src / "tok512.bin", dir)
+          .ok());
   fs::copy_file(src / "chat_template.jinja", dir / "chat_template.jinja");
   internal::v1::ClusterConfig config;
   config.set_model(dir.string());
