@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/model_config.h"
+#include "engine/model_files/model_config.h"
 
 namespace pdserve::bench {
 

@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "engine/generator.h"
 #include "engine/model.h"
+#include "engine/model_files/model_info.h"
 #include "engine/model_runner.h"
 #include "engine/tokenizer.h"
 
@@ -82,8 +83,8 @@ absl::Status GenerateLocal(const LocalGenerateOptions& options,
 
 absl::Status Tokenize(const std::string& model_spec, const std::string& text,
                       bool add_special_tokens, std::ostream& out) {
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
-                      Model::Load(model_spec));
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const ModelInfo> model,
+                      LoadModelInfo(model_spec));
   if (model->tokenizer() == nullptr) {
     return absl::FailedPreconditionError("model has no tokenizer.json");
   }

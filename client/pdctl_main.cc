@@ -25,7 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "pdserve/v1/generation.pb.h"
 #include "client/pdctl_commands.h"
-#include "engine/llama2c.h"
+#include "engine/model_files/llama2c.h"
 
 ABSL_FLAG(std::string, server, "", "pd-router address HOST:PORT");
 ABSL_FLAG(std::string, model, "",

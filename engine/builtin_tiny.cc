@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace pdserve {
@@ -56,43 +57,24 @@ class WeightMaker {
 
 }  // namespace
 
-ModelConfig TinyModelConfig() {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 258;
-  c.hidden_size = 128;
-  c.intermediate_size = 384;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 32;
-  c.max_position_embeddings = 4096;
-  c.rms_norm_eps = 1e-5f;
-  c.rope_theta = 10000.0f;
-  c.torch_dtype = DType::kF32;
-  c.bos_token_id = 256;
-  c.eos_token_ids = {257};
-  return c;
-}
-
-ModelConfig Llama110MConfig() {
-  ModelConfig c = TinyModelConfig();
-  c.vocab_size = 32000;
-  c.hidden_size = 768;
-  c.intermediate_size = 2048;
-  c.num_layers = 12;
-  c.num_heads = 12;
-  c.num_kv_heads = 4;
-  c.head_dim = 64;
-  c.max_position_embeddings = 16384;
-  c.torch_dtype = DType::kBF16;
-  return c;
-}
-
 absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(std::string name,
                                                              const ModelConfig& config,
                                                              DType dtype, uint64_t seed) {
   PD_RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (config.vocab_size >= 258)
+    tokenizer = Tokenizer::MakeByteLevel(config.vocab_size);
+  PD_ASSIGN_OR_RETURN(
+      std::shared_ptr<const ModelInfo> info,
+      ModelInfo::FromParts({.name = std::move(name),
+                            .config = config,
+                            .tokenizer = std::move(tokenizer)}));
+  return MakeRandomModel(std::move(info), dtype, seed);
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(
+    std::shared_ptr<const ModelInfo> info, DType dtype, uint64_t seed) {
+  const ModelConfig& config = info->config();
   WeightMaker make(dtype, seed);
   const int32_t hidden = config.hidden_size;
   const int32_t q_dim = config.num_heads * config.head_dim;
@@ -123,14 +105,24 @@ absl::StatusOr<std::shared_ptr<const Model>> MakeRandomModel(std::string name,
   }
   w.final_norm = make.Vector(hidden, 1.0f, 0.2f);
   w.lm_head = config.tie_word_embeddings ? w.embed : make.Matrix(config.vocab_size, hidden, 4.0f);
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (config.vocab_size >= 258) tokenizer = Tokenizer::MakeByteLevel(config.vocab_size);
-  return Model::FromParts(std::move(name), config, std::move(w), make.TakeStorage(),
-                          std::move(tokenizer));
+  return Model::FromInfo(std::move(info), std::move(w), make.TakeStorage());
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> MakeBuiltinModel(
+    std::shared_ptr<const ModelInfo> info) {
+  if (info->name() == "builtin:tiny")
+    return MakeRandomModel(std::move(info), DType::kF32, 0);
+  if (info->name() == "builtin:llama-110m") {
+    return MakeRandomModel(std::move(info), DType::kBF16, 1);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", info->name(), "' is not a builtin model"));
 }
 
 absl::StatusOr<std::shared_ptr<const Model>> MakeTinyModel() {
-  return MakeRandomModel("builtin:tiny", TinyModelConfig(), DType::kF32, /*seed=*/0);
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const ModelInfo> info,
+                      LoadModelInfo("builtin:tiny"));
+  return MakeBuiltinModel(std::move(info));
 }
 
 }  // namespace pdserve

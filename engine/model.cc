@@ -1,32 +1,14 @@
 #include "engine/model.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/builtin_tiny.h"
-#include "engine/safetensors.h"
+#include "engine/model_files/safetensors.h"
 
 namespace pdserve {
 namespace {
-
-namespace fs = std::filesystem;
-
-absl::StatusOr<std::string> ReadSmallFile(const fs::path& path) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) return absl::NotFoundError(absl::StrCat("cannot read ", path.string(), ": ", ec.message()));
-  if (size > (64u << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is too large (", size, " bytes)"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) return absl::DataLossError(absl::StrCat("error reading ", path.string()));
-  return text.str();
-}
 
 absl::StatusOr<WeightMatrix> GetMatrix(const Checkpoint& ckpt, const std::string& name,
                                        int64_t rows, int64_t cols) {
@@ -97,10 +79,6 @@ absl::Status CheckVector(const std::vector<float>& v, int64_t n, std::string_vie
   return absl::OkStatus();
 }
 
-void AddUnique(std::vector<int32_t>& ids, int32_t id) {
-  if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
-}
-
 }  // namespace
 
 absl::Status ValidateWeights(const ModelConfig& c, const ModelWeights& w) {
@@ -138,74 +116,46 @@ absl::Status ValidateWeights(const ModelConfig& c, const ModelWeights& w) {
 
 Model::~Model() = default;
 
+absl::StatusOr<std::shared_ptr<const Model>> Model::FromInfo(
+    std::shared_ptr<const ModelInfo> info, ModelWeights weights,
+    std::vector<std::vector<std::byte>> owned_storage) {
+  return Assemble(std::move(info), std::move(weights), std::move(owned_storage),
+                  nullptr);
+}
+
 absl::StatusOr<std::shared_ptr<const Model>> Model::FromParts(
     std::string name, ModelConfig config, ModelWeights weights,
     std::vector<std::vector<std::byte>> owned_storage, std::unique_ptr<Tokenizer> tokenizer) {
-  return Assemble(std::move(name), std::move(config), std::move(weights),
-                  std::move(owned_storage), nullptr, std::move(tokenizer));
+  PD_ASSIGN_OR_RETURN(
+      std::shared_ptr<const ModelInfo> info,
+      ModelInfo::FromParts({.name = std::move(name),
+                            .config = std::move(config),
+                            .tokenizer = std::move(tokenizer)}));
+  return FromInfo(std::move(info), std::move(weights),
+                  std::move(owned_storage));
 }
 
 absl::StatusOr<std::shared_ptr<const Model>> Model::Assemble(
-    std::string name, ModelConfig config, ModelWeights weights,
-    std::vector<std::vector<std::byte>> owned_storage, std::unique_ptr<Checkpoint> checkpoint,
-    std::unique_ptr<Tokenizer> tokenizer) {
-  PD_RETURN_IF_ERROR(config.Validate());
-  PD_RETURN_IF_ERROR(ValidateWeights(config, weights));
+    std::shared_ptr<const ModelInfo> info, ModelWeights weights,
+    std::vector<std::vector<std::byte>> owned_storage,
+    std::unique_ptr<Checkpoint> checkpoint) {
+  PD_RETURN_IF_ERROR(ValidateWeights(info->config(), weights));
   std::shared_ptr<Model> m(new Model());
-  m->name_ = std::move(name);
-  m->config_ = std::move(config);
+  m->info_ = std::move(info);
   m->weights_ = std::move(weights);
   m->owned_storage_ = std::move(owned_storage);
   m->checkpoint_ = std::move(checkpoint);
-  m->tokenizer_ = std::move(tokenizer);
-  for (int32_t id : m->config_.eos_token_ids) AddUnique(m->eos_token_ids_, id);
-  if (m->tokenizer_ != nullptr) {
-    if (m->tokenizer_->vocab_size() > m->config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokenizer has ", m->tokenizer_->vocab_size(), " tokens but the model only ",
-          m->config_.vocab_size));
-    }
-    for (int32_t id : m->tokenizer_->eos_token_ids()) AddUnique(m->eos_token_ids_, id);
-    if (!m->config_.bos_token_id) m->config_.bos_token_id = m->tokenizer_->bos_token_id();
-  }
-  for (int32_t id : m->eos_token_ids_) {
-    if (id < 0 || id >= m->config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("EOS id ", id, " outside the vocabulary"));
-    }
-  }
   return std::shared_ptr<const Model>(std::move(m));
 }
 
 absl::StatusOr<std::shared_ptr<const Model>> Model::Load(std::string_view spec) {
-  if (spec == "builtin:tiny") return MakeTinyModel();
-  if (spec == "builtin:llama-110m") {
-    return MakeRandomModel(std::string(spec), Llama110MConfig(), DType::kBF16, /*seed=*/1);
-  }
-  if (spec.starts_with("builtin:")) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown builtin model '", std::string(spec),
-                                                   "' (known: builtin:tiny, builtin:llama-110m)"));
-  }
-  const fs::path dir(spec);
-  if (!fs::is_directory(dir)) {
-    return absl::NotFoundError(absl::StrCat("model directory '", std::string(spec), "' does not exist"));
-  }
-  PD_ASSIGN_OR_RETURN(std::string config_text, ReadSmallFile(dir / "config.json"));
-  PD_ASSIGN_OR_RETURN(ModelConfig config, ParseHfConfig(config_text));
-  if (fs::exists(dir / "generation_config.json")) {
-    PD_ASSIGN_OR_RETURN(std::string gen_text, ReadSmallFile(dir / "generation_config.json"));
-    PD_RETURN_IF_ERROR(ApplyGenerationConfig(gen_text, config));
-  }
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
-  PD_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(config, *ckpt));
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (fs::exists(dir / "tokenizer.json")) {
-    PD_ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromHfFiles(dir / "tokenizer.json",
-                                                          dir / "tokenizer_config.json"));
-  }
-  fs::path canonical = fs::absolute(dir).lexically_normal();
-  if (canonical.filename().empty()) canonical = canonical.parent_path();  // "dir/"
-  return Assemble(canonical.filename().string(), std::move(config),
-                  std::move(weights), {}, std::move(ckpt), std::move(tokenizer));
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const ModelInfo> info,
+                      LoadModelInfo(spec));
+  if (spec.starts_with("builtin:")) return MakeBuiltinModel(std::move(info));
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt,
+                      Checkpoint::Open(std::filesystem::path(spec)));
+  PD_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(info->config(), *ckpt));
+  return Assemble(std::move(info), std::move(weights), {}, std::move(ckpt));
 }
 
 }  // namespace pdserve

@@ -1,5 +1,6 @@
-// Model: a loaded Llama-family model — its config, its weights in host
-// memory, and its tokenizer — ready to be handed to a ModelRunner backend.
+// Model: a loaded Llama-family model — its ModelInfo (config, generation
+// config, tokenizer, chat template; engine/model_files/model_info.h) and its
+// weights in host memory — ready to be handed to a ModelRunner backend.
 //
 // Weights stay in the checkpoint's dtype (fp32, fp16 or bf16; row-major
 // [out_features][in_features] as in Hugging Face) and, for a model directory,
@@ -18,7 +19,8 @@
 
 #include "absl/status/statusor.h"
 #include "engine/dtype.h"
-#include "engine/model_config.h"
+#include "engine/model_files/model_config.h"
+#include "engine/model_files/model_info.h"
 #include "engine/tokenizer.h"
 
 namespace pdserve {
@@ -55,36 +57,42 @@ struct ModelWeights {
 class Model {
  public:
   // `spec` is "builtin:tiny", "builtin:llama-110m" (random bf16 weights of
-  // a 110M Llama shape, for benchmarks) or a Hugging Face model directory.
+  // a 110M Llama shape, for benchmarks) or a Hugging Face model directory:
+  // LoadModelInfo(spec), then the weights.
   static absl::StatusOr<std::shared_ptr<const Model>> Load(std::string_view spec);
   // For builtin models and tests: takes ownership of the weight bytes.
+  static absl::StatusOr<std::shared_ptr<const Model>> FromInfo(
+      std::shared_ptr<const ModelInfo> info, ModelWeights weights,
+      std::vector<std::vector<std::byte>> owned_storage);
+  // Same, with a ModelInfo made of `config` and `tokenizer` (may be null).
   static absl::StatusOr<std::shared_ptr<const Model>> FromParts(
       std::string name, ModelConfig config, ModelWeights weights,
       std::vector<std::vector<std::byte>> owned_storage,
       std::unique_ptr<Tokenizer> tokenizer);
   ~Model();
 
-  const std::string& name() const { return name_; }
-  const ModelConfig& config() const { return config_; }
+  // Everything about the model but its weights; never null.
+  const std::shared_ptr<const ModelInfo>& info() const { return info_; }
+  const std::string& name() const { return info_->name(); }
+  const ModelConfig& config() const { return info_->config(); }
   const ModelWeights& weights() const { return weights_; }
   // nullptr when the directory has no tokenizer.json (then only token ids
   // can be used).
-  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  const Tokenizer* tokenizer() const { return info_->tokenizer(); }
   // EOS ids from config.json, generation_config.json and the tokenizer.
-  const std::vector<int32_t>& eos_token_ids() const { return eos_token_ids_; }
-  std::optional<int32_t> bos_token_id() const { return config_.bos_token_id; }
+  const std::vector<int32_t>& eos_token_ids() const {
+    return info_->eos_token_ids();
+  }
+  std::optional<int32_t> bos_token_id() const { return info_->bos_token_id(); }
 
  private:
   Model() = default;
   static absl::StatusOr<std::shared_ptr<const Model>> Assemble(
-      std::string name, ModelConfig config, ModelWeights weights,
+      std::shared_ptr<const ModelInfo> info, ModelWeights weights,
       std::vector<std::vector<std::byte>> owned_storage,
-      std::unique_ptr<Checkpoint> checkpoint, std::unique_ptr<Tokenizer> tokenizer);
-  std::string name_;
-  ModelConfig config_;
+      std::unique_ptr<Checkpoint> checkpoint);
+  std::shared_ptr<const ModelInfo> info_;
   ModelWeights weights_;
-  std::vector<int32_t> eos_token_ids_;
-  std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Checkpoint> checkpoint_;          // Mapped weights.
   std::vector<std::vector<std::byte>> owned_storage_;  // Or owned ones.
 };

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "engine/gguf.h"
+#include "engine/model_files/gguf.h"
 #include "engine/split_pattern.h"
 #include "engine/unicode.h"
 #include "nlohmann/json.hpp"

@@ -10,49 +10,42 @@
 
 namespace pdserve {
 
-ServedModel::ServedModel(std::string name, std::shared_ptr<const Model> model,
+ServedModel::ServedModel(std::string name,
+                         std::shared_ptr<const ModelInfo> info,
                          std::shared_ptr<const ChatTemplate> chat_template)
     : name_(std::move(name)),
-      model_(std::move(model)),
-      context_length_(model_->config().max_position_embeddings),
-      vocab_size_(model_->config().vocab_size),
+      info_(std::move(info)),
+      context_length_(info_->config().max_position_embeddings),
+      vocab_size_(info_->config().vocab_size),
       chat_template_(std::move(chat_template)) {}
 
 absl::StatusOr<std::shared_ptr<const ServedModel>> ServedModel::Load(
     const internal::v1::ClusterConfig& config) {
   const std::string spec =
       config.model().empty() ? "builtin:tiny" : config.model();
-  absl::StatusOr<std::shared_ptr<const Model>> model = Model::Load(spec);
-  if (!model.ok()) {
+  absl::StatusOr<std::shared_ptr<const ModelInfo>> info = LoadModelInfo(spec);
+  if (!info.ok()) {
     return absl::Status(
-        model.status().code(),
-        absl::StrCat("loading model '", spec, "': ", model.status().message()));
+        info.status().code(),
+        absl::StrCat("loading model '", spec, "': ", info.status().message()));
   }
   std::string name = config.served_model_name().empty()
                          ? DefaultServedModelName(spec)
                          : config.served_model_name();
   std::shared_ptr<const ChatTemplate> chat_template;
-  if (!absl::StartsWith(spec, "builtin:")) {
-    absl::StatusOr<std::optional<ChatTemplateSource>> source =
-        LoadChatTemplate(spec);
-    if (!source.ok()) {
-      return absl::Status(source.status().code(),
-                          absl::StrCat("loading the chat template of '", spec,
-                                       "': ", source.status().message()));
+  if (const std::optional<ChatTemplateSource>& source =
+          (*info)->chat_template();
+      source.has_value()) {
+    absl::StatusOr<std::unique_ptr<ChatTemplate>> parsed =
+        ChatTemplate::Parse(source->source, source->tokens);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the chat template in ", source->origin,
+                       " cannot be served: ", parsed.status().message()));
     }
-    if (source->has_value()) {
-      absl::StatusOr<std::unique_ptr<ChatTemplate>> parsed =
-          ChatTemplate::Parse((*source)->source, (*source)->tokens);
-      if (!parsed.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the chat template in ", (*source)->origin,
-            " cannot be served: ", parsed.status().message()));
-      }
-      chat_template = *std::move(parsed);
-    }
+    chat_template = *std::move(parsed);
   }
-  return FromModel(std::move(name), *std::move(model),
-                   std::move(chat_template));
+  return FromInfo(std::move(name), *std::move(info), std::move(chat_template));
 }
 
 std::string DefaultServedModelName(absl::string_view spec) {
@@ -80,11 +73,11 @@ absl::StatusOr<std::string> ServedModel::RenderChat(
   return chat_template_->Render(request);
 }
 
-std::shared_ptr<const ServedModel> ServedModel::FromModel(
-    std::string name, std::shared_ptr<const Model> model,
+std::shared_ptr<const ServedModel> ServedModel::FromInfo(
+    std::string name, std::shared_ptr<const ModelInfo> info,
     std::shared_ptr<const ChatTemplate> chat_template) {
   return std::shared_ptr<const ServedModel>(new ServedModel(
-      std::move(name), std::move(model), std::move(chat_template)));
+      std::move(name), std::move(info), std::move(chat_template)));
 }
 
 absl::Status ServedModel::CheckName(const std::string& requested) const {

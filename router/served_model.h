@@ -1,6 +1,8 @@
 // ServedModel: what the router knows of the model its workers serve — the
-// name clients use, the context length, the vocabulary and the tokenizer —
-// and the checks of a public GenerateRequest against it.
+// name clients use, the context length, the vocabulary, the tokenizer and
+// the chat template, from the model's ModelInfo (its files but never its
+// weights: the router loads no weights) — and the checks of a public
+// GenerateRequest against it.
 //
 // Thread-safety: immutable after Load(); share freely. ValidateGenerateRequest
 // has no shared state.
@@ -16,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "engine/generator.h"
 #include "engine/chat/chat_template.h"
-#include "engine/model.h"
+#include "engine/model_files/model_info.h"
 #include "engine/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "pdserve/internal/v1/cluster_config.pb.h"
@@ -34,27 +36,29 @@ inline constexpr uint32_t kMaxChoices = 16;
 
 class ServedModel {
  public:
-  // Loads config.model (a Hugging Face directory or "builtin:...") for its
-  // tokenizer, shape and chat template; the name is served_model_name, else
+  // Loads the ModelInfo of config.model (a Hugging Face directory or
+  // "builtin:..."; LoadModelInfo, no weights) for its tokenizer, shape and
+  // chat template; the name is served_model_name, else
   // DefaultServedModelName. A chat template that does not parse (or uses
   // what engine/chat does not implement) fails the load, naming its line.
   static absl::StatusOr<std::shared_ptr<const ServedModel>> Load(
       const internal::v1::ClusterConfig& config);
-  // From an already loaded model (tests).
-  // `chat_template` may be null: chat requests are then refused.
-  static std::shared_ptr<const ServedModel> FromModel(
-      std::string name, std::shared_ptr<const Model> model,
+  // From an already loaded ModelInfo (tests). `chat_template` may be null:
+  // chat requests are then refused.
+  static std::shared_ptr<const ServedModel> FromInfo(
+      std::string name, std::shared_ptr<const ModelInfo> info,
       std::shared_ptr<const ChatTemplate> chat_template = nullptr);
 
   const std::string& name() const { return name_; }
-  // The model's spec as loaded ("builtin:tiny" or a directory).
-  const std::string& spec() const { return model_->name(); }
+  // The model's name as the workers report it (ModelInfo::name():
+  // "builtin:tiny", or the directory's base name).
+  const std::string& spec() const { return info_->name(); }
   int32_t context_length() const { return context_length_; }
   int32_t vocab_size() const { return vocab_size_; }
   // Null when the model directory has no tokenizer.json: then only token id
   // prompts are accepted and responses carry no text.
-  const Tokenizer* tokenizer() const { return model_->tokenizer(); }
-  const ModelConfig& config() const { return model_->config(); }
+  const Tokenizer* tokenizer() const { return info_->tokenizer(); }
+  const ModelConfig& config() const { return info_->config(); }
 
   // INVALID_ARGUMENT unless `requested` is empty or this model's name.
   absl::Status CheckName(const std::string& requested) const;
@@ -71,11 +75,11 @@ class ServedModel {
   bool has_chat_template() const { return chat_template_ != nullptr; }
 
  private:
-  ServedModel(std::string name, std::shared_ptr<const Model> model,
+  ServedModel(std::string name, std::shared_ptr<const ModelInfo> info,
               std::shared_ptr<const ChatTemplate> chat_template);
 
   const std::string name_;
-  const std::shared_ptr<const Model> model_;
+  const std::shared_ptr<const ModelInfo> info_;
   const int32_t context_length_;
   const int32_t vocab_size_;
   const std::shared_ptr<const ChatTemplate> chat_template_;  // May be null.

@@ -14,7 +14,7 @@
 
 #include "engine/kv_layout.h"
 #include "engine/model.h"
-#include "engine/model_config.h"
+#include "engine/model_files/model_config.h"
 
 namespace pdserve::cpu {
 

@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "engine/builtin_tiny.h"
 #include "engine/generator.h"
-#include "engine/llama2c.h"
+#include "engine/model_files/llama2c.h"
 #include "engine/sampler.h"
 #include "gtest/gtest.h"
 #include "kv_transfer/transport.h"

@@ -1,13 +1,13 @@
 // The llama2.c converter: shapes, the RoPE row permutation checked against
 // the raw checkpoint, and bad inputs.
-#include "engine/llama2c.h"
+#include "engine/model_files/llama2c.h"
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
-#include "engine/model_config.h"
-#include "engine/safetensors.h"
+#include "engine/model_files/model_config.h"
+#include "engine/model_files/safetensors.h"
 #include "engine/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -1,6 +1,6 @@
 // config.json as published for real model families, and the errors for
 // configs pdserve cannot serve.
-#include "engine/model_config.h"
+#include "engine/model_files/model_config.h"
 
 #include <filesystem>
 #include <fstream>

@@ -5,8 +5,8 @@
 
 #include "engine/builtin_tiny.h"
 #include "engine/model.h"
+#include "engine/model_files/safetensors.h"
 #include "engine/model_runner.h"
-#include "engine/safetensors.h"
 #include "gtest/gtest.h"
 
 namespace pdserve {

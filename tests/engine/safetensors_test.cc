@@ -1,5 +1,5 @@
 // Safetensors: round trips, and a precise error for every malformed file.
-#include "engine/safetensors.h"
+#include "engine/model_files/safetensors.h"
 
 #include <cstring>
 #include <filesystem>

@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "engine/generator.h"
-#include "engine/llama2c.h"
 #include "engine/model.h"
+#include "engine/model_files/llama2c.h"
 #include "engine/model_runner.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

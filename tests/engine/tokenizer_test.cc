@@ -9,7 +9,7 @@
 #include <cstring>
 #include <random>
 
-#include "engine/gguf.h"
+#include "engine/model_files/gguf.h"
 #include "engine/split_pattern.h"
 #include "engine/unicode.h"
 #include "gtest/gtest.h"

@@ -3,11 +3,14 @@
 // tokenized with their defaults.
 #include "router/served_model.h"
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "engine/builtin_tiny.h"
+#include "engine/model_files/llama2c.h"
+#include "engine/model_files/model_info.h"
 #include "gtest/gtest.h"
 
 namespace pdserve {
@@ -15,7 +18,7 @@ namespace {
 
 std::shared_ptr<const ServedModel> Tiny() {
   static auto* model = new std::shared_ptr<const ServedModel>(
-      ServedModel::FromModel("tiny", *MakeTinyModel()));
+      ServedModel::FromInfo("tiny", *LoadModelInfo("builtin:tiny")));
   return *model;
 }
 
@@ -38,6 +41,41 @@ TEST(ServedModelTest, LoadsFromClusterConfig) {
   EXPECT_EQ((*ServedModel::Load(config))->name(), "my-model");
   config.set_model("/no/such/model/dir");
   EXPECT_FALSE(ServedModel::Load(config).ok());
+}
+
+// The router reads a model's files but not its weights: a directory that
+// has none (or only corrupt ones) serves as well as a whole one.
+TEST(ServedModelTest, LoadsWithoutReadingWeights) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(PDSERVE_MODELS_DIR) / "stories260K";
+  const fs::path dir = fs::path(testing::TempDir()) / "served-no-weights";
+  fs::remove_all(dir);
+  ASSERT_TRUE(
+      ConvertLlama2cToHf(src / "stories260K.bin", src / "tok512.bin", dir)
+          .ok());
+  fs::copy_file(src / "chat_template.jinja", dir / "chat_template.jinja");
+  internal::v1::ClusterConfig config;
+  config.set_model(dir.string());
+  for (const char* weights : {"", "garbage"}) {
+    fs::remove(dir / "model.safetensors");
+    if (*weights != '\0') {
+      std::ofstream(dir / "model.safetensors", std::ios::binary) << weights;
+    }
+    auto model = ServedModel::Load(config);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ((*model)->name(), "served-no-weights");
+    EXPECT_EQ((*model)->context_length(), 512);
+    EXPECT_EQ((*model)->vocab_size(), 512);
+    EXPECT_TRUE((*model)->has_chat_template());
+    v1::GenerateRequest r = Base();
+    auto v = ValidateGenerateRequest(r, **model);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->engine.prompt.front(), 1);  // BOS of the model's tokenizer.
+    auto chat = (*model)->RenderChat(
+        nlohmann::ordered_json::parse(R"([{"role": "user", "content": "Hi"}])"),
+        nullptr, true, nlohmann::ordered_json::object());
+    EXPECT_TRUE(chat.ok()) << chat.status();
+  }
 }
 
 TEST(ValidateGenerateRequestTest, TextIsTokenizedWithBosAndDefaults) {

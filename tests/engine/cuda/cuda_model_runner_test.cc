@@ -24,8 +24,8 @@
 #include <random>
 
 #include "engine/builtin_tiny.h"
-#include "engine/llama2c.h"
 #include "engine/model.h"
+#include "engine/model_files/llama2c.h"
 #include "engine/model_runner.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -4,8 +4,8 @@
 // Every read is bounds-checked against the file: a truncated or hostile file
 // is an INVALID_ARGUMENT naming the key, never a crash or an allocation
 // larger than the file.
-#ifndef PDSERVE_ENGINE_GGUF_H_
-#define PDSERVE_ENGINE_GGUF_H_
+#ifndef PDSERVE_ENGINE_MODEL_FILES_GGUF_H_
+#define PDSERVE_ENGINE_MODEL_FILES_GGUF_H_
 
 #include <cstdint>
 #include <filesystem>
@@ -42,4 +42,4 @@ absl::StatusOr<GgufMetadata> ParseGgufMetadata(std::string_view bytes);
 
 }  // namespace pdserve
 
-#endif  // PDSERVE_ENGINE_GGUF_H_
+#endif  // PDSERVE_ENGINE_MODEL_FILES_GGUF_H_

@@ -1,12 +1,14 @@
 // ModelConfig: the architecture of a Llama-family model, parsed from a
-// Hugging Face `config.json` (and `generation_config.json` for EOS ids).
+// Hugging Face `config.json`; GenerationConfig: its `generation_config.json`
+// (BOS/EOS ids, which override the config's, and the sampling defaults its
+// authors recommend).
 //
 // Supported: LlamaForCausalLM (Llama 2/3/3.1, rope_scaling "llama3" and
 // "linear"), MistralForCausalLM (sliding_window), Qwen2ForCausalLM (QKV bias,
 // optional sliding window), Qwen3ForCausalLM (per-head RMSNorm of q and k,
 // no sliding window), GQA, explicit head_dim, tie_word_embeddings.
-#ifndef PDSERVE_ENGINE_MODEL_CONFIG_H_
-#define PDSERVE_ENGINE_MODEL_CONFIG_H_
+#ifndef PDSERVE_ENGINE_MODEL_FILES_MODEL_CONFIG_H_
+#define PDSERVE_ENGINE_MODEL_FILES_MODEL_CONFIG_H_
 
 #include <cstdint>
 #include <optional>
@@ -62,8 +64,33 @@ struct ModelConfig {
 // INVALID_ARGUMENT naming them; the result has passed Validate().
 absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json);
 
-// Applies generation_config.json: its bos/eos ids (an int or a list)
-// override the config's.
+// What pdserve reads of generation_config.json. Every field is unset (or
+// empty) when the file does not give it.
+struct GenerationConfig {
+  std::optional<int32_t> bos_token_id;
+  std::vector<int32_t> eos_token_ids;
+  // Sampling defaults as transformers names them. Read and checked for type
+  // so that a model's recommendation is at hand; requests do not take them
+  // as their defaults yet (the API's defaults are temperature 1, top_p 1).
+  std::optional<bool> do_sample;
+  std::optional<float> temperature;
+  std::optional<int32_t> top_k;
+  std::optional<float> top_p;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
+};
+
+// Parses generation_config.json: INVALID_ARGUMENT for text that is not a
+// JSON object or a field of the wrong type (ids must be non-negative
+// integers, an id or a list of them); unknown fields are ignored.
+absl::StatusOr<GenerationConfig> ParseGenerationConfig(
+    std::string_view generation_config_json);
+
+// Its bos/eos ids, when given, override the config's. On error (an id
+// outside the vocabulary: INVALID_ARGUMENT) `config` is unchanged.
+absl::Status ApplyGenerationConfig(const GenerationConfig& generation_config,
+                                   ModelConfig& config);
+// Parse, then apply.
 absl::Status ApplyGenerationConfig(std::string_view generation_config_json,
                                    ModelConfig& config);
 
@@ -73,4 +100,4 @@ std::string ToHfConfigJson(const ModelConfig& config);
 
 }  // namespace pdserve
 
-#endif  // PDSERVE_ENGINE_MODEL_CONFIG_H_
+#endif  // PDSERVE_ENGINE_MODEL_FILES_MODEL_CONFIG_H_

@@ -1,4 +1,4 @@
-#include "engine/gguf.h"
+#include "engine/model_files/gguf.h"
 
 #include <cstring>
 #include <fstream>

@@ -10,8 +10,8 @@
 //
 // Thread-safety: immutable after Open(); const methods are safe to call
 // concurrently.
-#ifndef PDSERVE_ENGINE_SAFETENSORS_H_
-#define PDSERVE_ENGINE_SAFETENSORS_H_
+#ifndef PDSERVE_ENGINE_MODEL_FILES_SAFETENSORS_H_
+#define PDSERVE_ENGINE_MODEL_FILES_SAFETENSORS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -89,4 +89,4 @@ absl::Status WriteSafetensors(const std::filesystem::path& path,
 
 }  // namespace pdserve
 
-#endif  // PDSERVE_ENGINE_SAFETENSORS_H_
+#endif  // PDSERVE_ENGINE_MODEL_FILES_SAFETENSORS_H_

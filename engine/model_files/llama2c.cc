@@ -1,4 +1,4 @@
-#include "engine/llama2c.h"
+#include "engine/model_files/llama2c.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,8 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/model_config.h"
-#include "engine/safetensors.h"
+#include "engine/model_files/model_config.h"
+#include "engine/model_files/safetensors.h"
+#include "engine/tokenizer.h"
 #include "engine/unicode.h"
 #include "nlohmann/json.hpp"
 
@@ -45,6 +46,10 @@ struct Header {
   int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
 };
 
+// llama2.c's control tokens: 0 <unk>, 1 <s>, 2 </s>.
+constexpr int32_t kBosId = 1;
+constexpr int32_t kEosId = 2;
+
 // One row-major fp32 tensor cut from the checkpoint.
 struct Tensor {
   std::string name;
@@ -72,16 +77,16 @@ std::vector<float> PermuteForHalfRotation(const float* w, int heads,
   return out;
 }
 
-absl::StatusOr<std::vector<Tensor>> ReadCheckpoint(const std::string& bytes,
-                                                   const fs::path& path,
-                                                   ModelConfig& config) {
+// The config the 28-byte header at the start of `bytes` describes (which
+// must hold at least the header): INVALID_ARGUMENT naming `path` for a field
+// out of range or a model the engine cannot run.
+absl::StatusOr<ModelConfig> ConfigFromHeader(std::string_view bytes,
+                                             const fs::path& path, Header& h) {
   if (bytes.size() < sizeof(Header)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path.string(), ": too short for a llama2.c header"));
   }
-  Header h;
   std::memcpy(&h, bytes.data(), sizeof(h));
-  const bool shared = h.vocab_size > 0;
   const int64_t vocab =
       h.vocab_size < 0 ? -static_cast<int64_t>(h.vocab_size) : h.vocab_size;
   for (auto [v, name] : {std::pair{h.dim, "dim"},
@@ -101,6 +106,7 @@ absl::StatusOr<std::vector<Tensor>> ReadCheckpoint(const std::string& bytes,
         absl::StrCat(path.string(), ": inconsistent header (dim ", h.dim,
                      ", heads ", h.n_heads, ", vocab ", h.vocab_size, ")"));
   }
+  ModelConfig config;
   config.architecture = "LlamaForCausalLM";
   config.vocab_size = static_cast<int>(std::min<int64_t>(vocab, INT32_MAX));
   config.hidden_size = h.dim;
@@ -112,17 +118,26 @@ absl::StatusOr<std::vector<Tensor>> ReadCheckpoint(const std::string& bytes,
   config.max_position_embeddings = h.seq_len;
   config.rms_norm_eps = 1e-5f;
   config.rope_theta = 10000.0f;
-  config.tie_word_embeddings = shared;
+  config.tie_word_embeddings = h.vocab_size > 0;
   config.torch_dtype = DType::kF32;
-  config.bos_token_id = 1;
-  config.eos_token_ids = {2};
+  config.bos_token_id = kBosId;
+  config.eos_token_ids = {kEosId};
   // Validate() bounds every dimension (hidden <= 2^16, layers <= 1024, ...),
-  // so the size arithmetic below cannot overflow.
+  // so the size arithmetic of ReadCheckpoint cannot overflow.
   if (absl::Status s = config.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         path.string(), ": header describes an unusable model: ", s.message()));
   }
+  return config;
+}
 
+absl::StatusOr<std::vector<Tensor>> ReadCheckpoint(const std::string& bytes,
+                                                   const fs::path& path,
+                                                   ModelConfig& config) {
+  Header h;
+  PD_ASSIGN_OR_RETURN(config, ConfigFromHeader(bytes, path, h));
+  const bool shared = config.tie_word_embeddings;
+  const int64_t vocab = config.vocab_size;
   const int64_t dim = h.dim, hidden = h.hidden_dim, layers = h.n_layers;
   const int head_dim = config.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(head_dim) * h.n_kv_heads;
@@ -375,7 +390,59 @@ absl::Status WriteText(const fs::path& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// What a converted directory's tokenizer files hold.
+struct TokenizerFiles {
+  std::string tokenizer_json;
+  std::string tokenizer_config_json;
+};
+
+absl::StatusOr<TokenizerFiles> ReadTokenizerFiles(const fs::path& tokenizer_bin,
+                                                  const ModelConfig& config) {
+  PD_ASSIGN_OR_RETURN(std::string tok,
+                      ReadBinary(tokenizer_bin, size_t{256} << 20));
+  PD_ASSIGN_OR_RETURN(std::vector<Piece> pieces,
+                      ReadVocabulary(tok, tokenizer_bin, config.vocab_size));
+  PD_ASSIGN_OR_RETURN(std::vector<std::string> texts,
+                      PieceTexts(pieces, tokenizer_bin));
+  const Json tokenizer_config = {
+      {"tokenizer_class", "LlamaTokenizer"},
+      {"bos_token", "<s>"},
+      {"eos_token", "</s>"},
+      {"unk_token", "<unk>"},
+      {"add_bos_token", true},
+      {"add_eos_token", false},
+      {"legacy", true},
+      {"clean_up_tokenization_spaces", false},
+      {"model_max_length", config.max_position_embeddings}};
+  return TokenizerFiles{TokenizerJson(pieces, texts),
+                        tokenizer_config.dump(2) + "\n"};
+}
+
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<const ModelInfo>> LoadLlama2cModelInfo(
+    const fs::path& checkpoint_bin, const fs::path& tokenizer_bin) {
+  std::ifstream in(checkpoint_bin, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read ", checkpoint_bin.string()));
+  }
+  std::string header(sizeof(Header), '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header.size()));
+  header.resize(static_cast<size_t>(in.gcount()));
+  Header h;
+  ModelInfo::Parts parts;
+  PD_ASSIGN_OR_RETURN(parts.config,
+                      ConfigFromHeader(header, checkpoint_bin, h));
+  PD_ASSIGN_OR_RETURN(TokenizerFiles files,
+                      ReadTokenizerFiles(tokenizer_bin, parts.config));
+  PD_ASSIGN_OR_RETURN(
+      parts.tokenizer,
+      Tokenizer::FromHfJson(files.tokenizer_json, files.tokenizer_config_json));
+  parts.name = checkpoint_bin.stem().string();
+  parts.generation_config = {.bos_token_id = kBosId, .eos_token_ids = {kEosId}};
+  return ModelInfo::FromParts(std::move(parts));
+}
 
 absl::Status ConvertLlama2cToHf(const fs::path& checkpoint_bin,
                                 const fs::path& tokenizer_bin,
@@ -387,12 +454,8 @@ absl::Status ConvertLlama2cToHf(const fs::path& checkpoint_bin,
                       ReadCheckpoint(ckpt, checkpoint_bin, config));
   ckpt.clear();
   ckpt.shrink_to_fit();
-  PD_ASSIGN_OR_RETURN(std::string tok,
-                      ReadBinary(tokenizer_bin, size_t{256} << 20));
-  PD_ASSIGN_OR_RETURN(std::vector<Piece> pieces,
-                      ReadVocabulary(tok, tokenizer_bin, config.vocab_size));
-  PD_ASSIGN_OR_RETURN(std::vector<std::string> texts,
-                      PieceTexts(pieces, tokenizer_bin));
+  PD_ASSIGN_OR_RETURN(TokenizerFiles tokenizer_files,
+                      ReadTokenizerFiles(tokenizer_bin, config));
 
   std::error_code ec;
   fs::create_directories(out_dir, ec);
@@ -409,21 +472,12 @@ absl::Status ConvertLlama2cToHf(const fs::path& checkpoint_bin,
       WriteText(out_dir / "config.json", ToHfConfigJson(config)));
   PD_RETURN_IF_ERROR(WriteText(
       out_dir / "generation_config.json",
-      Json({{"bos_token_id", 1}, {"eos_token_id", 2}}).dump(2) + "\n"));
+      Json({{"bos_token_id", kBosId}, {"eos_token_id", kEosId}}).dump(2) +
+          "\n"));
   PD_RETURN_IF_ERROR(
-      WriteText(out_dir / "tokenizer.json", TokenizerJson(pieces, texts)));
-  const Json tokenizer_config = {
-      {"tokenizer_class", "LlamaTokenizer"},
-      {"bos_token", "<s>"},
-      {"eos_token", "</s>"},
-      {"unk_token", "<unk>"},
-      {"add_bos_token", true},
-      {"add_eos_token", false},
-      {"legacy", true},
-      {"clean_up_tokenization_spaces", false},
-      {"model_max_length", config.max_position_embeddings}};
+      WriteText(out_dir / "tokenizer.json", tokenizer_files.tokenizer_json));
   return WriteText(out_dir / "tokenizer_config.json",
-                   tokenizer_config.dump(2) + "\n");
+                   tokenizer_files.tokenizer_config_json);
 }
 
 }  // namespace pdserve

@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "engine/model_files/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

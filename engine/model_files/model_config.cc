@@ -1,4 +1,4 @@
-#include "engine/model_config.h"
+#include "engine/model_files/model_config.h"
 
 #include <algorithm>
 #include <charconv>
@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -356,18 +357,71 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view config_json) {
   return c;
 }
 
-absl::Status ApplyGenerationConfig(std::string_view generation_config_json,
-                                   ModelConfig& config) {
+absl::StatusOr<GenerationConfig> ParseGenerationConfig(
+    std::string_view generation_config_json) {
   PD_ASSIGN_OR_RETURN(
       Json j, ParseObject(generation_config_json, "generation_config.json"));
-  PD_ASSIGN_OR_RETURN(std::vector<int32_t> bos, ReadIds(j, "bos_token_id"));
-  PD_ASSIGN_OR_RETURN(std::vector<int32_t> eos, ReadIds(j, "eos_token_id"));
+  GenerationConfig g;
+  auto read = [&]() -> absl::Status {
+    PD_ASSIGN_OR_RETURN(std::vector<int32_t> bos, ReadIds(j, "bos_token_id"));
+    if (!bos.empty()) g.bos_token_id = bos[0];
+    PD_ASSIGN_OR_RETURN(g.eos_token_ids, ReadIds(j, "eos_token_id"));
+    auto present = [&j](const char* field) {
+      auto it = j.find(field);
+      return it != j.end() && !it->is_null();
+    };
+    for (auto [field, out] : {std::pair{"temperature", &g.temperature},
+                              {"top_p", &g.top_p},
+                              {"min_p", &g.min_p},
+                              {"repetition_penalty", &g.repetition_penalty}}) {
+      if (!present(field)) continue;
+      float v = 0.0f;
+      PD_RETURN_IF_ERROR(ReadFloat(j, field, v));
+      *out = v;
+    }
+    if (present("top_k")) {
+      int top_k = 0;
+      PD_RETURN_IF_ERROR(ReadInt(j, "top_k", top_k));
+      g.top_k = top_k;
+    }
+    if (present("do_sample")) {
+      bool do_sample = false;
+      PD_RETURN_IF_ERROR(ReadBool(j, "do_sample", do_sample));
+      g.do_sample = do_sample;
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = read(); !s.ok()) {
+    // The field readers speak of config.json; say which file it is.
+    constexpr absl::string_view kPrefix = "config.json";
+    absl::string_view message = s.message();
+    if (absl::StartsWith(message, kPrefix))
+      message.remove_prefix(kPrefix.size());
+    return absl::Status(s.code(),
+                        absl::StrCat("generation_config.json", message));
+  }
+  return g;
+}
+
+absl::Status ApplyGenerationConfig(const GenerationConfig& generation_config,
+                                   ModelConfig& config) {
   ModelConfig updated = config;
-  if (!bos.empty()) updated.bos_token_id = bos[0];
-  if (!eos.empty()) updated.eos_token_ids = eos;
+  if (generation_config.bos_token_id) {
+    updated.bos_token_id = generation_config.bos_token_id;
+  }
+  if (!generation_config.eos_token_ids.empty()) {
+    updated.eos_token_ids = generation_config.eos_token_ids;
+  }
   PD_RETURN_IF_ERROR(updated.Validate());
   config = std::move(updated);
   return absl::OkStatus();
+}
+
+absl::Status ApplyGenerationConfig(std::string_view generation_config_json,
+                                   ModelConfig& config) {
+  PD_ASSIGN_OR_RETURN(GenerationConfig g,
+                      ParseGenerationConfig(generation_config_json));
+  return ApplyGenerationConfig(g, config);
 }
 
 std::string ToHfConfigJson(const ModelConfig& c) {
