@@ -25,7 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "router/http_server.h"
+#include "common/http_server.h"
 
 namespace pdserve {
 

@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "router/http_server.h"
+#include "common/http_server.h"
 #include "grpcpp/grpcpp.h"
 #include "pdserve/internal/v1/cluster_config.pb.h"
 #include "router/api_keys.h"
