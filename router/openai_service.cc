@@ -64,7 +64,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
         deadline_(started_ + deps.request_deadline),
         writer_(request_, std::move(id), absl::ToUnixSeconds(started_),
                 deps.model->tokenizer()),
-        record_(started_) {
+        record_(started_, deps.metrics) {
     for (size_t i = 0; i < request_.prompts.size(); ++i) {
       streams_.push_back(std::make_unique<PromptStream>(this, i));
     }
@@ -242,7 +242,7 @@ void OpenAiService::Handle(HttpRequest request,
   }
   if (path == "/metrics") {
     exchange->Respond(200, "text/plain; version=0.0.4; charset=utf-8",
-                      deps_.metrics->Exposition(deps_.gauges));
+                      deps_.metrics->Exposition());
     return;
   }
   const bool models = path == "/v1/models";

@@ -46,8 +46,6 @@ class OpenAiService {
     RouterMetrics* metrics = nullptr;
     // Null or empty: no key required.
     const ApiKeys* api_keys = nullptr;
-    // Live gauges appended to /metrics (requests running, connections).
-    std::function<void(std::string*)> gauges;
     // Deadline of a generation request. Default: 10 min.
     absl::Duration request_deadline = absl::Minutes(10);
   };

@@ -99,11 +99,11 @@ class Router {
   int running_requests() const;
   int queued_requests() const;
 
-  // The gauge lines of /metrics.
-  void WriteGauges(std::string* out) const;
-
  private:
   Router() = default;
+  // Adds the live gauges (requests running and queued, connections,
+  // workers) to metrics_.
+  void AddGauges();
 
   // Destroyed in reverse: the server before what its calls use.
   ApiKeys api_keys_;

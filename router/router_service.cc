@@ -215,7 +215,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         executor_(executor),
         metrics_(metrics),
         deadline_(ClientDeadline(context, default_deadline)),
-        record_(absl::Now()) {}
+        record_(absl::Now(), metrics) {}
 
   static absl::Time ClientDeadline(grpc::CallbackServerContext* context,
                                    absl::Duration default_deadline) {
