@@ -230,6 +230,24 @@ void MetricsRegistry::AddCallbackGaugeFamily(
   Register(name, help, kGauge, std::move(label_names)).read = std::move(read);
 }
 
+void MetricsRegistry::AddCallbackCounter(absl::string_view name,
+                                         absl::string_view help,
+                                         std::function<double()> read) {
+  AddCallbackCounterFamily(
+      name, help, {},
+      [read = std::move(read)](std::vector<LabeledValue>* out) {
+        out->push_back({.label_values = {}, .value = read()});
+      });
+}
+
+void MetricsRegistry::AddCallbackCounterFamily(
+    absl::string_view name, absl::string_view help,
+    std::vector<std::string> label_names,
+    std::function<void(std::vector<LabeledValue>*)> read) {
+  absl::MutexLock lock(&mu_);
+  Register(name, help, kCounter, std::move(label_names)).read = std::move(read);
+}
+
 std::string MetricsRegistry::Exposition() const {
   std::string out;
   absl::MutexLock lock(&mu_);

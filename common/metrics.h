@@ -172,6 +172,15 @@ class MetricsRegistry {
       std::vector<std::string> label_names,
       std::function<void(std::vector<LabeledValue>*)> read);
 
+  // Counters whose value is read at each scrape from a count kept
+  // elsewhere (it must never decrease), alone or labelled as above.
+  void AddCallbackCounter(absl::string_view name, absl::string_view help,
+                          std::function<double()> read);
+  void AddCallbackCounterFamily(
+      absl::string_view name, absl::string_view help,
+      std::vector<std::string> label_names,
+      std::function<void(std::vector<LabeledValue>*)> read);
+
   // The Prometheus text exposition (format 0.0.4) of every metric, in
   // registration order.
   std::string Exposition() const;

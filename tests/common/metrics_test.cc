@@ -96,9 +96,12 @@ TEST(MetricsTest, CallbackGaugesAreReadAtScrape) {
         out->push_back({{"used"}, static_cast<double>(queued)});
         out->push_back({{"too", "many"}, 1});  // Dropped.
       });
+  int64_t served = 3;
+  registry.AddCallbackCounter("test_served_total", "Served.", [&] { return served; });
   queued = 5;
   const std::string text = registry.Exposition();
   EXPECT_EQ(SampleValue(text, "test_queued"), 5);
+  EXPECT_THAT(text, HasSubstr("# TYPE test_served_total counter\ntest_served_total 3\n"));
   EXPECT_EQ(SampleValue(text, "test_blocks{state=\"free\"}"), 7);
   EXPECT_EQ(SampleValue(text, "test_blocks{state=\"used\"}"), 5);
   EXPECT_THAT(text, Not(HasSubstr("too")));
