@@ -48,7 +48,7 @@
 #include "absl/time/time.h"
 #include "httplib.h"
 #include "common/process.h"
-#include "router/http_server.h"
+#include "common/http_server.h"
 #include "tests/router/fake_workers.h"
 
 ABSL_FLAG(std::string, mode, "server", "server (an HTTP server alone) or router");
@@ -377,7 +377,7 @@ int RunServerMode() {
     r = RunLoad((*server)->port(), getpid(), &before, &after, &peak);
     stop = true;
     tick.join();
-    Report("Boost.Beast (router/http_server.h), 2 threads", r, before, after,
+    Report("Boost.Beast (common/http_server.h), 2 threads", r, before, after,
            peak);
   } else if (which == "httplib") {
     httplib::Server server;

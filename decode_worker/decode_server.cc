@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_server.h"
 #include "common/log.h"
+#include "common/metrics_http.h"
 #include "common/status_macros.h"
 
 namespace pdserve {
@@ -18,9 +19,24 @@ absl::StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(
   if (options.worker.worker_id.empty()) {
     worker->set_worker_id(absl::StrCat("decode-", started.port));
   }
-  PD_LOG(INFO) << "pd-decode serving on port " << started.port;
-  return std::unique_ptr<DecodeServer>(new DecodeServer(
+  std::unique_ptr<HttpServer> metrics_http;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<HttpServer>> http =
+        StartMetricsServer(options.metrics_listen, &worker->metrics());
+    if (!http.ok()) {
+      started.server->Shutdown();
+      return http.status();
+    }
+    metrics_http = *std::move(http);
+  }
+  PD_LOG(INFO) << "pd-decode serving on port " << started.port
+               << (metrics_http ? absl::StrCat(", /metrics on port ",
+                                               metrics_http->port())
+                                : std::string());
+  auto server = std::unique_ptr<DecodeServer>(new DecodeServer(
       options, std::move(worker), std::move(started.server), started.port));
+  server->metrics_http_ = std::move(metrics_http);
+  return server;
 }
 
 DecodeServer::DecodeServer(const DecodeServerOptions& options,
@@ -34,6 +50,7 @@ DecodeServer::DecodeServer(const DecodeServerOptions& options,
 DecodeServer::~DecodeServer() { Shutdown(); }
 
 void DecodeServer::Shutdown() {
+  if (metrics_http_) metrics_http_->Stop();
   if (server_ == nullptr) return;
   server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
   server_->Wait();

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/http_server.h"
 #include "decode_worker/decode_worker.h"
 #include "grpcpp/server.h"
 
@@ -21,6 +22,9 @@ struct DecodeServerOptions {
   std::string listen_address = "127.0.0.1:0";
   // An empty worker.worker_id becomes "decode-<bound port>".
   DecodeWorkerOptions worker;
+  // Address of the /metrics and /health HTTP endpoint ("host:port"; port 0
+  // picks a free one); empty serves none. Default: empty.
+  std::string metrics_listen;
   // How long Shutdown lets streams in flight finish before cancelling them.
   // Default: 5 s.
   absl::Duration shutdown_grace = absl::Seconds(5);
@@ -38,6 +42,8 @@ class DecodeServer {
 
   int port() const { return port_; }
   DecodeWorker& worker() { return *worker_; }
+  // The bound /metrics port; 0 when none is served.
+  int metrics_port() const { return metrics_http_ ? metrics_http_->port() : 0; }
 
   // Stops accepting calls, lets those in flight finish for shutdown_grace,
   // cancels the rest and waits for them. Idempotent.
@@ -50,6 +56,8 @@ class DecodeServer {
 
   const DecodeServerOptions options_;
   const std::unique_ptr<DecodeWorker> worker_;  // Outlives server_.
+  // Reads the worker's metrics: stopped first.
+  std::unique_ptr<HttpServer> metrics_http_;
   std::unique_ptr<grpc::Server> server_;
   const int port_;
 };

@@ -175,9 +175,20 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
     w->receivers_.push_back({.transport = std::move(transport)});
   }
   PD_ASSIGN_OR_RETURN(worker->loop_,
-                      EngineLoop::Start(options.engine, [w](Generator& g) {
-                        w->ExpireReservations(g);
-                      }));
+                      EngineLoop::Start(
+                          options.engine,
+                          [w](Generator& g) {
+                            w->ExpireReservations(g);
+                            int64_t reserved = 0;
+                            for (const auto& [id, r] : w->reservations_) {
+                              reserved += r.blocks.size();
+                            }
+                            w->metrics_.engine().set_reserved_blocks(reserved);
+                          },
+                          [w](const EngineStepStats& stats) {
+                            w->metrics_.engine().OnStep(stats);
+                          }));
+  w->metrics_.WatchLoop(w->loop_.get());
   std::vector<std::string> offered;
   for (Receiver& r : w->receivers_) {
     const kv::TransportCapabilities& caps = r.transport->capabilities();
@@ -190,6 +201,7 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
                                        memory.status().message()));
     }
     PD_ASSIGN_OR_RETURN(r.region, r.transport->RegisterMemory(*memory));
+    r.received_bytes = w->metrics_.AddReceiver(caps.name);
     r.notification_thread =
         std::thread([w, &r] { w->ReceiveNotifications(r); });
     offered.push_back(
@@ -257,6 +269,10 @@ void DecodeWorker::ReceiveNotifications(const Receiver& receiver) {
                       << n->message.size() << " bytes)";
       continue;
     }
+    const KvBlockLayout& layout = loop_->kv_layout();
+    receiver.received_bytes->Increment(uint64_t{complete.num_tokens()} *
+                                       layout.block_bytes() /
+                                       layout.block_size);
     loop_->Post([this, complete, staged = receiver.staged](Generator& g) {
       OnKvComplete(complete, staged, g);
     });

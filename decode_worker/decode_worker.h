@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "decode_worker/decode_metrics.h"
 #include "engine/engine_loop.h"
 #include "kv_transfer/transport.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
@@ -109,6 +110,9 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
 
   void set_worker_id(std::string id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // pd-decode's metrics, for /metrics (decode_metrics.h).
+  const MetricsRegistry& metrics() { return metrics_.registry(); }
+
  private:
   class DecodeCall;
   // A reservation; loop thread only.
@@ -135,6 +139,8 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
     // transport of host memory): KV landing through it is copied into the
     // pool before the request decodes.
     bool staged = false;
+    // KV bytes its KvComplete notifications announced.
+    Counter* received_bytes = nullptr;
     std::thread notification_thread;
   };
 
@@ -165,6 +171,8 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   std::vector<Receiver> receivers_;
   // Loop thread only.
   ReservationMap reservations_;
+  // Before loop_: the loop's on_step hook records into it.
+  DecodeMetrics metrics_;
   // Set once in Create; stopped first (its thread uses the fields above).
   std::unique_ptr<EngineLoop> loop_;
 

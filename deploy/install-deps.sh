@@ -18,6 +18,7 @@ APT_PACKAGES=(
   libboost-dev           # Boost.Beast/Asio: the router's HTTP server
   libcpp-httplib-dev     # pd-http-bench only: the HTTP library Beast was measured against
   clang libclang-rt-dev  # the libFuzzer targets (tests/fuzz): clang and its fuzzer runtime
+  prometheus             # promtool and the server: the /metrics tests (tests/common, tests/metrics)
   python3
 )
 

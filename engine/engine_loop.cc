@@ -1,5 +1,6 @@
 #include "engine/engine_loop.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/log.h"
@@ -8,7 +9,8 @@
 namespace pdserve {
 
 absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(
-    const EngineConfig& config, absl::AnyInvocable<void(Generator&)> tick) {
+    const EngineConfig& config, absl::AnyInvocable<void(Generator&)> tick,
+    std::function<void(const EngineStepStats&)> on_step) {
   if (config.kv_cache_bytes == 0 || config.block_size < 1) {
     return absl::InvalidArgumentError(
         "kv_cache_bytes and block_size must be positive");
@@ -33,6 +35,7 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(
                        .max_running = config.max_running,
                        .enable_prefix_caching = config.enable_prefix_caching};
   options.tick_period = config.tick_period;
+  options.on_step = std::move(on_step);
   return Create(std::move(runner), options, std::move(tick));
 }
 
@@ -148,7 +151,23 @@ void EngineLoop::Run() {
     }
     if (generator_->HasWork()) {
       events.clear();
-      if (absl::Status s = generator_->Step(events); !s.ok()) {
+      const int32_t running = generator_->num_running();
+      const int64_t computed = generator_->computed_prompt_tokens();
+      const absl::Time step_start = absl::Now();
+      const absl::Status s = generator_->Step(events);
+      if (options_.on_step) {
+        EngineStepStats stats{
+            .duration = absl::Now() - step_start,
+            .running = running,
+            .prompt_tokens = generator_->computed_prompt_tokens() - computed};
+        for (const GenerationEvent& e : events) {
+          stats.generated_tokens += e.has_token ? 1 : 0;
+        }
+        stats.running = std::max({running, generator_->num_running(),
+                                  stats.generated_tokens});
+        options_.on_step(stats);
+      }
+      if (!s.ok()) {
         // A backend failure: nothing in flight can be trusted; end it all.
         PD_LOG(ERROR) << "engine step failed, cancelling every request: " << s;
         for (auto& [id, sink] : sinks_) generator_->Cancel(id);

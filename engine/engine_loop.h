@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -38,6 +39,20 @@ struct EngineLoad {
   // those taken from the prefix cache instead.
   int64_t computed_prompt_tokens = 0;
   int64_t prefix_cached_tokens = 0;
+};
+
+// What one engine step did, for metrics (EngineLoop::Options::on_step).
+struct EngineStepStats {
+  // Generator::Step's wall time.
+  absl::Duration duration;
+  // Sequences in the step's batch: the most of those running before it,
+  // after it, and those it sampled a token for (a prefill admitted and
+  // finished within one step is counted by its token).
+  int32_t running = 0;
+  // Tokens the step generated (token events).
+  int32_t generated_tokens = 0;
+  // Prompt tokens the step ran through the forward pass.
+  int64_t prompt_tokens = 0;
 };
 
 // What a worker's engine is built from; pd-prefill and pd-decode share it.
@@ -79,6 +94,9 @@ class EngineLoop {
     // Period of the tick when idle, and the longest gap between ticks.
     // Default: 50 ms.
     absl::Duration tick_period = absl::Milliseconds(50);
+    // Runs on the loop thread after every step; must be cheap (record into
+    // metrics and return). Default: none.
+    std::function<void(const EngineStepStats&)> on_step;
   };
 
   // Loads config.model, creates its runner and Create()s a loop over it.
@@ -86,7 +104,8 @@ class EngineLoop {
   // errors as they come.
   static absl::StatusOr<std::unique_ptr<EngineLoop>> Start(
       const EngineConfig& config,
-      absl::AnyInvocable<void(Generator&)> tick = nullptr);
+      absl::AnyInvocable<void(Generator&)> tick = nullptr,
+      std::function<void(const EngineStepStats&)> on_step = nullptr);
 
   // Starts the loop thread. `tick`, when set, runs on it at least every
   // tick_period (for expiring reservations and the like).

@@ -21,6 +21,12 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "gRPC address to serve on (port 0: any free port)");
 ABSL_FLAG(std::string, port_file, "",
           "Write the bound port to this file once serving");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "HTTP address of /metrics (Prometheus) and /health (port 0: any "
+          "free port; empty: none)");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "Write the bound /metrics port to this file once serving (before "
+          "--port_file)");
 ABSL_FLAG(std::string, worker_id, "",
           "Name in load reports (default: prefill-<port>)");
 ABSL_FLAG(std::string, kv_transport, "tcp",
@@ -45,6 +51,7 @@ int main(int argc, char** argv) {
 
   pdserve::PrefillServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   pdserve::PrefillWorkerOptions& w = options.worker;
   absl::StatusOr<pdserve::EngineConfig> engine =
       pdserve::EngineConfigFromFlags();
@@ -62,6 +69,16 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     PD_LOG(ERROR) << "pd-prefill: " << server.status();
     return 1;
+  }
+  if (const std::string file = absl::GetFlag(FLAGS_metrics_port_file);
+      !file.empty()) {
+    if (absl::Status s =
+            pdserve::WritePortFile(file, (*server)->metrics_port());
+        !s.ok()) {
+      PD_LOG(ERROR) << "pd-prefill: " << s;
+      (*server)->Shutdown();
+      return 1;
+    }
   }
   const bool announced = pdserve::AnnounceAndWaitForSignal(
       "pd-prefill", (*server)->port(), absl::GetFlag(FLAGS_port_file));

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_server.h"
 #include "common/log.h"
+#include "common/metrics_http.h"
 #include "common/status_macros.h"
 
 namespace pdserve {
@@ -18,9 +19,24 @@ absl::StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(
   if (options.worker.worker_id.empty()) {
     worker->set_worker_id(absl::StrCat("prefill-", started.port));
   }
-  PD_LOG(INFO) << "pd-prefill serving on port " << started.port;
-  return std::unique_ptr<PrefillServer>(new PrefillServer(
+  std::unique_ptr<HttpServer> metrics_http;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<HttpServer>> http =
+        StartMetricsServer(options.metrics_listen, &worker->metrics());
+    if (!http.ok()) {
+      started.server->Shutdown();
+      return http.status();
+    }
+    metrics_http = *std::move(http);
+  }
+  PD_LOG(INFO) << "pd-prefill serving on port " << started.port
+               << (metrics_http ? absl::StrCat(", /metrics on port ",
+                                               metrics_http->port())
+                                : std::string());
+  auto server = std::unique_ptr<PrefillServer>(new PrefillServer(
       options, std::move(worker), std::move(started.server), started.port));
+  server->metrics_http_ = std::move(metrics_http);
+  return server;
 }
 
 PrefillServer::PrefillServer(const PrefillServerOptions& options,
@@ -36,6 +52,7 @@ PrefillServer::~PrefillServer() { Shutdown(); }
 void PrefillServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  if (metrics_http_) metrics_http_->Stop();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
   // Cancelled calls end once the engine and the pusher have let go of them
   // (a transfer blocked on a peer takes up to the transfer timeout).

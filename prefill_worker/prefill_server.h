@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/http_server.h"
 #include "grpcpp/server.h"
 #include "prefill_worker/prefill_worker.h"
 
@@ -21,6 +22,9 @@ struct PrefillServerOptions {
   std::string listen_address = "127.0.0.1:0";
   // An empty worker.worker_id becomes "prefill-<bound port>".
   PrefillWorkerOptions worker;
+  // Address of the /metrics and /health HTTP endpoint ("host:port"; port 0
+  // picks a free one); empty serves none. Default: empty.
+  std::string metrics_listen;
   // How long Shutdown lets calls in flight finish before cancelling them.
   // Default: 5 s.
   absl::Duration shutdown_grace = absl::Seconds(5);
@@ -39,6 +43,8 @@ class PrefillServer {
   // The bound port.
   int port() const { return port_; }
   PrefillWorker& worker() { return *worker_; }
+  // The bound /metrics port; 0 when none is served.
+  int metrics_port() const { return metrics_http_ ? metrics_http_->port() : 0; }
 
   // Stops accepting calls, lets those in flight finish for shutdown_grace,
   // cancels the rest and waits until every call is done. Idempotent.
@@ -51,6 +57,8 @@ class PrefillServer {
 
   const PrefillServerOptions options_;
   const std::unique_ptr<PrefillWorker> worker_;  // Outlives server_.
+  // Reads the worker's metrics: stopped first.
+  std::unique_ptr<HttpServer> metrics_http_;
   std::unique_ptr<grpc::Server> server_;
   const int port_;
   bool shut_down_ = false;

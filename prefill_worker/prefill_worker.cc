@@ -58,14 +58,19 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
   if (options.transfer_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("transfer_timeout must be positive");
   }
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<EngineLoop> loop,
-                      EngineLoop::Start(options.engine));
+  auto metrics = std::make_unique<PrefillMetrics>();
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<EngineLoop> loop,
+      EngineLoop::Start(options.engine, nullptr,
+                        [m = metrics.get()](const EngineStepStats& stats) {
+                          m->engine().OnStep(stats);
+                        }));
   PD_ASSIGN_OR_RETURN(const std::vector<std::string> names,
                       kv::ParseKvTransportList(options.kv_transport));
   kv::TransportOptions transport_options;
   transport_options.io_timeout = options.transfer_timeout;
   std::unique_ptr<PrefillWorker> worker(
-      new PrefillWorker(options, std::move(loop)));
+      new PrefillWorker(options, std::move(metrics), std::move(loop)));
   PrefillWorker* w = worker.get();
   std::vector<KvPusherTransport> transports;
   std::vector<std::string> staged;
@@ -95,6 +100,8 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
                           [w](const std::shared_ptr<KvPush>& push) {
                             w->CancelInEngine(push);
                           }));
+  w->metrics_->engine().WatchLoad(w->loop_.get());
+  w->metrics_->WatchPusher(w->pusher_.get());
   w->loop_->Post([w](Generator& generator) {
     generator.set_kv_layer_observer(
         [w](int32_t layer, std::span<const ComputedKv> computed) {
@@ -113,8 +120,10 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
 }
 
 PrefillWorker::PrefillWorker(const PrefillWorkerOptions& options,
+                             std::unique_ptr<PrefillMetrics> metrics,
                              std::unique_ptr<EngineLoop> loop)
     : options_(options),
+      metrics_(std::move(metrics)),
       loop_(std::move(loop)),
       worker_id_(options.worker_id) {}
 
@@ -326,6 +335,7 @@ bool PrefillWorker::OnEvent(PrefillCall* call, const GenerationEvent& event) {
 
 void PrefillWorker::OnPushDone(PrefillCall* call, absl::Status status,
                                const KvPushStats& stats) {
+  metrics_->PushDone(status, stats);
   // The pusher is done with the blocks: the engine may have them back.
   PostToLoop([this, push = call->push()](Generator& generator) {
     auto it = active_.find(push->id());

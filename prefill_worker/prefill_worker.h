@@ -36,6 +36,7 @@
 #include "engine/engine_loop.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 #include "prefill_worker/kv_pusher.h"
+#include "prefill_worker/prefill_metrics.h"
 
 namespace pdserve {
 
@@ -82,11 +83,14 @@ class PrefillWorker final
   bool WaitUntilIdle(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
   const KvBlockLayout& kv_layout() const { return loop_->kv_layout(); }
+  // pd-prefill's metrics, for /metrics (prefill_metrics.h).
+  const MetricsRegistry& metrics() { return metrics_->registry(); }
 
  private:
   class PrefillCall;
 
   PrefillWorker(const PrefillWorkerOptions& options,
+                std::unique_ptr<PrefillMetrics> metrics,
                 std::unique_ptr<EngineLoop> loop);
   // The checks that need no engine state: the landing's usable offers,
   // best first, or the status to fail the call with.
@@ -105,6 +109,8 @@ class PrefillWorker final
   void CallDone() ABSL_LOCKS_EXCLUDED(mu_);
 
   const PrefillWorkerOptions options_;
+  // Outlives the loop and the pusher, which record into it.
+  const std::unique_ptr<PrefillMetrics> metrics_;
   std::unique_ptr<KvPusher> pusher_;  // Set once in Create.
   // Destroyed before pusher_ (the loop's observer and sinks use it). The
   // pusher thread reaches it only through PostToLoop.

@@ -62,7 +62,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
         deadline_(started_ + deps.request_deadline),
         writer_(request_, std::move(id), absl::ToUnixSeconds(started_),
                 deps.model->tokenizer()),
-        record_(started_) {}
+        record_(started_, deps.metrics) {}
 
   OpenAiResponseWriter& writer() { return writer_; }
 
@@ -224,7 +224,7 @@ void OpenAiService::Handle(HttpRequest request,
   }
   if (path == "/metrics") {
     exchange->Respond(200, "text/plain; version=0.0.4; charset=utf-8",
-                      deps_.metrics->Exposition(deps_.gauges));
+                      deps_.metrics->Exposition());
     return;
   }
   const bool models = path == "/v1/models";

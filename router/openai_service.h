@@ -24,7 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "router/http_server.h"
+#include "common/http_server.h"
 
 namespace pdserve {
 
@@ -43,8 +43,6 @@ class OpenAiService {
     RouterMetrics* metrics = nullptr;
     // Null or empty: no key required.
     const ApiKeys* api_keys = nullptr;
-    // Live gauges appended to /metrics (requests running, connections).
-    std::function<void(std::string*)> gauges;
     // Deadline of a generation request. Default: 10 min.
     absl::Duration request_deadline = absl::Minutes(10);
   };

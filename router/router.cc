@@ -47,7 +47,14 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
                               .head_dim = config.head_dim},
           WorkerRegistry::Options{.poll_interval = options.poll_interval,
                                   .load_timeout = options.load_timeout}));
-  router->metrics_ = std::make_unique<RouterMetrics>();
+  RouterMetrics::Options metrics;
+  for (const auto& w : options.cluster.prefill_workers()) {
+    metrics.prefill_workers.push_back(w.id());
+  }
+  for (const auto& w : options.cluster.decode_workers()) {
+    metrics.decode_workers.push_back(w.id());
+  }
+  router->metrics_ = std::make_unique<RouterMetrics>(metrics);
   router->orchestrator_ = std::make_unique<RequestOrchestrator>(
       router->model_, router->registry_.get(), router->metrics_.get(),
       RequestOrchestrator::Options{
@@ -56,18 +63,17 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
           .control_timeout = options.control_timeout,
           .max_queued = options.max_queued,
           .recheck_interval = options.poll_interval});
+  router->AddGauges();
   router->service_ = std::make_unique<RouterService>(
       router->model_, router->registry_.get(), router->orchestrator_.get(),
       &router->api_keys_, options.default_deadline, router->metrics_.get());
   if (!options.http_listen.empty()) {
-    Router* raw = router.get();
     router->openai_ = std::make_unique<OpenAiService>(OpenAiService::Deps{
         .model = router->model_,
         .registry = router->registry_.get(),
         .orchestrator = router->orchestrator_.get(),
         .metrics = router->metrics_.get(),
         .api_keys = &router->api_keys_,
-        .gauges = [raw](std::string* out) { raw->WriteGauges(out); },
         .request_deadline = options.default_deadline});
     HttpServer::Options http = options.http;
     http.listen = options.http_listen;
@@ -124,41 +130,39 @@ void Router::Shutdown(absl::Duration grace) {
   registry_.reset();  // Stops polling.
 }
 
-void Router::WriteGauges(std::string* out) const {
-  absl::StrAppend(
-      out,
-      "# HELP pdserve_router_requests_running Generation requests being "
-      "served now.\n# TYPE pdserve_router_requests_running gauge\n"
-      "pdserve_router_requests_running ",
-      orchestrator_->running(),
-      "\n# HELP pdserve_router_requests_queued Generation requests waiting "
-      "for KV room on the decode workers.\n# TYPE pdserve_router_requests_queued gauge\n"
-      "pdserve_router_requests_queued ",
-      orchestrator_->queued(),
-      "\n# HELP pdserve_router_http_connections Open HTTP connections.\n"
-      "# TYPE pdserve_router_http_connections gauge\n"
-      "pdserve_router_http_connections ",
-      http_ ? http_->connections() : 0,
-      "\n# HELP pdserve_router_healthy_workers Workers answering load "
-      "reports, by role.\n# TYPE pdserve_router_healthy_workers gauge\n"
-      "pdserve_router_healthy_workers{role=\"prefill\"} ",
-      registry_->healthy_prefill(),
-      "\npdserve_router_healthy_workers{role=\"decode\"} ",
-      registry_->healthy_decode(), "\n");
+void Router::AddGauges() {
+  MetricsRegistry& r = metrics_->registry();
+  // Scraped only through http_, which stops before any of these goes.
+  r.AddCallbackGauge("pdserve_router_requests_running",
+                     "Generation requests started and not ended (queued ones included).",
+                     [this] { return double(orchestrator_->running()); });
+  r.AddCallbackGauge("pdserve_router_requests_queued",
+                     "Generation requests waiting for KV room on the decode workers.",
+                     [this] { return double(orchestrator_->queued()); });
+  r.AddCallbackGauge("pdserve_router_http_connections",
+                     "Open HTTP connections.",
+                     [this] { return http_ ? http_->connections() : 0; });
+  r.AddCallbackGaugeFamily(
+      "pdserve_router_healthy_workers",
+      "Workers answering load reports, by role.", {"role"},
+      [this](std::vector<LabeledValue>* out) {
+        out->push_back({{"prefill"}, double(registry_->healthy_prefill())});
+        out->push_back({{"decode"}, double(registry_->healthy_decode())});
+      });
   // The decode workers' KV pools as of their last load report: free blocks
   // returning to the total is how a client sees that nothing leaked.
-  const std::vector<WorkerSnapshot> workers = registry_->Snapshot();
-  absl::StrAppend(out,
-                  "# HELP pdserve_router_worker_kv_blocks KV blocks of each "
-                  "decode worker, as of its last load report.\n"
-                  "# TYPE pdserve_router_worker_kv_blocks gauge\n");
-  for (const WorkerSnapshot& w : workers) {
-    if (w.role != WorkerRole::kDecode) continue;
-    absl::StrAppend(out, "pdserve_router_worker_kv_blocks{worker=\"", w.id,
-                    "\",state=\"total\"} ", w.last_report.total_blocks(),
-                    "\npdserve_router_worker_kv_blocks{worker=\"", w.id,
-                    "\",state=\"free\"} ", w.last_report.free_blocks(), "\n");
-  }
+  r.AddCallbackGaugeFamily(
+      "pdserve_router_worker_kv_blocks",
+      "KV blocks of each decode worker (state total or free), as of its "
+      "last load report.",
+      {"worker", "state"}, [this](std::vector<LabeledValue>* out) {
+        for (const WorkerSnapshot& w : registry_->Snapshot()) {
+          if (w.role != WorkerRole::kDecode) continue;
+          out->push_back(
+              {{w.id, "total"}, double(w.last_report.total_blocks())});
+          out->push_back({{w.id, "free"}, double(w.last_report.free_blocks())});
+        }
+      });
 }
 
 int64_t Router::running_requests() const {

@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "router/http_server.h"
+#include "common/http_server.h"
 #include "grpcpp/grpcpp.h"
 #include "pdserve/internal/v1/cluster_config.pb.h"
 #include "router/api_keys.h"
@@ -99,11 +99,11 @@ class Router {
   int64_t running_requests() const;
   int64_t queued_requests() const;
 
-  // The gauge lines of /metrics.
-  void WriteGauges(std::string* out) const;
-
  private:
   Router() = default;
+  // Adds the live gauges (requests running and queued, connections,
+  // workers) to metrics_.
+  void AddGauges();
 
   // Destroyed in reverse: the server before what its calls use.
   ApiKeys api_keys_;

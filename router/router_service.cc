@@ -192,7 +192,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                absl::Duration default_deadline, RouterMetrics* metrics)
       : metrics_(metrics),
         deadline_(ClientDeadline(context, default_deadline)),
-        record_(absl::Now()) {}
+        record_(absl::Now(), metrics) {}
 
   static absl::Time ClientDeadline(grpc::CallbackServerContext* context,
                                    absl::Duration default_deadline) {

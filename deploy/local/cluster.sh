@@ -24,7 +24,10 @@
 #                      transports: docs/development.md)
 #
 # Every process writes its bound port to D/<name>.port and its log to
-# D/<name>.log; D/<name>.pid holds its pid.
+# D/<name>.log; D/<name>.pid holds its pid. Each serves Prometheus /metrics
+# on the port in D/<name>.metrics_port (the router's is its HTTP port), and
+# D/prometheus_targets.json lists them all for Prometheus's file_sd_configs
+# (docs/metrics.md).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 
@@ -100,12 +103,14 @@ up() {
   for ((i = 0; i < decode; i++)); do
     # shellcheck disable=SC2086
     start "decode-$i" "$bin/decode_worker/pd-decode" --listen=127.0.0.1:0 --worker_id="decode-$i" \
+      --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/decode-$i.metrics_port" \
       --model="$model" $decode_args
     workers+=("decode-$i")
   done
   for ((i = 0; i < prefill; i++)); do
     # shellcheck disable=SC2086
     start "prefill-$i" "$bin/prefill_worker/pd-prefill" --listen=127.0.0.1:0 \
+      --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/prefill-$i.metrics_port" \
       --worker_id="prefill-$i" --model="$model" $prefill_args
     workers+=("prefill-$i")
   done
@@ -133,6 +138,15 @@ JSON
     --http_listen="127.0.0.1:$http_port" --http_port_file="$dir/router.http_port" \
     --config="$dir/cluster.json" $router_args
   wait_port router
+  if [[ -s "$dir/router.http_port" ]]; then cp "$dir/router.http_port" "$dir/router.metrics_port"; fi
+  # Every process's /metrics, for Prometheus's file_sd_configs.
+  local targets="" sep="" w
+  for w in router "${workers[@]}"; do
+    [[ -s "$dir/$w.metrics_port" ]] || continue
+    targets+="$sep{\"targets\": [\"127.0.0.1:$(cat "$dir/$w.metrics_port")\"], \"labels\": {\"process\": \"$w\"}}"
+    sep=", "
+  done
+  echo "[$targets]" >"$dir/prometheus_targets.json"
 
   # Healthy: the router sees every worker.
   local want="prefill_workers: $prefill decode_workers: $decode" status=""

@@ -21,7 +21,7 @@
 #include <memory>
 #include <string>
 
-#include "router/http_server.h"
+#include "common/http_server.h"
 #include "router/openai_api.h"
 
 namespace {

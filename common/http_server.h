@@ -1,5 +1,5 @@
-// HttpServer: the HTTP/1.1 server under pd-router's OpenAI-compatible API,
-// on Boost.Beast and Asio.
+// HttpServer: the HTTP/1.1 server under pd-router's OpenAI-compatible API
+// and every process's /metrics (metrics_http.h), on Boost.Beast and Asio.
 //
 // A few threads run one io_context; every connection is a chain of
 // asynchronous operations on its own strand, so an open connection — an SSE
@@ -28,8 +28,8 @@
 // from one thread.
 // Ownership: the server owns its threads and connections. An exchange may
 // outlive the server; its methods then do nothing.
-#ifndef PDSERVE_ROUTER_HTTP_SERVER_H_
-#define PDSERVE_ROUTER_HTTP_SERVER_H_
+#ifndef PDSERVE_COMMON_HTTP_SERVER_H_
+#define PDSERVE_COMMON_HTTP_SERVER_H_
 
 #include <cstdint>
 #include <functional>
@@ -133,4 +133,4 @@ class HttpServer {
 
 }  // namespace pdserve
 
-#endif  // PDSERVE_ROUTER_HTTP_SERVER_H_
+#endif  // PDSERVE_COMMON_HTTP_SERVER_H_

@@ -1,7 +1,7 @@
 // HttpServer over real sockets: keep-alive, pipelining, chunked SSE, the
 // bounds a client cannot talk past (headers, body, request time, slow
 // clients), malformed input, and a client that goes away mid-answer.
-#include "router/http_server.h"
+#include "common/http_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "router/http_server.h"
+#include "common/http_server.h"
 
 #include <atomic>
 #include <array>

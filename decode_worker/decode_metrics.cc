@@ -1,0 +1,27 @@
+#include "decode_worker/decode_metrics.h"
+
+namespace pdserve {
+
+DecodeMetrics::DecodeMetrics()
+    : engine_(&registry_, "pdserve_decode", "step"),
+      kv_received_bytes_(registry_.AddCounterFamily(
+          "pdserve_decode_kv_received_bytes_total",
+          "KV bytes received per transport, as KvComplete notifications "
+          "announce them (the prompt's tokens times the KV bytes of one token "
+          "across all layers); counted when the notification arrives.",
+          {"transport"})) {}
+
+void DecodeMetrics::WatchLoop(const EngineLoop* loop) {
+  engine_.WatchLoad(loop);
+  registry_.AddCallbackGauge(
+      "pdserve_decode_open_landings",
+      "KV reservations (landings) open: waiting for their KV or their "
+      "Decode call.",
+      [loop] { return loop->load().reserved; });
+}
+
+Counter* DecodeMetrics::AddReceiver(absl::string_view transport) {
+  return kv_received_bytes_->WithLabels({std::string(transport)});
+}
+
+}  // namespace pdserve
