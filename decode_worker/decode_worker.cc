@@ -497,6 +497,7 @@ grpc::ServerUnaryReactor* DecodeWorker::GetLoad(
   response->set_model(options_.engine.model);
   ToWire(loop_->kv_layout(), response->mutable_layout());
   ToWire(load, response);
+  ToWire(loop_->kv_events(), *request, response);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -63,12 +63,7 @@ std::unique_ptr<Generator::Sequence> Generator::NewSequence(GenerationRequest re
   auto seq = std::make_unique<Sequence>();
   seq->sampler = std::make_unique<Sampler>(request.sampling, first_step);
   if (options_.enable_prefix_caching) {
-    const size_t bs = runner_->kv_layout().block_size;
-    uint64_t parent = 0;
-    for (size_t end = bs; end <= request.prompt.size(); end += bs) {
-      parent = HashBlockTokens(parent, std::span(request.prompt).subspan(end - bs, bs));
-      seq->block_hashes.push_back(parent);
-    }
+    seq->block_hashes = PromptBlockHashes(request.prompt, runner_->kv_layout().block_size);
   }
   seq->tokens.reserve(request.prompt.size() + request.sampling.max_tokens);
   seq->tokens = request.prompt;

@@ -152,6 +152,10 @@ class Generator {
   // Prompt tokens of queued and running requests not computed yet.
   int64_t num_pending_prompt_tokens() const;
   const KvBlockPool& block_pool() const { return pool_; }
+  // Prefix-cache events of the pool (KvBlockPool::set_record_events /
+  // TakeEvents). Default: not recorded.
+  void set_record_kv_events(bool on) { pool_.set_record_events(on); }
+  void TakeKvCacheEvents(std::vector<KvCacheEvent>& out) { pool_.TakeEvents(out); }
   // Prompt tokens whose KV came from the prefix cache, since creation.
   int64_t prefix_cached_tokens() const { return prefix_cached_tokens_; }
   // Prompt tokens run through a forward pass, since creation.

@@ -362,6 +362,7 @@ grpc::ServerUnaryReactor* PrefillWorker::GetLoad(
   response->set_model(options_.engine.model);
   ToWire(loop_->kv_layout(), response->mutable_layout());
   ToWire(load, response);
+  ToWire(loop_->kv_events(), *request, response);
   for (const KvTransportCounters& c : pusher_->counters()) {
     wire::KvTransportCounters* out = response->add_kv_transports();
     out->set_transport(c.transport);
