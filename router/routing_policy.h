@@ -98,7 +98,7 @@ struct RoutingOptions {
   std::string policy = "kv_aware";
   // kv_aware: a decode worker prefills a prompt itself when at most this
   // many of its tokens are not in its prefix cache. Default: 64 (a first
-  // choice, not yet measured; docs/benchmarks.md).
+  // choice, not yet measured).
   int64_t local_prefill_max_tokens = 64;
   // kv_aware: prefill workers with more prompt tokens than this pending,
   // every one of them, are the bottleneck; decode workers with room then
