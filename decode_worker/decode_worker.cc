@@ -291,6 +291,7 @@ void DecodeWorker::OnKvComplete(const wire::KvComplete& complete, bool staged,
   }
   it->second.kv_complete = true;
   it->second.kv_tokens = complete.num_tokens();
+  it->second.kv_cached_tokens = complete.cached_tokens();
   it->second.kv_staged = staged;
   if (std::shared_ptr<DecodeCall> parked = std::move(it->second.parked)) {
     ContinuePrefilled(parked, it, generator);
@@ -361,6 +362,11 @@ void DecodeWorker::ContinuePrefilled(const std::shared_ptr<DecodeCall>& call,
     status = absl::InvalidArgumentError(absl::StrCat(
         "KV of ", it->second.kv_tokens, " tokens landed for request ", id.value,
         ", whose prompt has ", prompt_tokens));
+  } else if (it->second.kv_cached_tokens != it->second.cached_tokens) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "the KV push of request ", id.value, " skipped ",
+        it->second.kv_cached_tokens, " cached tokens; the landing had ",
+        it->second.cached_tokens));
   } else {
     if (it->second.kv_staged) status = UnstageKv(it->second, prompt_tokens);
     // On success the Generator takes the reservation's blocks.
@@ -388,7 +394,8 @@ absl::Status DecodeWorker::UnstageKv(const Reservation& reservation,
   std::vector<KvByteRange> ranges;
   for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
     ForEachKvRange(layout, layer, reservation.blocks.data(), pool_blocks,
-                   reservation.blocks.data(), pool_blocks, 0,
+                   reservation.blocks.data(), pool_blocks,
+                   static_cast<int32_t>(reservation.cached_tokens),
                    static_cast<int32_t>(tokens),
                    [&](size_t offset, size_t, size_t length) {
                      ranges.push_back({.offset = offset, .length = length});
@@ -459,17 +466,26 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(
   }
   response->set_pool_blocks(static_cast<uint32_t>(loop_->num_kv_blocks()));
   ToWire(loop_->kv_layout(), response->mutable_layout());
-  loop_->Post([this, id, num_tokens, response, reactor](Generator& g) {
-    absl::StatusOr<std::span<const BlockId>> blocks = g.Reserve(id, num_tokens);
-    if (!blocks.ok()) {
-      reactor->Finish(ToGrpcStatus(blocks.status()));
+  const int32_t prompt_tokens = static_cast<int32_t>(
+      std::min<uint32_t>(request->prompt_tokens(), 1u << 30));
+  std::vector<uint64_t> hashes(request->prompt_block_hashes().begin(),
+                               request->prompt_block_hashes().end());
+  loop_->Post([this, id, num_tokens, prompt_tokens, hashes = std::move(hashes),
+               response, reactor](Generator& g) {
+    absl::StatusOr<KvReservation> reserved =
+        g.Reserve(id, num_tokens, prompt_tokens, hashes);
+    if (!reserved.ok()) {
+      reactor->Finish(ToGrpcStatus(reserved.status()));
       return;
     }
-    response->mutable_block_ids()->Reserve(static_cast<int>(blocks->size()));
-    for (BlockId b : *blocks) response->add_block_ids(b.value);
-    reservations_[id] =
-        Reservation{.expires = absl::Now() + options_.reservation_timeout,
-                    .blocks = {blocks->begin(), blocks->end()}};
+    const std::span<const BlockId> blocks = reserved->blocks;
+    response->mutable_block_ids()->Reserve(static_cast<int>(blocks.size()));
+    for (BlockId b : blocks) response->add_block_ids(b.value);
+    response->set_cached_tokens(static_cast<uint32_t>(reserved->cached_tokens));
+    reservations_[id] = Reservation{
+        .expires = absl::Now() + options_.reservation_timeout,
+        .blocks = {blocks.begin(), blocks.end()},
+        .cached_tokens = static_cast<uint32_t>(reserved->cached_tokens)};
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
@@ -513,6 +529,7 @@ grpc::ServerUnaryReactor* DecodeWorker::GetLoad(
   response->set_model(options_.engine.model);
   ToWire(loop_->kv_layout(), response->mutable_layout());
   ToWire(load, response);
+  ToWire(loop_->kv_events(), *request, response);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

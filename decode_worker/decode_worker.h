@@ -84,14 +84,19 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   // the loop; Decode calls still open end with UNAVAILABLE.
   ~DecodeWorker() override;
 
+  // Shares the prompt's longest cached prefix of full blocks when the
+  // request brings its block hashes (Landing.cached_tokens).
   // RESOURCE_EXHAUSTED when the blocks are not free; INVALID_ARGUMENT for
-  // a zero request id, a duplicate id or num_tokens outside [1, context].
+  // a zero request id, a duplicate id, num_tokens outside [1, context] or
+  // prompt_tokens above it.
   grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
                                     const internal::v1::ReserveRequest* request,
                                     internal::v1::Landing* response) override;
   // With first_token: NOT_FOUND without a reservation, DEADLINE_EXCEEDED
   // when its KV does not land within the reservation timeout,
-  // INVALID_ARGUMENT when the landed KV does not cover the prompt.
+  // INVALID_ARGUMENT when the landed KV does not cover the prompt (or the
+  // push disagrees with the landing's cached_tokens, or the prompt is not
+  // the one whose block hashes the Reserve shared).
   // Without: prefills locally. INVALID_ARGUMENT for what the engine
   // refuses (and a zero id); RESOURCE_EXHAUSTED when the request could
   // never fit in the pool.
@@ -121,10 +126,14 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
     // KvComplete arrived: the prompt's KV of kv_tokens tokens landed.
     bool kv_complete = false;
     uint32_t kv_tokens = 0;
+    // The KvComplete's cached_tokens: what the push left alone.
+    uint32_t kv_cached_tokens = 0;
     // It landed in the pool's host staging, not in the pool.
     bool kv_staged = false;
-    // The reserved blocks, in sequence order.
+    // The reserved blocks, in sequence order; the first cached_tokens
+    // positions are shared prefix-cache blocks (Landing.cached_tokens).
     std::vector<BlockId> blocks;
+    uint32_t cached_tokens = 0;
     // A Decode waiting for KvComplete.
     std::shared_ptr<DecodeCall> parked;
   };
@@ -161,8 +170,9 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
                     Generator& generator);
   void OnKvComplete(const internal::v1::KvComplete& complete, bool staged,
                     Generator& generator);
-  // Copies the staged KV of `reservation`'s first `tokens` positions, every
-  // layer, from the host staging into the pool.
+  // Copies the staged KV of `reservation`'s positions [cached_tokens,
+  // tokens), every layer, from the host staging into the pool (the shared
+  // blocks before are the pool's own).
   absl::Status UnstageKv(const Reservation& reservation, uint32_t tokens);
   void ExpireReservations(Generator& generator);
 

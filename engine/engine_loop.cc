@@ -56,6 +56,7 @@ EngineLoop::EngineLoop(std::unique_ptr<ModelRunner> runner,
       generator_(std::move(generator)),
       options_(options),
       tick_(std::move(tick)) {
+  generator_->set_record_kv_events(true);
   PublishLoad();
   thread_ = std::thread([this] { Run(); });
 }
@@ -116,6 +117,9 @@ void EngineLoop::PublishLoad() {
       .pending_prompt_tokens = generator_->num_pending_prompt_tokens(),
       .computed_prompt_tokens = generator_->computed_prompt_tokens(),
       .prefix_cached_tokens = generator_->prefix_cached_tokens()};
+  generator_->TakeKvCacheEvents(event_scratch_);
+  kv_events_.Append(event_scratch_);
+  event_scratch_.clear();
   absl::MutexLock lock(&mu_);
   load_ = load;
 }

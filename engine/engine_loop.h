@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/generator.h"
+#include "engine/kv_event_log.h"
 #include "engine/model_runner.h"
 
 namespace pdserve {
@@ -127,6 +128,10 @@ class EngineLoop {
 
   EngineLoad load() const;
 
+  // The pool's prefix-cache events, published with the load: what a
+  // worker's LoadReport carries to the router's KV index.
+  const KvEventLog& kv_events() const { return kv_events_; }
+
   // Fixed at creation; safe from any thread.
   const Model& model() const { return runner_->model(); }
   const KvBlockLayout& kv_layout() const { return runner_->kv_layout(); }
@@ -175,6 +180,8 @@ class EngineLoop {
   std::vector<Command> commands_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   EngineLoad load_ ABSL_GUARDED_BY(mu_);
+  KvEventLog kv_events_;                      // Thread-safe.
+  std::vector<KvCacheEvent> event_scratch_;  // Loop thread only.
 
   std::thread thread_;
 };

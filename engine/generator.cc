@@ -63,12 +63,7 @@ std::unique_ptr<Generator::Sequence> Generator::NewSequence(GenerationRequest re
   auto seq = std::make_unique<Sequence>();
   seq->sampler = std::make_unique<Sampler>(request.sampling, first_step);
   if (options_.enable_prefix_caching) {
-    const size_t bs = runner_->kv_layout().block_size;
-    uint64_t parent = 0;
-    for (size_t end = bs; end <= request.prompt.size(); end += bs) {
-      parent = HashBlockTokens(parent, std::span(request.prompt).subspan(end - bs, bs));
-      seq->block_hashes.push_back(parent);
-    }
+    seq->block_hashes = PromptBlockHashes(request.prompt, runner_->kv_layout().block_size);
   }
   seq->tokens.reserve(request.prompt.size() + request.sampling.max_tokens);
   seq->tokens = request.prompt;
@@ -89,22 +84,54 @@ absl::Status Generator::Add(GenerationRequest request) {
 }
 
 absl::StatusOr<std::span<const BlockId>> Generator::Reserve(RequestId id, int32_t num_tokens) {
+  PD_ASSIGN_OR_RETURN(const KvReservation r, Reserve(id, num_tokens, 0, {}));
+  return r.blocks;
+}
+
+absl::StatusOr<KvReservation> Generator::Reserve(RequestId id, int32_t num_tokens,
+                                                 int32_t prompt_tokens,
+                                                 std::span<const uint64_t> prompt_block_hashes) {
   const int32_t context = runner_->model().config().max_position_embeddings;
   if (num_tokens < 1 || num_tokens > context) {
     return absl::InvalidArgumentError(
         absl::StrCat("reservation of ", num_tokens, " tokens outside [1, ", context, "]"));
   }
+  if (prompt_tokens < 0 || prompt_tokens > num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a prompt of ", prompt_tokens, " tokens in a reservation of ", num_tokens));
+  }
   if (Known(id) || reservations_.contains(id)) {
     return absl::InvalidArgumentError(absl::StrCat("duplicate request id ", id.value));
   }
   const int32_t bs = runner_->kv_layout().block_size;
-  PD_ASSIGN_OR_RETURN(std::vector<BlockId> blocks, pool_.Allocate((num_tokens + bs - 1) / bs));
-  return std::span<const BlockId>(reservations_[id] = std::move(blocks));
+  Reserved reserved;
+  if (options_.enable_prefix_caching && prompt_tokens > 0) {
+    // As Admit: the block of the prompt's last token is never shared.
+    const size_t shareable =
+        std::min(prompt_block_hashes.size(), static_cast<size_t>((prompt_tokens - 1) / bs));
+    while (reserved.blocks.size() < shareable) {
+      const uint64_t hash = prompt_block_hashes[reserved.blocks.size()];
+      const std::optional<BlockId> hit = pool_.LookupPrefix(hash);
+      if (!hit) break;
+      reserved.blocks.push_back(*hit);
+      reserved.shared_hashes.push_back(hash);
+    }
+  }
+  const int32_t total = (num_tokens + bs - 1) / bs;
+  auto fresh = pool_.Allocate(total - static_cast<int32_t>(reserved.blocks.size()));
+  if (!fresh.ok()) {
+    pool_.Release(reserved.blocks);
+    return fresh.status();
+  }
+  reserved.blocks.insert(reserved.blocks.end(), fresh->begin(), fresh->end());
+  const int32_t cached = static_cast<int32_t>(reserved.shared_hashes.size()) * bs;
+  return KvReservation{.blocks = (reservations_[id] = std::move(reserved)).blocks,
+                       .cached_tokens = cached};
 }
 
 void Generator::ReleaseReservation(RequestId id) {
   if (auto it = reservations_.find(id); it != reservations_.end()) {
-    pool_.Release(it->second);
+    pool_.Release(it->second.blocks);
     reservations_.erase(it);
   }
 }
@@ -125,17 +152,31 @@ absl::Status Generator::AddPrefilled(GenerationRequest request, int32_t first_to
   if (it == reservations_.end()) {
     return absl::NotFoundError(absl::StrCat("no KV reservation for request ", request.id.value));
   }
-  if (static_cast<int32_t>(it->second.size()) < BlocksFor(request)) {
+  Reserved& reserved = it->second;
+  if (static_cast<int32_t>(reserved.blocks.size()) < BlocksFor(request)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the reservation holds ", it->second.size(), " blocks; prompt + max_tokens need ",
+        "the reservation holds ", reserved.blocks.size(), " blocks; prompt + max_tokens need ",
         BlocksFor(request)));
   }
   const int32_t prompt_len = static_cast<int32_t>(request.prompt.size());
+  const int32_t bs = runner_->kv_layout().block_size;
+  const size_t shared = reserved.shared_hashes.size();
   std::unique_ptr<Sequence> seq = NewSequence(std::move(request), /*first_step=*/1);
+  // Shared blocks hold another prompt's KV: only the same tokens may use it.
+  if (shared > 0 &&
+      (static_cast<int64_t>(shared) * bs >= prompt_len || seq->block_hashes.size() < shared ||
+       !std::equal(reserved.shared_hashes.begin(), reserved.shared_hashes.end(),
+                   seq->block_hashes.begin()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the ", shared, " prefix blocks shared by the reservation of request ",
+        seq->request.id.value, " are not the prompt's"));
+  }
   seq->tokens.push_back(first_token);
   seq->num_computed = prompt_len;
   seq->num_reported = prompt_len;
-  seq->blocks = std::move(it->second);
+  seq->blocks = std::move(reserved.blocks);
+  seq->num_hashed = shared;  // Registered already.
+  prefix_cached_tokens_ += static_cast<int64_t>(shared) * bs;
   reservations_.erase(it);
   HashComputedBlocks(*seq);
   waiting_.push_back(std::move(seq));

@@ -95,6 +95,17 @@ struct GenerationEvent {
   std::vector<SampledToken> prompt_logprobs;
 };
 
+// What Reserve holds for a request.
+struct KvReservation {
+  // The blocks in sequence order; valid until AddPrefilled or
+  // ReleaseReservation.
+  std::span<const BlockId> blocks;
+  // Leading prompt tokens whose KV is in `blocks` already: shared, read-only
+  // prefix-cache blocks (a multiple of the block size). Their KV must not be
+  // written; the rest is to be written from outside.
+  int32_t cached_tokens = 0;
+};
+
 struct GeneratorOptions {
   // Token budget of one step: decode tokens plus prefill chunk tokens.
   // Default: 512.
@@ -127,13 +138,23 @@ class Generator {
   // duplicate id or num_tokens outside [1, context]; RESOURCE_EXHAUSTED when
   // the blocks are not free now.
   absl::StatusOr<std::span<const BlockId>> Reserve(RequestId id, int32_t num_tokens);
+  // As above, for a request whose prompt of `prompt_tokens` tokens has the
+  // block hash chain `prompt_block_hashes` (PromptBlockHashes): the longest
+  // prefix of those blocks the prefix cache holds is shared (never the
+  // block of the prompt's last token, none with prefix caching off), the
+  // rest allocated. AddPrefilled checks the chain against the prompt.
+  // Also INVALID_ARGUMENT when prompt_tokens exceeds num_tokens.
+  absl::StatusOr<KvReservation> Reserve(RequestId id, int32_t num_tokens, int32_t prompt_tokens,
+                                        std::span<const uint64_t> prompt_block_hashes);
   // Frees a reservation not yet added. Unknown ids are ignored.
   void ReleaseReservation(RequestId id);
   // Continues `request` from `first_token` (sampled elsewhere at step 0),
   // its prompt KV being in the blocks reserved under its id. Validated as
   // Add(); also INVALID_ARGUMENT when max_tokens < 2 (nothing left to
-  // decode) or the reservation is smaller than prompt + max_tokens, and
-  // NOT_FOUND without a reservation. Its events start at the second token.
+  // decode), the reservation is smaller than prompt + max_tokens, or its
+  // shared prefix blocks are not the prompt's (another hash chain, or the
+  // block of the last token), and NOT_FOUND without a reservation. Its
+  // events start at the second token.
   absl::Status AddPrefilled(GenerationRequest request, int32_t first_token);
 
   // Frees the blocks a finished `hold_kv` request kept. Unknown ids are
@@ -152,6 +173,10 @@ class Generator {
   // Prompt tokens of queued and running requests not computed yet.
   int64_t num_pending_prompt_tokens() const;
   const KvBlockPool& block_pool() const { return pool_; }
+  // Prefix-cache events of the pool (KvBlockPool::set_record_events /
+  // TakeEvents). Default: not recorded.
+  void set_record_kv_events(bool on) { pool_.set_record_events(on); }
+  void TakeKvCacheEvents(std::vector<KvCacheEvent>& out) { pool_.TakeEvents(out); }
   // Prompt tokens whose KV came from the prefix cache, since creation.
   int64_t prefix_cached_tokens() const { return prefix_cached_tokens_; }
   // Prompt tokens run through a forward pass, since creation.
@@ -202,7 +227,12 @@ class Generator {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<RequestId> cancelled_;
-  absl::flat_hash_map<RequestId, std::vector<BlockId>> reservations_;
+  struct Reserved {
+    std::vector<BlockId> blocks;
+    // The hashes of the leading blocks shared from the prefix cache.
+    std::vector<uint64_t> shared_hashes;
+  };
+  absl::flat_hash_map<RequestId, Reserved> reservations_;
   absl::flat_hash_map<RequestId, std::vector<BlockId>> held_kv_;
   KvLayerObserver kv_observer_;
   std::vector<ComputedKv> computed_;  // Scratch for the observer.

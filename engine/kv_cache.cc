@@ -23,6 +23,19 @@ uint64_t HashBlockTokens(uint64_t parent_hash, std::span<const int32_t> tokens) 
   return Mix64(h ^ tokens.size());
 }
 
+std::vector<uint64_t> PromptBlockHashes(std::span<const int32_t> tokens, int32_t block_size) {
+  std::vector<uint64_t> hashes;
+  if (block_size <= 0) return hashes;
+  const size_t bs = static_cast<size_t>(block_size);
+  hashes.reserve(tokens.size() / bs);
+  uint64_t parent = 0;
+  for (size_t end = bs; end <= tokens.size(); end += bs) {
+    parent = HashBlockTokens(parent, tokens.subspan(end - bs, bs));
+    hashes.push_back(parent);
+  }
+  return hashes;
+}
+
 KvBlockPool::KvBlockPool(int32_t num_blocks)
     : ref_counts_(num_blocks, 0),
       hashes_(num_blocks, 0),
@@ -59,10 +72,7 @@ absl::StatusOr<std::vector<BlockId>> KvBlockPool::Allocate(int32_t n) {
   for (int32_t i = 0; i < n; ++i) {
     const int32_t b = head_;
     Unlink(b);
-    if (has_hash_[b]) {
-      block_by_hash_.erase(hashes_[b]);
-      has_hash_[b] = false;
-    }
+    if (has_hash_[b]) DropHash(b);
     ref_counts_[b] = 1;
     out.push_back(BlockId(b));
   }
@@ -87,11 +97,35 @@ void KvBlockPool::Release(std::span<const BlockId> blocks) {
 void KvBlockPool::SetHash(BlockId block, uint64_t hash) {
   const int32_t b = block.value;
   PD_CHECK_GT(ref_counts_[b], 0);
-  if (has_hash_[b]) block_by_hash_.erase(hashes_[b]);
+  if (has_hash_[b]) {
+    if (hashes_[b] == hash) return;
+    DropHash(b);
+  }
   auto [it, inserted] = block_by_hash_.try_emplace(hash, b);
   // A second block with the same content stays unhashed; the first serves.
   has_hash_[b] = inserted;
-  if (inserted) hashes_[b] = hash;
+  if (inserted) {
+    hashes_[b] = hash;
+    if (record_events_) events_.push_back({KvCacheEvent::Kind::kStored, hash});
+  }
+}
+
+void KvBlockPool::DropHash(int32_t b) {
+  block_by_hash_.erase(hashes_[b]);
+  has_hash_[b] = false;
+  if (record_events_) events_.push_back({KvCacheEvent::Kind::kEvicted, hashes_[b]});
+}
+
+void KvBlockPool::TakeEvents(std::vector<KvCacheEvent>& out) {
+  out.insert(out.end(), events_.begin(), events_.end());
+  events_.clear();
+}
+
+std::vector<uint64_t> KvBlockPool::HeldHashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(block_by_hash_.size());
+  for (const auto& [hash, block] : block_by_hash_) out.push_back(hash);
+  return out;
 }
 
 std::optional<BlockId> KvBlockPool::LookupPrefix(uint64_t hash) {

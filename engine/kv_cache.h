@@ -8,6 +8,14 @@
 // until it is handed out again; free blocks are reused least recently freed
 // first, so cached prefixes survive as long as possible.
 //
+// Prefix-cache events: with set_record_events(true) the pool records every
+// change to the set of hashes it holds (free blocks included, since they
+// can be revived): kStored when a block gets a hash no other block holds,
+// kEvicted when a block carrying a hash is handed out anew or given another
+// hash. The owner drains them with TakeEvents (KvEventLog publishes them to
+// the router). A hash is held by at most one block, so the events of one
+// hash alternate stored, evicted, stored, ...
+//
 // Thread-safety: none. One thread (the engine loop) owns a pool.
 #ifndef PDSERVE_ENGINE_KV_CACHE_H_
 #define PDSERVE_ENGINE_KV_CACHE_H_
@@ -27,6 +35,20 @@ namespace pdserve {
 // it in the sequence (0 for the first) and the block's tokens. Stable across
 // processes and machines, so routers and workers agree on prefix hashes.
 uint64_t HashBlockTokens(uint64_t parent_hash, std::span<const int32_t> tokens);
+
+// The hash chain of `tokens`' full blocks of `block_size` tokens: entry i is
+// the hash of the tokens up to the end of block i (a partial last block has
+// none). What the Generator registers prompts under and the router matches
+// prompts against.
+std::vector<uint64_t> PromptBlockHashes(std::span<const int32_t> tokens, int32_t block_size);
+
+// A change to the set of content hashes a KvBlockPool holds.
+struct KvCacheEvent {
+  enum class Kind : uint8_t { kStored, kEvicted };
+  Kind kind = Kind::kStored;
+  uint64_t hash = 0;
+  friend bool operator==(const KvCacheEvent&, const KvCacheEvent&) = default;
+};
 
 class KvBlockPool {
  public:
@@ -52,10 +74,20 @@ class KvBlockPool {
 
   int32_t ref_count(BlockId block) const { return ref_counts_[block.value]; }
 
+  // Starts or stops recording prefix-cache events. Default: off (nothing
+  // is kept for an owner that never drains them).
+  void set_record_events(bool on) { record_events_ = on; }
+  // Appends the events recorded since the last call to `out`, in order.
+  void TakeEvents(std::vector<KvCacheEvent>& out);
+  // Every hash the pool holds now, in no particular order.
+  std::vector<uint64_t> HeldHashes() const;
+
  private:
   static constexpr int32_t kNone = -1;
   void Unlink(int32_t b);
   void PushBackFree(int32_t b);
+  // Drops block b's hash (which it holds), recording kEvicted.
+  void DropHash(int32_t b);
 
   std::vector<int32_t> ref_counts_;
   std::vector<uint64_t> hashes_;
@@ -65,6 +97,8 @@ class KvBlockPool {
   int32_t head_ = kNone, tail_ = kNone;
   int32_t num_free_ = 0;
   absl::flat_hash_map<uint64_t, int32_t> block_by_hash_;
+  bool record_events_ = false;
+  std::vector<KvCacheEvent> events_;
 };
 
 }  // namespace pdserve

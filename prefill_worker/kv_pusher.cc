@@ -1,5 +1,6 @@
 #include "prefill_worker/kv_pusher.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -115,7 +116,10 @@ void KvPusher::PushLayer(int32_t layer, std::span<const LayerKv> kvs) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
   for (const LayerKv& kv : kvs) {
-    if (kv.end <= kv.begin) continue;
+    // The decode worker holds the positions before cached_tokens already.
+    const int32_t begin =
+        std::max(kv.begin, kv.push->target().cached_tokens);
+    if (kv.end <= begin) continue;
     {
       absl::MutexLock push_lock(&kv.push->mu_);
       if (kv.push->first_layer_queued_ == absl::InfinitePast()) {
@@ -123,7 +127,7 @@ void KvPusher::PushLayer(int32_t layer, std::span<const LayerKv> kvs) {
       }
     }
     // Only the blocks the range touches: positions are rebased on the first.
-    const int32_t first = kv.begin / bs;
+    const int32_t first = begin / bs;
     const int32_t last = (kv.end - 1) / bs;
     Job& job = jobs_.emplace_back();
     job.push = kv.push;
@@ -131,7 +135,7 @@ void KvPusher::PushLayer(int32_t layer, std::span<const LayerKv> kvs) {
     job.blocks.assign(kv.block_table.begin() + first,
                       kv.block_table.begin() + last + 1);
     job.first_block = first;
-    job.begin = kv.begin;
+    job.begin = begin;
     job.end = kv.end;
   }
 }

@@ -65,6 +65,9 @@ struct KvLandingTarget {
   int32_t remote_pool_blocks = 0;
   // Position p lands in block_ids[p / block_size].
   std::vector<BlockId> block_ids;
+  // Positions below this are on the decode worker already (shared prefix
+  // blocks, Landing.cached_tokens): never written. Default: 0.
+  int32_t cached_tokens = 0;
 };
 
 // One request's push: shared by the threads that queue its jobs, abort it,
@@ -186,8 +189,9 @@ class KvPusher {
   // Per transport, in the order of transport_names().
   std::vector<KvTransportCounters> counters() const;
 
-  // Queues one Write per entry of `kvs`, of layer `layer`. Never blocks on
-  // I/O (the loop thread calls it from the layer observer).
+  // Queues one Write per entry of `kvs`, of layer `layer`, of its positions
+  // from its target's cached_tokens on (none when nothing is left). Never
+  // blocks on I/O (the loop thread calls it from the layer observer).
   void PushLayer(int32_t layer, std::span<const LayerKv> kvs)
       ABSL_LOCKS_EXCLUDED(mu_);
 

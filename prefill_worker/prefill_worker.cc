@@ -206,6 +206,14 @@ absl::StatusOr<std::vector<kv::KvOffer>> PrefillWorker::CheckRequest(
         "the landing has ", landing.block_ids_size(), " blocks; the prompt of ",
         r.prompt_size(), " tokens needs ", needed));
   }
+  if (landing.cached_tokens() % ours.block_size != 0 ||
+      (landing.cached_tokens() > 0 &&
+       landing.cached_tokens() >= static_cast<uint32_t>(r.prompt_size()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the landing's cached_tokens (", landing.cached_tokens(),
+        ") is not a multiple of the block size ", ours.block_size,
+        " below the prompt's ", r.prompt_size(), " tokens"));
+  }
   for (int32_t id : landing.block_ids()) {
     if (id < 0 || static_cast<uint32_t>(id) >= landing.pool_blocks()) {
       return absl::InvalidArgumentError(
@@ -246,7 +254,8 @@ grpc::ServerUnaryReactor* PrefillWorker::Prefill(
   const int32_t bs = loop_->kv_layout().block_size;
   KvLandingTarget target{
       .offers = *std::move(offers),
-      .remote_pool_blocks = static_cast<int32_t>(landing.pool_blocks())};
+      .remote_pool_blocks = static_cast<int32_t>(landing.pool_blocks()),
+      .cached_tokens = static_cast<int32_t>(landing.cached_tokens())};
   const int32_t needed = (request->request().prompt_size() + bs - 1) / bs;
   target.block_ids.reserve(needed);
   for (int i = 0; i < needed; ++i)
@@ -319,6 +328,7 @@ bool PrefillWorker::OnEvent(PrefillCall* call, const GenerationEvent& event) {
     wire::KvComplete complete;
     complete.set_request_id(r.request_id());
     complete.set_num_tokens(r.prompt_size());
+    complete.set_cached_tokens(call->request().landing().cached_tokens());
     notification = complete.SerializeAsString();
   } else {
     // Cancelled: by us (the push is aborted already) or by the engine after
@@ -372,6 +382,7 @@ grpc::ServerUnaryReactor* PrefillWorker::GetLoad(
   response->set_model(options_.engine.model);
   ToWire(loop_->kv_layout(), response->mutable_layout());
   ToWire(load, response);
+  ToWire(loop_->kv_events(), *request, response);
   for (const KvTransportCounters& c : pusher_->counters()) {
     wire::KvTransportCounters* out = response->add_kv_transports();
     out->set_transport(c.transport);

@@ -116,6 +116,20 @@ void ToWire(const EngineLoad& load, wire::LoadReport* out) {
   out->set_prefix_cached_tokens(load.prefix_cached_tokens);
 }
 
+void ToWire(const KvEventLog& log, const wire::LoadRequest& request,
+            wire::LoadReport* out) {
+  const KvEventsReport report =
+      log.ReportSince(request.kv_events_epoch(), request.kv_events_seq());
+  wire::KvCacheEvents* events = out->mutable_kv_events();
+  events->set_epoch(report.epoch);
+  events->set_snapshot(report.snapshot);
+  events->set_truncated(report.truncated);
+  events->set_after_seq(report.after_seq);
+  events->set_last_seq(report.last_seq);
+  events->mutable_stored()->Add(report.stored.begin(), report.stored.end());
+  events->mutable_evicted()->Add(report.evicted.begin(), report.evicted.end());
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));

@@ -34,6 +34,11 @@ void ToWire(const KvBlockLayout& layout, wire::KvLayout* out);
 // reservations, pending prompt tokens).
 void ToWire(const EngineLoad& load, wire::LoadReport* out);
 
+// The prefix-cache events a LoadRequest's cursor asks for, from `log`, into
+// out->kv_events.
+void ToWire(const KvEventLog& log, const wire::LoadRequest& request,
+            wire::LoadReport* out);
+
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 

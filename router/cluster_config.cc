@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "router/routing_policy.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace pdserve {
@@ -44,6 +45,7 @@ absl::Status ValidateClusterConfig(const wire::ClusterConfig& config) {
   absl::flat_hash_set<std::string> ids;
   PD_RETURN_IF_ERROR(ValidateWorkers(config.prefill_workers(), "prefill", ids));
   PD_RETURN_IF_ERROR(ValidateWorkers(config.decode_workers(), "decode", ids));
+  PD_RETURN_IF_ERROR(RoutingOptionsFromConfig(config.routing()).status());
   return absl::OkStatus();
 }
 

@@ -4,7 +4,8 @@
 //
 //   {"model": "builtin:tiny",
 //    "prefill_workers": [{"id": "prefill-0", "address": "127.0.0.1:5001"}],
-//    "decode_workers":  [{"id": "decode-0",  "address": "127.0.0.1:5002"}]}
+//    "decode_workers":  [{"id": "decode-0",  "address": "127.0.0.1:5002"}],
+//    "routing": {"policy": "kv_aware", "localPrefillMaxTokens": 64}}
 //
 // Thread-safety: plain functions without shared state.
 #ifndef PDSERVE_ROUTER_CLUSTER_CONFIG_H_
@@ -31,7 +32,8 @@ absl::StatusOr<internal::v1::ClusterConfig> LoadClusterConfig(
     const std::string& path);
 
 // INVALID_ARGUMENT naming the first problem: no decode worker, a worker
-// with an empty id or address, or an id used twice (across both roles).
+// with an empty id or address, an id used twice (across both roles), or a
+// routing section with an unknown policy or a negative threshold.
 absl::Status ValidateClusterConfig(const internal::v1::ClusterConfig& config);
 
 }  // namespace pdserve

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "engine/kv_cache.h"
 #include "proto/convert.h"
 
 namespace pdserve {
@@ -42,8 +43,11 @@ bool SameModel(const std::string& a, const std::string& b) {
 }  // namespace
 
 WorkerRegistry::WorkerRegistry(ExpectedWorkerModel expected,
-                               const Options& options)
-    : expected_(std::move(expected)), options_(options) {}
+                               const Options& options,
+                               std::unique_ptr<RoutingPolicy> policy)
+    : expected_(std::move(expected)),
+      options_(options),
+      policy_(std::move(policy)) {}
 
 absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(
     const wire::ClusterConfig& config, ExpectedWorkerModel expected,
@@ -53,8 +57,14 @@ absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(
     return absl::InvalidArgumentError(
         "poll_interval and load_timeout must be positive");
   }
-  std::unique_ptr<WorkerRegistry> registry(
-      new WorkerRegistry(std::move(expected), options));
+  absl::StatusOr<RoutingOptions> routing =
+      RoutingOptionsFromConfig(config.routing());
+  if (!routing.ok()) return routing.status();
+  absl::StatusOr<std::unique_ptr<RoutingPolicy>> policy =
+      CreateRoutingPolicy(*routing);
+  if (!policy.ok()) return policy.status();
+  std::unique_ptr<WorkerRegistry> registry(new WorkerRegistry(
+      std::move(expected), options, *std::move(policy)));
   auto add = [&](const wire::WorkerConfig& w, WorkerRole role) {
     auto endpoint = std::make_unique<WorkerEndpoint>();
     endpoint->role = role;
@@ -120,6 +130,9 @@ void WorkerRegistry::StartPoll(WorkerState* w) {
     w->poll_context->set_deadline(
         absl::ToChronoTime(absl::Now() + options_.load_timeout));
     w->poll_response.Clear();
+    const KvIndex::Cursor cursor = kv_index_.CursorOf(w->endpoint->id);
+    w->poll_request.set_kv_events_epoch(cursor.epoch);
+    w->poll_request.set_kv_events_seq(cursor.seq);
     context = w->poll_context.get();
   }
   // The call may complete on another thread before this returns; mu_ is not
@@ -163,6 +176,12 @@ void WorkerRegistry::OnPollDone(WorkerState* w, const grpc::Status& status) {
     }
   }
   w->has_report = true;
+  if (w->poll_response.has_kv_events()) {
+    kv_index_.Apply(e.id,
+                    static_cast<int32_t>(w->poll_response.layout().block_size()),
+                    w->poll_response.kv_events());
+    w->poll_response.clear_kv_events();  // Not kept in the snapshot.
+  }
   w->report.Swap(&w->poll_response);
   w->dispatched_tokens -= w->polled_tokens;
   w->dispatched_blocks -= w->polled_blocks;
@@ -217,6 +236,7 @@ void WorkerRegistry::MarkUnhealthy(WorkerState* w, const std::string& why) {
   if (!w->healthy) return;
   w->healthy = false;
   const WorkerEndpoint& e = *w->endpoint;
+  kv_index_.Drop(e.id);  // Its pool may be gone; a snapshot starts it over.
   PD_LOG(WARNING) << RoleName(e.role) << " worker " << e.id << " at "
                   << e.address << " is unhealthy: " << why;
 }
@@ -271,6 +291,79 @@ const WorkerEndpoint* WorkerRegistry::PickDecode(
 const WorkerEndpoint* WorkerRegistry::PickPrefill(
     std::span<const WorkerEndpoint* const> exclude) {
   return Pick(WorkerRole::kPrefill, exclude);
+}
+
+RouteDecision WorkerRegistry::Route(
+    const RouteQuery& query, std::span<const WorkerEndpoint* const> exclude_decode,
+    std::span<const WorkerEndpoint* const> exclude_prefill) {
+  RouteDecision decision;
+  std::vector<WorkerLoad> decode, prefill;
+  std::vector<const WorkerEndpoint*> decode_endpoints, prefill_endpoints;
+  {
+    absl::MutexLock lock(&mu_);
+    decision.block_size = have_reference_layout_ && reference_layout_.block_size() > 0
+                              ? static_cast<int32_t>(reference_layout_.block_size())
+                              : 16;
+    for (const auto& w : workers_) {
+      const WorkerEndpoint* e = w->endpoint.get();
+      if (!w->healthy || !w->compatible) continue;
+      const auto exclude = e->role == WorkerRole::kDecode ? exclude_decode
+                                                          : exclude_prefill;
+      if (std::find(exclude.begin(), exclude.end(), e) != exclude.end()) {
+        continue;
+      }
+      const wire::LoadReport& r = w->report;
+      WorkerLoad load{.id = e->id,
+                      .free_blocks = r.free_blocks(),
+                      .running = r.running(),
+                      .waiting = r.waiting(),
+                      .pending_prompt_tokens =
+                          static_cast<int64_t>(r.pending_prompt_tokens()),
+                      .dispatched_tokens = w->dispatched_tokens,
+                      .dispatched_blocks = w->dispatched_blocks,
+                      .dispatched_requests = w->dispatched_requests};
+      if (e->role == WorkerRole::kDecode) {
+        decode.push_back(std::move(load));
+        decode_endpoints.push_back(e);
+      } else {
+        prefill.push_back(std::move(load));
+        prefill_endpoints.push_back(e);
+      }
+    }
+  }
+  decision.prompt_block_hashes =
+      PromptBlockHashes(query.prompt, decision.block_size);
+  for (WorkerLoad& w : decode) {
+    w.cached_blocks = kv_index_.LeadingBlocks(
+        w.id, decision.prompt_block_hashes, decision.block_size);
+  }
+  for (WorkerLoad& w : prefill) {
+    w.cached_blocks = kv_index_.LeadingBlocks(
+        w.id, decision.prompt_block_hashes, decision.block_size);
+  }
+  const RoutingChoice choice = policy_->Choose(
+      {.prompt_tokens = static_cast<int32_t>(query.prompt.size()),
+       .max_tokens = query.max_tokens,
+       .block_size = decision.block_size,
+       .decode = decode,
+       .prefill = prefill});
+  // Tokens of the shareable cached prefix (never the last token's block).
+  const int32_t shareable =
+      query.prompt.empty()
+          ? 0
+          : (static_cast<int32_t>(query.prompt.size()) - 1) / decision.block_size;
+  auto cached_tokens = [&](const WorkerLoad& w) {
+    return std::min(w.cached_blocks, shareable) * decision.block_size;
+  };
+  if (choice.decode >= 0) {
+    decision.decode = decode_endpoints[choice.decode];
+    decision.decode_cached_tokens = cached_tokens(decode[choice.decode]);
+  }
+  if (choice.decode >= 0 && choice.prefill >= 0) {
+    decision.prefill = prefill_endpoints[choice.prefill];
+    decision.prefill_cached_tokens = cached_tokens(prefill[choice.prefill]);
+  }
+  return decision;
 }
 
 void WorkerRegistry::NoteDispatched(const WorkerEndpoint* worker,

@@ -10,7 +10,12 @@
 //            since its last report; ties go to fewer running + waiting;
 //   prefill: fewest pending prompt tokens, plus the prompt tokens the router
 //            sent it since its last report (so a burst spreads).
-// Remaining ties rotate. On becoming healthy a worker's report is checked
+// Remaining ties rotate. Route() instead asks the cluster config's routing
+// policy (router/routing_policy.h) for a decode worker and a prefill worker
+// (or local prefill) at once, weighing the prefix blocks each worker holds:
+// the registry keeps a KvIndex fed from the reports' prefix-cache events
+// (each poll sends the worker's cursor; a worker that turns unhealthy is
+// dropped from it). On becoming healthy a worker's report is checked
 // against the served model: a worker whose role differs from the config or
 // whose KV shape (layers, KV heads, head dim) differs from the model's is
 // logged as an error and never chosen; a different model name, block size
@@ -35,6 +40,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "router/kv_index.h"
+#include "router/routing_policy.h"
 #include "pdserve/internal/v1/cluster_config.pb.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 
@@ -61,6 +68,29 @@ struct ExpectedWorkerModel {
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+};
+
+// A request to place: its prompt (token ids) and its max_tokens.
+struct RouteQuery {
+  std::span<const int32_t> prompt;
+  int32_t max_tokens = 0;
+};
+
+// Where a request goes (WorkerRegistry::Route).
+struct RouteDecision {
+  // Null when no decode worker is healthy (UNAVAILABLE).
+  const WorkerEndpoint* decode = nullptr;
+  // Null: the decode worker prefills the prompt itself (a Decode call
+  // without first_token).
+  const WorkerEndpoint* prefill = nullptr;
+  // Prompt tokens the KV index says each holds in its prefix cache (an
+  // estimate; Landing.cached_tokens is what the decode worker shares).
+  int32_t decode_cached_tokens = 0;
+  int32_t prefill_cached_tokens = 0;
+  // The prompt's block hash chain at the workers' block size: what
+  // ReserveRequest.prompt_block_hashes carries (with prompt_tokens).
+  int32_t block_size = 0;
+  std::vector<uint64_t> prompt_block_hashes;
 };
 
 // One worker's state, for Health and status displays.
@@ -96,6 +126,15 @@ class WorkerRegistry {
       std::span<const WorkerEndpoint* const> exclude = {});
   const WorkerEndpoint* PickPrefill(
       std::span<const WorkerEndpoint* const> exclude = {});
+
+  // The routing policy's choice for `query` among the healthy, compatible
+  // workers not excluded (workers that failed this request already).
+  RouteDecision Route(const RouteQuery& query,
+                      std::span<const WorkerEndpoint* const> exclude_decode = {},
+                      std::span<const WorkerEndpoint* const> exclude_prefill = {});
+
+  const RoutingPolicy& routing_policy() const { return *policy_; }
+  const KvIndex& kv_index() const { return kv_index_; }
 
   // Counts work the router sent `worker` that its next report will show:
   // for a decode worker `tokens` reserved (and one more request), for a
@@ -150,7 +189,8 @@ class WorkerRegistry {
     internal::v1::LoadReport poll_response;
   };
 
-  WorkerRegistry(ExpectedWorkerModel expected, const Options& options);
+  WorkerRegistry(ExpectedWorkerModel expected, const Options& options,
+                 std::unique_ptr<RoutingPolicy> policy);
   void PollLoop();
   void StartPoll(WorkerState* worker) ABSL_LOCKS_EXCLUDED(mu_);
   void OnPollDone(WorkerState* worker, const grpc::Status& status)
@@ -167,6 +207,8 @@ class WorkerRegistry {
 
   const ExpectedWorkerModel expected_;
   const Options options_;
+  const std::unique_ptr<RoutingPolicy> policy_;  // Thread-safe.
+  KvIndex kv_index_;                             // Thread-safe.
   // Fixed after Create(); the states' fields are guarded by mu_ (apart from
   // `endpoint`, which is const after Create()).
   std::vector<std::unique_ptr<WorkerState>> workers_;

@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "decode_worker/decode_server.h"
 #include "engine/generator.h"
+#include "engine/kv_cache.h"
 #include "engine/kv_layout.h"
 #include "engine/model.h"
 #include "engine/model_runner.h"
@@ -179,42 +180,55 @@ class TestPrefill {
   }
 
   // Writes the KV of the last Prefill into `landing`, one Write per layer
-  // report, then notifies KvComplete for `num_tokens`; frees the held KV.
-  void Push(RequestId id, const wire::Landing& landing, uint32_t num_tokens) {
+  // report, from the landing's cached_tokens on (as a prefill worker does),
+  // then notifies KvComplete for `num_tokens`; frees the held KV. Returns
+  // the bytes written.
+  uint64_t Push(RequestId id, const wire::Landing& landing,
+                uint32_t num_tokens) {
     auto layout = FromWire(landing.layout());
-    ASSERT_TRUE(layout.ok()) << layout.status();
-    ASSERT_EQ(*layout, runner_->kv_layout());
+    EXPECT_TRUE(layout.ok()) << layout.status();
+    if (!layout.ok()) return 0;
+    EXPECT_EQ(*layout, runner_->kv_layout());
     // The landing's tcp offer (the worker may offer more transports).
     const wire::KvOffer* tcp = nullptr;
     for (const wire::KvOffer& o : landing.offers()) {
       if (o.transport() == "tcp") tcp = &o;
     }
-    ASSERT_NE(tcp, nullptr);
+    EXPECT_NE(tcp, nullptr);
+    if (tcp == nullptr) return 0;
     const std::vector<BlockId> dst(landing.block_ids().begin(),
                                    landing.block_ids().end());
     kv::KvConnection& connection = ConnectionTo(tcp->endpoint());
+    const int32_t cached = static_cast<int32_t>(landing.cached_tokens());
+    uint64_t bytes = 0;
     for (const Written& w : written_) {
+      const int32_t begin = std::max(w.begin, cached);
+      if (w.end <= begin) continue;
       std::vector<kv::WriteOp> ops;
       ForEachKvRange(
           *layout, w.layer, w.blocks.data(), runner_->num_kv_blocks(),
-          dst.data(), static_cast<int32_t>(landing.pool_blocks()), w.begin,
+          dst.data(), static_cast<int32_t>(landing.pool_blocks()), begin,
           w.end, [&](size_t src, size_t to, size_t length) {
+            bytes += length;
             ops.push_back({.local_region = region_,
                            .local_offset = src,
                            .remote_region = kv::RegionId(tcp->region_id()),
                            .remote_offset = to,
                            .length = length});
           });
-      ASSERT_TRUE(connection.Write(ops).ok());
+      EXPECT_TRUE(connection.Write(ops).ok());
     }
     generator_->ReleaseKv(id);
-    Notify(tcp->endpoint(), id, num_tokens);
+    Notify(tcp->endpoint(), id, num_tokens, landing.cached_tokens());
+    return bytes;
   }
 
-  void Notify(const std::string& endpoint, RequestId id, uint32_t num_tokens) {
+  void Notify(const std::string& endpoint, RequestId id, uint32_t num_tokens,
+              uint32_t cached_tokens = 0) {
     wire::KvComplete complete;
     complete.set_request_id(id.value);
     complete.set_num_tokens(num_tokens);
+    complete.set_cached_tokens(cached_tokens);
     EXPECT_TRUE(
         ConnectionTo(endpoint).Notify(complete.SerializeAsString()).ok());
   }
@@ -285,12 +299,20 @@ class DecodeWorkerTest : public ::testing::Test {
     return load;
   }
 
-  grpc::Status Reserve(uint64_t id, uint32_t tokens, wire::Landing* landing) {
+  // With `prompt`, the reservation may share its cached prefix.
+  grpc::Status Reserve(uint64_t id, uint32_t tokens, wire::Landing* landing,
+                       const std::vector<int32_t>* prompt = nullptr) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     wire::ReserveRequest r;
     r.set_request_id(id);
     r.set_num_tokens(tokens);
+    if (prompt != nullptr) {
+      r.set_prompt_tokens(static_cast<uint32_t>(prompt->size()));
+      for (uint64_t h : PromptBlockHashes(*prompt, 16)) {
+        r.add_prompt_block_hashes(h);
+      }
+    }
     return stub_->Reserve(&ctx, r, landing);
   }
 
@@ -361,14 +383,21 @@ class DecodeWorkerTest : public ::testing::Test {
 
   // Reserve, prefill on the test's side, push the KV, then Decode from the
   // first token: the whole output, first token included.
-  Output Disaggregated(TestPrefill& prefill, const GenerationRequest& r) {
+  // With `share`, the Reserve brings the prompt's block hashes; `landing`
+  // and `kv_bytes`, when set, receive the landing and the bytes pushed.
+  Output Disaggregated(TestPrefill& prefill, const GenerationRequest& r,
+                       bool share = false, wire::Landing* landing_out = nullptr,
+                       uint64_t* kv_bytes = nullptr) {
     const uint32_t prompt = static_cast<uint32_t>(r.prompt.size());
     wire::Landing landing;
-    EXPECT_TRUE(
-        Reserve(r.id.value, prompt + r.sampling.max_tokens, &landing).ok());
+    EXPECT_TRUE(Reserve(r.id.value, prompt + r.sampling.max_tokens, &landing,
+                        share ? &r.prompt : nullptr)
+                    .ok());
     wire::DecodeRequest d = MakeDecode(r);
     *d.mutable_first_token() = prefill.Prefill(r);
-    prefill.Push(r.id, landing, prompt);
+    const uint64_t bytes = prefill.Push(r.id, landing, prompt);
+    if (kv_bytes != nullptr) *kv_bytes = bytes;
+    if (landing_out != nullptr) *landing_out = landing;
     Stream s = Decode(d);
     EXPECT_TRUE(s.status.ok()) << s.status.error_message();
     EXPECT_FALSE(s.malformed);
@@ -417,6 +446,75 @@ TEST_F(DecodeWorkerTest, KvLandedOverTcpDecodesToTheColocatedOutput) {
       ExpectIdle();
     }
   }
+}
+
+// A prompt whose prefix the worker's pool holds: the second Reserve shares
+// those blocks (every full block but the last token's), the push writes
+// only the rest, and the output stays the colocated one. The load report
+// told the router which blocks the first request left cached.
+TEST_F(DecodeWorkerTest, RepeatedPromptSharesItsCachedPrefix) {
+  TestPrefill prefill;
+  const std::vector<int32_t> prompt = RandomPrompt(150, 11);
+  const std::vector<uint64_t> chain = PromptBlockHashes(prompt, 16);
+  ASSERT_EQ(chain.size(), 9u);
+  wire::Landing landing;
+  uint64_t first_bytes = 0, second_bytes = 0;
+  const GenerationRequest first{RequestId(1), prompt, Greedy(12)};
+  ExpectSameTokens(Disaggregated(prefill, first, true, &landing, &first_bytes),
+                   RunOnEngine(first));
+  EXPECT_EQ(landing.cached_tokens(), 0u);
+  ExpectIdle();
+  // The report carries the prompt's nine full blocks.
+  wire::LoadReport load = Load();
+  ASSERT_TRUE(load.kv_events().snapshot());
+  EXPECT_NE(load.kv_events().epoch(), 0u);
+  std::vector<uint64_t> held(load.kv_events().stored().begin(),
+                             load.kv_events().stored().end());
+  std::sort(held.begin(), held.end());
+  std::vector<uint64_t> want = chain;
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(held, want);
+  for (uint64_t id : {2, 3}) {
+    const GenerationRequest again{RequestId(id), prompt, Seeded(12, id)};
+    ExpectSameTokens(
+        Disaggregated(prefill, again, true, &landing, &second_bytes),
+        RunOnEngine(again));
+    EXPECT_EQ(landing.cached_tokens(), 144u) << "(150 - 1) / 16 full blocks";
+    EXPECT_EQ(second_bytes * 150, first_bytes * (150 - 144)) << id;
+    ExpectIdle();
+  }
+  // Nothing changed in the pool's hashes since: an empty delta.
+  wire::LoadRequest cursor;
+  cursor.set_kv_events_epoch(load.kv_events().epoch());
+  cursor.set_kv_events_seq(load.kv_events().last_seq());
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->GetLoad(&ctx, cursor, &load).ok());
+  EXPECT_FALSE(load.kv_events().snapshot());
+  EXPECT_EQ(load.kv_events().stored_size() + load.kv_events().evicted_size(),
+            0);
+}
+
+// The hashes a Reserve shared must be the prompt's; a push that wrote the
+// shared blocks (it ignored cached_tokens) is refused too.
+TEST_F(DecodeWorkerTest, SharedPrefixOfAnotherPromptIsRefused) {
+  TestPrefill prefill;
+  const std::vector<int32_t> prompt = RandomPrompt(100, 12);
+  const GenerationRequest first{RequestId(1), prompt, Greedy(4)};
+  Disaggregated(prefill, first, true);
+  ExpectIdle();
+  wire::Landing landing;
+  ASSERT_TRUE(Reserve(2, 100 + 4, &landing, &prompt).ok());
+  ASSERT_EQ(landing.cached_tokens(), 96u);
+  std::vector<int32_t> other = prompt;
+  other[0] = (other[0] + 1) % 256;
+  const GenerationRequest r{RequestId(2), other, Greedy(4)};
+  wire::DecodeRequest d = MakeDecode(r);
+  *d.mutable_first_token() = prefill.Prefill(r);
+  prefill.Push(r.id, landing, 100);
+  Stream s = Decode(d);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << s.status.error_message();
+  ExpectIdle();
 }
 
 TEST_F(DecodeWorkerTest, DecodeThatComesBeforeItsKvWaitsForIt) {

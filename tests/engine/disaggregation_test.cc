@@ -3,6 +3,7 @@
 // decoded by another (Reserve + AddPrefilled) produces exactly the tokens a
 // single colocated Generator produces, greedy and seeded, for prompts longer
 // than a prefill chunk and with prefix-cache hits on the prefill side.
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -75,8 +76,12 @@ class DisaggregationTest : public ::testing::Test {
       for (const ComputedKv& c : computed) {
         layers_seen_[c.id.value].push_back(layer);
         const std::vector<BlockId>& dst = landing_.at(c.id.value);
+        // Positions the decode side shares from its prefix cache are not
+        // written (other sequences read those blocks).
+        const int32_t begin = std::max(c.begin, cached_[c.id.value]);
+        if (c.end <= begin) continue;
         ForEachKvRange(layout, layer, c.block_table.data(), prefill_runner_->num_kv_blocks(),
-                       dst.data(), decode_runner_->num_kv_blocks(), c.begin, c.end,
+                       dst.data(), decode_runner_->num_kv_blocks(), begin, c.end,
                        [&](size_t src, size_t to, size_t n) {
                          std::memcpy(decode_runner_->kv_memory().data() + to,
                                      prefill_runner_->kv_memory().data() + src, n);
@@ -86,11 +91,15 @@ class DisaggregationTest : public ::testing::Test {
   }
 
   // Prefill on one generator, decode on the other.
-  std::vector<int32_t> Disaggregated(GenerationRequest r) {
-    const int32_t total = static_cast<int32_t>(r.prompt.size()) + r.sampling.max_tokens;
-    auto landing = decode_->Reserve(r.id, total);
+  // With `share`, the decode side shares the prompt's prefix it caches.
+  std::vector<int32_t> Disaggregated(GenerationRequest r, bool share = false) {
+    const int32_t prompt_len = static_cast<int32_t>(r.prompt.size());
+    const int32_t total = prompt_len + r.sampling.max_tokens;
+    auto landing = decode_->Reserve(r.id, total, share ? prompt_len : 0,
+                                    PromptBlockHashes(r.prompt, 16));
     EXPECT_TRUE(landing.ok()) << landing.status();
-    landing_[r.id.value].assign(landing->begin(), landing->end());
+    landing_[r.id.value].assign(landing->blocks.begin(), landing->blocks.end());
+    cached_[r.id.value] = landing->cached_tokens;
     GenerationRequest prefill = r;
     prefill.hold_kv = true;
     EXPECT_TRUE(prefill_->Add(prefill).ok());
@@ -120,6 +129,7 @@ class DisaggregationTest : public ::testing::Test {
   std::unique_ptr<ModelRunner> prefill_runner_, decode_runner_;
   std::unique_ptr<Generator> prefill_, decode_;
   std::map<uint64_t, std::vector<BlockId>> landing_;
+  std::map<uint64_t, int32_t> cached_;
   std::map<uint64_t, std::vector<int32_t>> layers_seen_;
 };
 
@@ -241,6 +251,38 @@ TEST_F(DisaggregationTest, PrefixCacheHitsOnThePrefillSideAreShippedToo) {
   EXPECT_EQ(Disaggregated({RequestId(2), prompt, sp}),
             Colocated(*reference_runner, {RequestId(2), prompt, sp}));
   EXPECT_EQ(prefill_->prefix_cached_tokens() - cached_before, 64);
+}
+
+// The decode side shares the prefix blocks its cache holds from an earlier
+// request; only the rest is written, and the output stays the colocated one.
+TEST_F(DisaggregationTest, DecodeSideSharesItsCachedPrefix) {
+  auto reference_runner = MakeRunner(model_, 64);
+  const std::vector<int32_t> prompt = RandomPrompt(100, 9);
+  const SamplingParams sp{.temperature = 0.0f, .max_tokens = 12, .ignore_eos = true};
+  EXPECT_EQ(Disaggregated({RequestId(1), prompt, sp}, true),
+            Colocated(*reference_runner, {RequestId(1), prompt, sp}));
+  EXPECT_EQ(cached_[1], 0);
+  const int64_t cached_before = decode_->prefix_cached_tokens();
+  const SamplingParams seeded{.temperature = 0.8f, .seed = 3, .max_tokens = 12, .ignore_eos = true};
+  EXPECT_EQ(Disaggregated({RequestId(2), prompt, seeded}, true),
+            Colocated(*reference_runner, {RequestId(2), prompt, seeded}));
+  EXPECT_EQ(cached_[2], 96);  // Six full blocks; the seventh holds the last token.
+  EXPECT_EQ(decode_->prefix_cached_tokens() - cached_before, 96);
+  // A 96-token prompt would share its own last token's block: five only.
+  std::vector<int32_t> shorter(prompt.begin(), prompt.begin() + 96);
+  EXPECT_EQ(Disaggregated({RequestId(3), shorter, sp}, true),
+            Colocated(*reference_runner, {RequestId(3), shorter, sp}));
+  EXPECT_EQ(cached_[3], 80);
+  // Shared blocks of another prompt are refused and given back.
+  auto reserved = decode_->Reserve(RequestId(4), 112, 100, PromptBlockHashes(prompt, 16));
+  ASSERT_TRUE(reserved.ok());
+  ASSERT_EQ(reserved->cached_tokens, 96);
+  std::vector<int32_t> other = prompt;
+  other[50] = (other[50] + 1) % 256;
+  EXPECT_EQ(decode_->AddPrefilled({RequestId(4), other, sp}, 5).code(),
+            absl::StatusCode::kInvalidArgument);
+  decode_->ReleaseReservation(RequestId(4));
+  EXPECT_EQ(decode_->block_pool().num_free(), decode_->block_pool().num_blocks());
 }
 
 TEST_F(DisaggregationTest, ReservationsAreCheckedAndFreed) {

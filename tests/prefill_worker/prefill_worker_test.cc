@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/builtin_tiny.h"
 #include "engine/generator.h"
+#include "engine/kv_cache.h"
 #include "engine/model_runner.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -314,6 +315,49 @@ TEST_F(PrefillWorkerTest, RepeatedPromptFromThePrefixCacheIsShippedToo) {
     const GenerationRequest again{RequestId(id), prompt, Seeded(10, id)};
     EXPECT_EQ(Disaggregated(again), Colocated(again)) << id;
   }
+}
+
+// The decode pool holds the prompt's prefix from the first request: the
+// second reservation shares it (Landing.cached_tokens) and the prefill
+// worker pushes only the positions after it, fewer KV bytes, with the
+// same output as colocated.
+TEST_F(PrefillWorkerTest, PromptTheDecodePoolHoldsIsPushedPastItsPrefixOnly) {
+  StartServer();
+  const std::vector<int32_t> prompt = RandomPrompt(150, 21);
+  const GenerationRequest first{RequestId(1), prompt, Greedy(10)};
+  EXPECT_EQ(Disaggregated(first), Colocated(first));
+  const KvBlockLayout& layout = decode_runner_->kv_layout();
+  const uint64_t per_token = 2 * layout.slot_bytes() * layout.num_layers;
+  for (uint64_t id : {2, 3}) {
+    const GenerationRequest again{RequestId(id), prompt, Seeded(10, id)};
+    auto reserved = decode_->Reserve(again.id, 150 + 10, 150,
+                                     PromptBlockHashes(prompt, 16));
+    ASSERT_TRUE(reserved.ok()) << reserved.status();
+    ASSERT_EQ(reserved->cached_tokens, 144);
+    Landing landing = Reserve(RequestId(next_id_++), 16);  // The offers.
+    decode_->ReleaseReservation(RequestId(next_id_ - 1));
+    landing.clear_block_ids();
+    for (BlockId b : reserved->blocks) landing.add_block_ids(b.value);
+    landing.set_cached_tokens(144);
+    PrefillResponse resp;
+    const grpc::Status s = Prefill(MakeRequest(again, landing), &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.kv_bytes(), (150 - 144) * per_token);
+    EXPECT_EQ(Notifications(1),
+              (std::map<uint64_t, uint32_t>{{id, 150}}));
+    EXPECT_EQ(Decode(again, resp), Colocated(again)) << id;
+  }
+  // A cached_tokens that is no block boundary, or the whole prompt, is
+  // refused.
+  for (uint32_t bad : {10u, 160u}) {
+    Landing landing = ScratchLanding(200);
+    landing.set_cached_tokens(bad);
+    EXPECT_EQ(PrefillTo(landing, 150).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << bad;
+  }
+  EXPECT_EQ(decode_->block_pool().num_free(),
+            decode_->block_pool().num_blocks());
 }
 
 TEST_F(PrefillWorkerTest,

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pdserve {
@@ -84,6 +85,26 @@ TEST(ClusterConfigTest, LoadNamesThePath) {
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(config.status().message().find(bad), std::string::npos);
+}
+
+TEST(ClusterConfigTest, RoutingSectionIsParsedAndChecked) {
+  auto config = ParseClusterConfig(R"({
+    "decode_workers": [{"id": "d", "address": "127.0.0.1:1"}],
+    "routing": {"policy": "least_loaded", "localPrefillMaxTokens": 32,
+                "prefill_queue_limit_tokens": 1000}})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->routing().policy(), "least_loaded");
+  EXPECT_EQ(config->routing().local_prefill_max_tokens(), 32);
+  EXPECT_EQ(config->routing().prefill_queue_limit_tokens(), 1000);
+  EXPECT_FALSE(config->routing().has_block_move_cost_tokens());
+  for (const char* bad : {R"("routing": {"policy": "fastest"})",
+                          R"("routing": {"localPrefillMaxTokens": -1})"}) {
+    auto refused = ParseClusterConfig(absl::StrCat(
+        R"({"decode_workers": [{"id": "d", "address": "127.0.0.1:1"}], )", bad, "}"));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.status().message().find("routing"), std::string::npos)
+        << refused.status();
+  }
 }
 
 }  // namespace
