@@ -22,6 +22,14 @@
 #                      extra flags for every worker of that kind, e.g.
 #                      --decode-args "--kv_transport=ucx:shm,tcp" (KV
 #                      transports: docs/development.md)
+#   --routing-policy NAME
+#                      the router's routing policy: round_robin,
+#                      least_loaded or kv_aware (default: the config's
+#                      default, kv_aware; docs/routing.md)
+#   --routing JSON     the whole routing section of cluster.json, a JSON
+#                      object, e.g. '{"policy": "kv_aware",
+#                      "local_prefill_max_tokens": 16}'; overrides
+#                      --routing-policy
 #
 # Every process writes its bound port to D/<name>.port and its log to
 # D/<name>.log; D/<name>.pid holds its pid. Each serves Prometheus /metrics
@@ -35,6 +43,7 @@ cmd="${1:-}"
 shift || true
 prefill=1 decode=1 model=builtin:tiny dir="$root/build/local-cluster" bin="$root/build"
 router_port=0 http_port=0 prefill_args="" decode_args="" router_args=""
+routing_policy="" routing=""
 while (($#)); do
   case "$1" in
     --prefill) prefill="$2"; shift 2 ;;
@@ -47,6 +56,8 @@ while (($#)); do
     --prefill-args) prefill_args="$2"; shift 2 ;;
     --decode-args) decode_args="$2"; shift 2 ;;
     --router-args) router_args="$2"; shift 2 ;;
+    --routing-policy) routing_policy="$2"; shift 2 ;;
+    --routing) routing="$2"; shift 2 ;;
     *) echo "cluster.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -125,11 +136,17 @@ up() {
     done
     echo "[$out]"
   }
+  local routing_json=""
+  if [[ -z "$routing" && -n "$routing_policy" ]]; then
+    routing="{\"policy\": \"$routing_policy\"}"
+  fi
+  if [[ -n "$routing" ]]; then routing_json=",
+  \"routing\": $routing"; fi
   cat >"$dir/cluster.json" <<JSON
 {
   "model": "$model",
   "prefill_workers": $(json_list prefill "$prefill"),
-  "decode_workers": $(json_list decode "$decode")
+  "decode_workers": $(json_list decode "$decode")$routing_json
 }
 JSON
   # shellcheck disable=SC2086
@@ -179,5 +196,5 @@ case "$cmd" in
     echo "Ctrl-C stops the cluster."
     while true; do sleep 1; done
     ;;
-  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -32,6 +32,9 @@ struct ClusterSpec {
   std::string prefill_args = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
   std::string decode_args = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
   std::string router_args = "";
+  // cluster.json's routing section, a JSON object (cluster.sh --routing);
+  // empty: the config's defaults (kv_aware).
+  std::string routing = "";
 };
 
 class LocalCluster {
@@ -46,7 +49,8 @@ class LocalCluster {
         source_dir, "/deploy/local/cluster.sh up --dir '", c->dir_.string(), "' --bin '",
         binary_dir, "' --prefill ", spec.prefill, " --decode ", spec.decode, " --model '",
         spec.model, "' --prefill-args '", spec.prefill_args, "' --decode-args '",
-        spec.decode_args, "' --router-args '", spec.router_args, "'");
+        spec.decode_args, "' --router-args '", spec.router_args, "'",
+        spec.routing.empty() ? "" : absl::StrCat(" --routing '", spec.routing, "'"));
     if (std::system(cmd.c_str()) != 0) {
       return absl::UnavailableError(absl::StrCat("cluster did not start: ", cmd,
                                                  "\nrouter log:\n", c->Log("router")));
