@@ -61,6 +61,9 @@ ABSL_FLAG(std::string, policies, "round_robin,least_loaded,kv_aware",
           "the baseline of the ratios and of the output check");
 ABSL_FLAG(std::string, local_prefill_sweep, "0,16,64,256",
           "kv_aware runs with these local_prefill_max_tokens (empty: none)");
+ABSL_FLAG(int32_t, rounds, 1,
+          "Runs of every configuration, interleaved; the tables show each "
+          "figure's median over them");
 ABSL_FLAG(std::string, model, "builtin:tiny", "Model every worker runs");
 ABSL_FLAG(int32_t, prefill_workers, 2, "Prefill workers");
 ABSL_FLAG(int32_t, decode_workers, 2, "Decode workers");
@@ -193,7 +196,11 @@ struct RunFigures {
   int ok = 0;
   uint64_t prefill_computed = 0;  // On the prefill workers.
   uint64_t decode_computed = 0;   // Local prefill on the decode workers.
-  uint64_t cached = 0;
+  // Prompt tokens taken from prefix caches: on the prefill workers (not
+  // computed), on the decode workers (shared by Reserve: not moved, nor
+  // computed by a local prefill).
+  uint64_t prefill_cached = 0;
+  uint64_t decode_cached = 0;
   uint64_t kv_bytes = 0;
   double ttft_p50 = 0, ttft_p90 = 0;
   double seconds = 0;
@@ -206,6 +213,30 @@ double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   const size_t rank = static_cast<size_t>(std::ceil(p * v.size()));
   return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+// Each figure's median over `runs` of one configuration (the lower middle
+// for an even count); requests ok: the fewest.
+RunFigures Median(const std::vector<RunFigures>& runs) {
+  auto median = [&](auto field) {
+    std::vector<double> v;
+    for (const RunFigures& f : runs) v.push_back(static_cast<double>(field(f)));
+    std::sort(v.begin(), v.end());
+    return v[(v.size() - 1) / 2];
+  };
+  RunFigures m;
+  m.label = runs.front().label;
+  m.ok = runs.front().ok;
+  for (const RunFigures& f : runs) m.ok = std::min(m.ok, f.ok);
+  m.prefill_computed = median([](const RunFigures& f) { return f.prefill_computed; });
+  m.decode_computed = median([](const RunFigures& f) { return f.decode_computed; });
+  m.prefill_cached = median([](const RunFigures& f) { return f.prefill_cached; });
+  m.decode_cached = median([](const RunFigures& f) { return f.decode_cached; });
+  m.kv_bytes = median([](const RunFigures& f) { return f.kv_bytes; });
+  m.ttft_p50 = median([](const RunFigures& f) { return f.ttft_p50; });
+  m.ttft_p90 = median([](const RunFigures& f) { return f.ttft_p90; });
+  m.seconds = median([](const RunFigures& f) { return f.seconds; });
+  return m;
 }
 
 absl::StatusOr<wire::LoadReport> GetLoad(LocalCluster& cluster,
@@ -225,6 +256,15 @@ absl::StatusOr<wire::LoadReport> GetLoad(LocalCluster& cluster,
   return report;
 }
 
+// The machine's 1-minute load average: other work competing for the
+// cores shows in the TTFT figures.
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one_minute;
+  in >> one_minute;
+  return one_minute.empty() ? "?" : one_minute;
+}
+
 // A fresh cluster with `routing` (cluster.json's routing section), the
 // workload replayed open-loop, then the workers' counters.
 absl::StatusOr<RunFigures> Replay(const std::string& label,
@@ -234,7 +274,8 @@ absl::StatusOr<RunFigures> Replay(const std::string& label,
   const int num_prefill = absl::GetFlag(FLAGS_prefill_workers);
   const int num_decode = absl::GetFlag(FLAGS_decode_workers);
   std::cerr << "[" << label << "] starting " << num_prefill << "P"
-            << num_decode << "D, routing " << routing << "\n";
+            << num_decode << "D, routing " << routing << ", load average "
+            << LoadAverage() << "\n";
   auto cluster = LocalCluster::Start({.prefill = num_prefill,
                                       .decode = num_decode,
                                       .model = absl::GetFlag(FLAGS_model),
@@ -281,20 +322,22 @@ absl::StatusOr<RunFigures> Replay(const std::string& label,
     PD_ASSIGN_OR_RETURN(wire::LoadReport r,
                         GetLoad(**cluster, absl::StrCat("prefill-", i), true));
     f.prefill_computed += r.computed_prompt_tokens();
-    f.cached += r.prefix_cached_tokens();
+    f.prefill_cached += r.prefix_cached_tokens();
     for (const auto& t : r.kv_transports()) f.kv_bytes += t.bytes();
   }
   for (int i = 0; i < num_decode; ++i) {
     PD_ASSIGN_OR_RETURN(wire::LoadReport r,
                         GetLoad(**cluster, absl::StrCat("decode-", i), false));
     f.decode_computed += r.computed_prompt_tokens();
-    f.cached += r.prefix_cached_tokens();
+    f.decode_cached += r.prefix_cached_tokens();
   }
   std::cerr << absl::StrFormat(
-      "[%s] done in %.1f s: %d/%d ok, %d computed (%d on decode), %d cached, "
-      "%.1f MiB KV moved, TTFT p50 %.1f ms p90 %.1f ms\n",
+      "[%s] done in %.1f s: %d/%d ok, %d computed (%d on decode), cached "
+      "%d on prefill + %d on decode, %.1f MiB KV moved, TTFT p50 %.1f ms p90 "
+      "%.1f ms, load average %s\n",
       label, f.seconds, f.ok, workload.size(), f.computed(), f.decode_computed,
-      f.cached, f.kv_bytes / 1048576.0, f.ttft_p50, f.ttft_p90);
+      f.prefill_cached, f.decode_cached, f.kv_bytes / 1048576.0, f.ttft_p50,
+      f.ttft_p90, LoadAverage());
   return f;
 }
 
@@ -310,13 +353,14 @@ void PrintTable(const std::vector<RunFigures>& runs, const char* first_column,
   const RunFigures& base = runs.front();
   std::cout << "| " << first_column
             << " | ok | prompt tokens computed | of which on decode | "
-               "cached tokens | KV MiB moved | TTFT p50 ms | TTFT p90 ms |\n"
-               "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+               "cache hits on prefill | cache hits on decode | KV MiB moved | "
+               "TTFT p50 ms | TTFT p90 ms |\n"
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const RunFigures& f : runs) {
     std::cout << absl::StrFormat(
-        "| %s | %d/%d | %s | %d | %d | %s | %s | %s |\n", f.label, f.ok,
+        "| %s | %d/%d | %s | %d | %d | %d | %s | %s | %s |\n", f.label, f.ok,
         num_requests, WithRatio(f.computed(), base.computed(), 0),
-        f.decode_computed, f.cached,
+        f.decode_computed, f.prefill_cached, f.decode_cached,
         WithRatio(f.kv_bytes / 1048576.0, base.kv_bytes / 1048576.0, 1),
         WithRatio(f.ttft_p50, base.ttft_p50, 1),
         WithRatio(f.ttft_p90, base.ttft_p90, 1));
@@ -365,37 +409,59 @@ int Run() {
     output_tokens += r.max_tokens;
   }
 
-  std::vector<RunFigures> policy_runs;
+  // Every configuration once per round, rounds interleaved, so that a
+  // burst of load from outside the benchmark spreads over all of them.
+  struct Config {
+    std::string label;
+    std::string routing;
+    bool sweep = false;
+  };
+  std::vector<Config> configs;
   for (absl::string_view p :
        absl::StrSplit(absl::GetFlag(FLAGS_policies), ',', absl::SkipEmpty())) {
-    auto f = Replay(std::string(p), absl::StrFormat(R"({"policy": "%s"})", p),
-                    *workload);
-    if (!f.ok()) return fail(f.status());
-    policy_runs.push_back(*std::move(f));
+    configs.push_back({.label = std::string(p),
+                       .routing = absl::StrFormat(R"({"policy": "%s"})", p)});
   }
-  PD_CHECK(!policy_runs.empty()) << "empty --policies";
-  std::vector<RunFigures> sweep_runs;
+  PD_CHECK(!configs.empty()) << "empty --policies";
   for (absl::string_view t : absl::StrSplit(
            absl::GetFlag(FLAGS_local_prefill_sweep), ',', absl::SkipEmpty())) {
     int64_t threshold = 0;
     PD_CHECK(absl::SimpleAtoi(t, &threshold) && threshold >= 0)
         << "bad --local_prefill_sweep";
-    auto f = Replay(
-        absl::StrCat("kv_aware, local_prefill_max_tokens ", threshold),
-        absl::StrFormat(
-            R"({"policy": "kv_aware", "local_prefill_max_tokens": %d})",
-            threshold),
-        *workload);
-    if (!f.ok()) return fail(f.status());
-    f->label = absl::StrCat(threshold);
-    sweep_runs.push_back(*std::move(f));
+    configs.push_back(
+        {.label = absl::StrCat(threshold),
+         .routing = absl::StrFormat(
+             R"({"policy": "kv_aware", "local_prefill_max_tokens": %d})",
+             threshold),
+         .sweep = true});
+  }
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  PD_CHECK(rounds >= 1) << "bad --rounds";
+  // runs[c]: configuration c's runs, one per round.
+  std::vector<std::vector<RunFigures>> runs(configs.size());
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t c = 0; c < configs.size(); ++c) {
+      const std::string label =
+          absl::StrCat(configs[c].sweep ? "kv_aware, local_prefill_max_tokens "
+                                        : "",
+                       configs[c].label, ", round ", r + 1, "/", rounds);
+      auto f = Replay(label, configs[c].routing, *workload);
+      if (!f.ok()) return fail(f.status());
+      f->label = configs[c].label;
+      runs[c].push_back(*std::move(f));
+    }
+  }
+  std::vector<RunFigures> policy_runs, sweep_runs;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    (configs[c].sweep ? sweep_runs : policy_runs).push_back(Median(runs[c]));
   }
 
   int mismatches = 0;
-  for (size_t i = 1; i < policy_runs.size(); ++i)
-    mismatches += CountMismatches(policy_runs[0], policy_runs[i]);
-  for (const RunFigures& f : sweep_runs)
-    mismatches += CountMismatches(policy_runs[0], f);
+  for (const auto& config_runs : runs) {
+    for (const RunFigures& f : config_runs) {
+      if (&f != &runs[0][0]) mismatches += CountMismatches(runs[0][0], f);
+    }
+  }
 
   const int factor = kTraceBlockTokens / scale.block_tokens;
   std::cout << absl::StrFormat(
@@ -409,18 +475,31 @@ int Run() {
       output_tokens);
   std::cout << absl::StrFormat(
       "cluster: %dP%dD %s, worker flags '%s', default routing thresholds "
-      "unless given; ratios against %s\n\n",
+      "unless given; ratios (in parentheses) against %s, and in the sweep "
+      "against its first value; medians over %d interleaved round(s)\n\n",
       absl::GetFlag(FLAGS_prefill_workers),
       absl::GetFlag(FLAGS_decode_workers), model,
-      absl::GetFlag(FLAGS_worker_args), policy_runs[0].label);
+      absl::GetFlag(FLAGS_worker_args), policy_runs[0].label, rounds);
   PrintTable(policy_runs, "policy", workload->size());
   if (!sweep_runs.empty()) {
     std::cout << "\nkv_aware by local_prefill_max_tokens (default "
               << RoutingOptions{}.local_prefill_max_tokens << ")\n\n";
     PrintTable(sweep_runs, "local_prefill_max_tokens", workload->size());
   }
-  std::cout << "\ngreedy outputs differing from " << policy_runs[0].label
-            << "'s: " << mismatches << "\n";
+  if (rounds > 1) {
+    std::cout << "\nTTFT p50 / p90 ms of each round:\n\n";
+    for (size_t c = 0; c < configs.size(); ++c) {
+      std::cout << "- " << (configs[c].sweep ? "local_prefill_max_tokens " : "")
+                << configs[c].label << ":";
+      for (const RunFigures& f : runs[c]) {
+        std::cout << absl::StrFormat(" %.0f / %.0f;", f.ttft_p50, f.ttft_p90);
+      }
+      std::cout << "\n";
+    }
+  }
+  std::cout << "\ngreedy outputs (request by request, every run) differing "
+               "from the first run's ("
+            << runs[0][0].label << "): " << mismatches << "\n";
   return mismatches == 0 ? 0 : 1;
 }
 
