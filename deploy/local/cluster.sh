@@ -18,6 +18,9 @@
 #                      chosen one is in D/router.port)
 #   --http-port P      router's OpenAI-compatible HTTP port (default 0: any
 #                      free port; the chosen one is in D/router.http_port)
+#   --routing JSON     the config's routing section (docs/routing.md), e.g.
+#                      '{"policy": "least_loaded"}' (default: none, so
+#                      kv_aware with its defaults)
 #   --prefill-args A, --decode-args A, --router-args A
 #                      extra flags for every worker of that kind, e.g.
 #                      --decode-args "--kv_transport=ucx:shm,tcp" (KV
@@ -34,7 +37,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cmd="${1:-}"
 shift || true
 prefill=1 decode=1 model=builtin:tiny dir="$root/build/local-cluster" bin="$root/build"
-router_port=0 http_port=0 prefill_args="" decode_args="" router_args=""
+router_port=0 http_port=0 prefill_args="" decode_args="" router_args="" routing=""
 while (($#)); do
   case "$1" in
     --prefill) prefill="$2"; shift 2 ;;
@@ -47,6 +50,7 @@ while (($#)); do
     --prefill-args) prefill_args="$2"; shift 2 ;;
     --decode-args) decode_args="$2"; shift 2 ;;
     --router-args) router_args="$2"; shift 2 ;;
+    --routing) routing="$2"; shift 2 ;;
     *) echo "cluster.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -125,11 +129,14 @@ up() {
     done
     echo "[$out]"
   }
+  routing_entry=""
+  [ -z "$routing" ] || routing_entry=",
+  \"routing\": $routing"
   cat >"$dir/cluster.json" <<JSON
 {
   "model": "$model",
   "prefill_workers": $(json_list prefill "$prefill"),
-  "decode_workers": $(json_list decode "$decode")
+  "decode_workers": $(json_list decode "$decode")$routing_entry
 }
 JSON
   # shellcheck disable=SC2086
