@@ -6,12 +6,14 @@
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "engine/sampler.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
 #include "router/response_assembler.h"
+#include "router/router_metrics.h"
 
 namespace pdserve {
 namespace {
@@ -84,6 +86,8 @@ class RequestOrchestrator::Choice final
   // The first decode failure, once retried; ends the choice when no other
   // worker is left.
   absl::Status last_failure;
+  // The routing policy's choice for the current attempt.
+  RouteDecision route;
 
   const uint32_t index;
   const WorkerEndpoint* const preferred;
@@ -91,6 +95,11 @@ class RequestOrchestrator::Choice final
   const int32_t priority;
   const int64_t reserve_tokens;
   const absl::Time created = absl::Now();
+
+  std::span<const int32_t> prompt() const { return validated_.engine.prompt; }
+  int32_t max_tokens() const {
+    return static_cast<int32_t>(validated_.engine.sampling.max_tokens);
+  }
 
  private:
   // CANCELLED or DEADLINE_EXCEEDED when the client's call is over.
@@ -413,10 +422,10 @@ void RequestOrchestrator::Choice::Run(const WorkerEndpoint* decode) {
   validated_.engine.id = RequestId(id_);
   engine_.Clear();
   ToWire(validated_.engine, &engine_);
-  disaggregated_ =
-      decode != preferred &&
-      engine_.prompt_size() > orchestrator_->options_.short_prompt_tokens &&
-      orchestrator_->registry_->healthy_prefill() > 0;
+  // The policy chose where the prompt is computed: a prefill worker, or
+  // this decode worker (conditional disaggregation, and the choices after
+  // the first, which find the prompt in their worker's cache).
+  disaggregated_ = route.prefill != nullptr;
   if (disaggregated_) {
     StartReserve();
   } else {
@@ -431,6 +440,11 @@ void RequestOrchestrator::Choice::StartReserve() {
   if (!context) return End(ClientEnded());
   reserve_.set_request_id(id_);
   reserve_.set_num_tokens(static_cast<uint32_t>(reserve_tokens));
+  // The decode worker shares the leading blocks its cache holds; the
+  // landing says how many, and the prefill worker pushes only the rest.
+  reserve_.set_prompt_tokens(static_cast<uint32_t>(engine_.prompt_size()));
+  reserve_.mutable_prompt_block_hashes()->Assign(
+      route.prompt_block_hashes.begin(), route.prompt_block_hashes.end());
   landing_.Clear();
   orchestrator_->registry_->NoteDispatched(decode_, reserve_tokens);
   decode_->decode->async()->Reserve(
@@ -460,11 +474,18 @@ void RequestOrchestrator::Choice::OnReserved(const absl::Status& status) {
 }
 
 void RequestOrchestrator::Choice::StartPrefill() {
-  const WorkerEndpoint* prefill =
-      static_cast<int>(tried_prefill_.size()) <=
-              orchestrator_->options_.prefill_retries
-          ? orchestrator_->registry_->PickPrefill(tried_prefill_)
-          : nullptr;
+  // The policy's prefill worker first; after a failure the least loaded
+  // of the others.
+  const WorkerEndpoint* prefill = nullptr;
+  if (tried_prefill_.empty()) {
+    prefill = route.prefill;
+  } else if (static_cast<int>(tried_prefill_.size()) <=
+             orchestrator_->options_.prefill_retries) {
+    prefill = orchestrator_->registry_->PickPrefill(tried_prefill_);
+    if (prefill != nullptr && orchestrator_->metrics_ != nullptr) {
+      orchestrator_->metrics_->Retried("prefill");
+    }
+  }
   if (prefill == nullptr) {
     return PrefillFailed(absl::UnavailableError(absl::StrCat(
         "prefill failed on ", tried_prefill_.size(),
@@ -633,6 +654,9 @@ void RequestOrchestrator::Choice::Retry(const absl::Status& status,
     if (retried_failure_) return End(status);
     retried_failure_ = true;
   }
+  if (orchestrator_->metrics_ != nullptr) {
+    orchestrator_->metrics_->Retried("decode");
+  }
   orchestrator_->Uncommit(*this);
   {
     absl::MutexLock lock(&orchestrator_->mu_);
@@ -716,10 +740,34 @@ void RequestOrchestrator::Admit(const std::shared_ptr<Choice>& choice) {
     }
   }
   if (decode != nullptr) {
+    Placed(*choice);
     choice->Run(decode);
   } else if (!why.ok()) {
+    if (metrics_ != nullptr && absl::IsResourceExhausted(why)) {
+      metrics_->Rejected(absl::StrContains(why.message(), "max_queued")
+                             ? "queue_full"
+                             : "too_large");
+    } else if (metrics_ != nullptr && absl::IsUnavailable(why)) {
+      metrics_->Rejected("stopping");
+    }
     choice->End(why);
   }
+}
+
+void RequestOrchestrator::Placed(const Choice& choice) {
+  if (metrics_ == nullptr) return;
+  const RouteDecision& route = choice.route;
+  if (choice.tried.empty()) {
+    metrics_->QueueTime(absl::Now() - choice.created);
+  }
+  metrics_->Routed("decode", route.decode->id);
+  if (route.prefill != nullptr) metrics_->Routed("prefill", route.prefill->id);
+  // What the chosen worker need not compute: the prefill worker's cached
+  // prefix, or the decode worker's when it prefills locally.
+  metrics_->PrefixMatched(choice.prompt().size(),
+                          route.prefill != nullptr
+                              ? route.prefill_cached_tokens
+                              : route.decode_cached_tokens);
 }
 
 const WorkerEndpoint* RequestOrchestrator::PlaceLocked(Choice& choice,
@@ -777,8 +825,14 @@ const WorkerEndpoint* RequestOrchestrator::PlaceLocked(Choice& choice,
     choice.not_before = absl::Now() + options_.recheck_interval;
     return nullptr;
   }
-  const WorkerEndpoint* decode =
-      preferred != nullptr ? preferred : registry_->PickDecode(exclude);
+  if (preferred != nullptr) {
+    choice.route = RouteDecision{.decode = preferred};
+  } else {
+    choice.route = registry_->Route(
+        {.prompt = choice.prompt(), .max_tokens = choice.max_tokens()},
+        exclude);
+  }
+  const WorkerEndpoint* decode = choice.route.decode;
   if (decode == nullptr) return nullptr;
   choice.committed_on = decode;
   choice.committed_blocks = blocks_on(registry_->DecodeCapacity(decode));
@@ -862,7 +916,10 @@ void RequestOrchestrator::AdmissionLoop() {
     }
     if (placed.empty() && ended.empty()) continue;
     mu_.Unlock();
-    for (auto& [choice, decode] : placed) choice->Run(decode);
+    for (auto& [choice, decode] : placed) {
+      Placed(*choice);
+      choice->Run(decode);
+    }
     for (auto& [choice, why] : ended) choice->End(why);
     mu_.Lock();
   }

@@ -9,9 +9,13 @@
 //
 // Every downstream call is a gRPC callback (reactor) client call; the
 // router's threads only react to their completions, and a request costs
-// its state (a few KiB) rather than a thread. Prompts of at most
-// short_prompt_tokens, and every prompt when no prefill worker is healthy,
-// skip Reserve/Prefill: D prefills them itself.
+// its state (a few KiB) rather than a thread. Where a request runs is the
+// registry's routing policy (routing_policy.h): a decode worker D and a
+// prefill worker P, or D alone — conditional disaggregation: short
+// uncached prompts, prefill workers that are the bottleneck, or none
+// healthy — which then skips Reserve/Prefill and prefills the prompt
+// itself. Reserve carries the prompt's block hashes, so D shares the
+// prefix blocks its cache holds and P pushes only the rest.
 //
 // Admission is by KV capacity. The orchestrator keeps a ledger of the KV
 // blocks (prompt + max_tokens, rounded up to D's blocks) each request it
@@ -102,10 +106,6 @@ class RequestOrchestrator {
   struct Options {
     // Further prefill workers to try after the first fails. Default: 2.
     int32_t prefill_retries = 2;
-    // Prompts of at most this many tokens are prefilled on the decode
-    // worker; 0: every prompt goes to a prefill worker when one is
-    // healthy. Default: 0.
-    int32_t short_prompt_tokens = 0;
     // Deadline of Reserve and Release calls (capped by the client's).
     // Default: 5 s.
     absl::Duration control_timeout = absl::Seconds(5);
@@ -161,6 +161,8 @@ class RequestOrchestrator {
   // null with, in `why`, an error when it should not wait.
   const WorkerEndpoint* PlaceLocked(Choice& choice, absl::Status* why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records where a choice was placed (routing metrics).
+  void Placed(const Choice& choice);
   // Returns `choice`'s committed blocks; wakes the admission thread when
   // some request waits.
   void Uncommit(Choice& choice);

@@ -18,13 +18,10 @@ namespace pdserve {
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Start(
     const RouterOptions& options) {
-  if (options.max_queued < 0 || options.prefill_retries < 0 ||
-      options.short_prompt_tokens < 0) {
+  if (options.max_queued < 0 || options.prefill_retries < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bad router options: max_queued ", options.max_queued,
-        " (>= 0), prefill_retries ",
-        options.prefill_retries, " (>= 0), short_prompt_tokens ",
-        options.short_prompt_tokens, " (>= 0)"));
+        " (>= 0), prefill_retries ", options.prefill_retries, " (>= 0)"));
   }
   if (options.default_deadline <= absl::ZeroDuration() ||
       options.control_timeout <= absl::ZeroDuration()) {
@@ -59,7 +56,6 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
       router->model_, router->registry_.get(), router->metrics_.get(),
       RequestOrchestrator::Options{
           .prefill_retries = options.prefill_retries,
-          .short_prompt_tokens = options.short_prompt_tokens,
           .control_timeout = options.control_timeout,
           .max_queued = options.max_queued,
           .recheck_interval = options.poll_interval});

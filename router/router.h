@@ -52,9 +52,6 @@ struct RouterOptions {
   absl::Duration load_timeout = absl::Seconds(1);
   // Other prefill workers tried after one fails. Default: 2.
   int prefill_retries = 2;
-  // Prompts of at most this many tokens are prefilled by the decode worker;
-  // 0: all go to prefill workers while any is healthy. Default: 0.
-  int short_prompt_tokens = 0;
   // Deadline of a Generate call whose client set none. Default: 10 min.
   absl::Duration default_deadline = absl::Minutes(10);
   // Deadline of Reserve and Release calls. Default: 5 s.

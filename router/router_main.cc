@@ -46,9 +46,6 @@ ABSL_FLAG(std::string, http_listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, http_port_file, "",
           "Write the bound HTTP port to this file once serving");
 ABSL_FLAG(int32_t, http_threads, 2, "Threads serving HTTP connections");
-ABSL_FLAG(int32_t, short_prompt_tokens, 0,
-          "Prompts of at most this many tokens are prefilled on the decode "
-          "worker (0: always use prefill workers when any is healthy)");
 ABSL_FLAG(std::vector<std::string>, api_key, {},
           "API keys, comma-separated: every call but Health must then send "
           "'authorization: Bearer <key>' with one of them (visible in ps: "
@@ -82,7 +79,6 @@ int main(int argc, char** argv) {
   options.poll_interval =
       absl::Milliseconds(absl::GetFlag(FLAGS_poll_interval_ms));
   options.prefill_retries = absl::GetFlag(FLAGS_prefill_retries);
-  options.short_prompt_tokens = absl::GetFlag(FLAGS_short_prompt_tokens);
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.http.threads = absl::GetFlag(FLAGS_http_threads);
   options.api_keys = absl::GetFlag(FLAGS_api_key);

@@ -18,18 +18,16 @@
 #                      chosen one is in D/router.port)
 #   --http-port P      router's OpenAI-compatible HTTP port (default 0: any
 #                      free port; the chosen one is in D/router.http_port)
+#   --routing JSON     the config's routing section (docs/routing.md), e.g.
+#                      '{"policy": "least_loaded"}' (default: none, so
+#                      kv_aware with its defaults)
+#   --routing-policy NAME
+#                      shorthand for --routing '{"policy": "NAME"}':
+#                      round_robin, least_loaded or kv_aware
 #   --prefill-args A, --decode-args A, --router-args A
 #                      extra flags for every worker of that kind, e.g.
 #                      --decode-args "--kv_transport=ucx:shm,tcp" (KV
 #                      transports: docs/development.md)
-#   --routing-policy NAME
-#                      the router's routing policy: round_robin,
-#                      least_loaded or kv_aware (default: the config's
-#                      default, kv_aware; docs/routing.md)
-#   --routing JSON     the whole routing section of cluster.json, a JSON
-#                      object, e.g. '{"policy": "kv_aware",
-#                      "local_prefill_max_tokens": 16}'; overrides
-#                      --routing-policy
 #
 # Every process writes its bound port to D/<name>.port and its log to
 # D/<name>.log; D/<name>.pid holds its pid. Each serves Prometheus /metrics
@@ -42,8 +40,8 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cmd="${1:-}"
 shift || true
 prefill=1 decode=1 model=builtin:tiny dir="$root/build/local-cluster" bin="$root/build"
-router_port=0 http_port=0 prefill_args="" decode_args="" router_args=""
-routing_policy="" routing=""
+router_port=0 http_port=0 prefill_args="" decode_args="" router_args="" routing=""
+routing_policy=""
 while (($#)); do
   case "$1" in
     --prefill) prefill="$2"; shift 2 ;;
@@ -56,8 +54,8 @@ while (($#)); do
     --prefill-args) prefill_args="$2"; shift 2 ;;
     --decode-args) decode_args="$2"; shift 2 ;;
     --router-args) router_args="$2"; shift 2 ;;
-    --routing-policy) routing_policy="$2"; shift 2 ;;
     --routing) routing="$2"; shift 2 ;;
+    --routing-policy) routing_policy="$2"; shift 2 ;;
     *) echo "cluster.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -136,17 +134,18 @@ up() {
     done
     echo "[$out]"
   }
-  local routing_json=""
-  if [[ -z "$routing" && -n "$routing_policy" ]]; then
+  if [[ -n "$routing_policy" ]]; then
+    [[ -z "$routing" ]] || die "give --routing or --routing-policy, not both"
     routing="{\"policy\": \"$routing_policy\"}"
   fi
-  if [[ -n "$routing" ]]; then routing_json=",
-  \"routing\": $routing"; fi
+  routing_entry=""
+  [ -z "$routing" ] || routing_entry=",
+  \"routing\": $routing"
   cat >"$dir/cluster.json" <<JSON
 {
   "model": "$model",
   "prefill_workers": $(json_list prefill "$prefill"),
-  "decode_workers": $(json_list decode "$decode")$routing_json
+  "decode_workers": $(json_list decode "$decode")$routing_entry
 }
 JSON
   # shellcheck disable=SC2086
@@ -196,5 +195,5 @@ case "$cmd" in
     echo "Ctrl-C stops the cluster."
     while true; do sleep 1; done
     ;;
-  *) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

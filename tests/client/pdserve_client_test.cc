@@ -53,6 +53,8 @@ class Cluster {
     d->set_id("decode-0");
     d->set_address(decode_.address());
     options.poll_interval = absl::Milliseconds(20);
+    // Every prompt goes to a prefill worker when one is up.
+    options.cluster.mutable_routing()->set_local_prefill_max_tokens(0);
     if (tweak) tweak(options);
     auto router = Router::Start(options);
     EXPECT_TRUE(router.ok()) << router.status();

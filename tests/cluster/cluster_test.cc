@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/builtin_tiny.h"
@@ -693,6 +694,113 @@ TEST(ClusterTest, BadRequestsAreInvalidArgumentAndTheClusterKeepsServing) {
   EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
   EXPECT_EQ(ok.tokens.size(), 4u);
   EXPECT_EQ(ok.finish, v1::FINISH_REASON_LENGTH);
+}
+
+// Generate streams opened all at once on gRPC's callback client API (no
+// thread per stream), each collecting its tokens and status.
+class ConcurrentStreams {
+ public:
+  ConcurrentStreams(v1::Generation::Stub& stub,
+                    const std::vector<v1::GenerateRequest>& requests)
+      : results_(requests.size()), remaining_(requests.size()) {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      calls_.push_back(std::make_unique<Call>(this, i));
+      calls_.back()->Start(stub, requests[i]);
+    }
+  }
+
+  // Waits until every stream ended.
+  std::vector<StreamResult> Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](size_t* remaining) { return *remaining == 0; }, &remaining_));
+    return results_;
+  }
+
+ private:
+  class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
+   public:
+    Call(ConcurrentStreams* owner, size_t index)
+        : owner_(owner), index_(index) {}
+    void Start(v1::Generation::Stub& stub, const v1::GenerateRequest& r) {
+      request_ = r;
+      context_.set_deadline(
+          absl::ToChronoTime(absl::Now() + absl::Minutes(10)));
+      stub.async()->Generate(&context_, &request_, this);
+      StartRead(&response_);
+      StartCall();
+    }
+    void OnReadDone(bool ok) override {
+      if (!ok) return;
+      ++result_.messages;
+      result_.tokens.insert(result_.tokens.end(),
+                            response_.token_ids().begin(),
+                            response_.token_ids().end());
+      if (response_.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+        result_.finish = response_.finish_reason();
+      }
+      StartRead(&response_);
+    }
+    void OnDone(const grpc::Status& status) override {
+      result_.status = status;
+      owner_->Done(index_, std::move(result_));
+    }
+
+   private:
+    ConcurrentStreams* const owner_;
+    const size_t index_;
+    grpc::ClientContext context_;
+    v1::GenerateRequest request_;
+    v1::GenerateResponse response_;
+    StreamResult result_;
+  };
+
+  void Done(size_t index, StreamResult result) {
+    absl::MutexLock lock(&mu_);
+    results_[index] = std::move(result);
+    --remaining_;
+  }
+
+  absl::Mutex mu_;
+  std::vector<StreamResult> results_ ABSL_GUARDED_BY(mu_);
+  size_t remaining_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Call>> calls_;
+};
+
+// A thousand streams at once on one router: the router holds them all
+// (no thread per request); those the decode worker's KV pool cannot take
+// at once wait in the router's queue, none is refused, every output equals
+// the colocated engine's, and the pool is whole again afterwards.
+TEST(ClusterTest, AThousandConcurrentStreamsAllComplete) {
+  auto started = LocalCluster::Start({.prefill = 1, .decode = 1});
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  const int32_t idle = FreeBlocks(cluster, "decode-0");
+  // 25 prompts, 40 streams each: later ones meet their prompt in the
+  // prefix caches.
+  std::vector<Case> distinct;
+  for (int i = 0; i < 25; ++i) {
+    distinct.push_back(
+        {RandomPrompt(12 + i, 700 + i),
+         {.temperature = 0.0f, .max_tokens = 6, .ignore_eos = true}});
+  }
+  const auto want = Colocated(distinct);
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < 1000; ++i) {
+    requests.push_back(ToRequest(distinct[i % distinct.size()]));
+  }
+  const std::vector<StreamResult> got =
+      ConcurrentStreams(cluster.router(), requests).Wait();
+  int ok = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].status.ok())
+        << i << ": " << got[i].status.error_code() << " "
+        << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, want[i % distinct.size()]) << i;
+    ++ok;
+  }
+  EXPECT_EQ(ok, 1000);
+  ExpectBlocksReturnTo(cluster, idle);
 }
 
 TEST(ClusterTest, OverloadIsRefusedWithResourceExhaustedAndNothingLeaks) {

@@ -32,9 +32,10 @@ struct ClusterSpec {
   std::string prefill_args = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
   std::string decode_args = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
   std::string router_args = "";
-  // cluster.json's routing section, a JSON object (cluster.sh --routing);
-  // empty: the config's defaults (kv_aware).
-  std::string routing = "";
+  // The config's routing section: by default every prompt, however short,
+  // goes to a prefill worker when one is up, so that the tests exercise
+  // the KV hand-off.
+  std::string routing = R"({"localPrefillMaxTokens": 0})";
 };
 
 class LocalCluster {
@@ -49,8 +50,8 @@ class LocalCluster {
         source_dir, "/deploy/local/cluster.sh up --dir '", c->dir_.string(), "' --bin '",
         binary_dir, "' --prefill ", spec.prefill, " --decode ", spec.decode, " --model '",
         spec.model, "' --prefill-args '", spec.prefill_args, "' --decode-args '",
-        spec.decode_args, "' --router-args '", spec.router_args, "'",
-        spec.routing.empty() ? "" : absl::StrCat(" --routing '", spec.routing, "'"));
+        spec.decode_args, "' --router-args '", spec.router_args, "' --routing '",
+        spec.routing, "'");
     if (std::system(cmd.c_str()) != 0) {
       return absl::UnavailableError(absl::StrCat("cluster did not start: ", cmd,
                                                  "\nrouter log:\n", c->Log("router")));

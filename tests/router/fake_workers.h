@@ -284,7 +284,7 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
     report->set_role(b.role);
     FillLayout(report);
     report->set_total_blocks(b.total_blocks);
-    report->set_free_blocks(std::min(b.free_blocks, b.total_blocks));
+    report->set_free_blocks(b.free_blocks);
     ++load_reports;
     absl::MutexLock lock(&mu_);
     report->set_reservations(static_cast<uint32_t>(reserved_.size()));
