@@ -62,8 +62,8 @@ ABSL_FLAG(std::string, policies, "round_robin,least_loaded,kv_aware",
 ABSL_FLAG(std::string, local_prefill_sweep, "0,16,64,256",
           "kv_aware runs with these local_prefill_max_tokens (empty: none)");
 ABSL_FLAG(int32_t, rounds, 1,
-          "Runs of every configuration, interleaved; the tables show each "
-          "figure's median over them");
+          "Runs of every configuration, interleaved; the tables show the "
+          "counters' means over them and the TTFT percentiles' medians");
 ABSL_FLAG(std::string, model, "builtin:tiny", "Model every worker runs");
 ABSL_FLAG(int32_t, prefill_workers, 2, "Prefill workers");
 ABSL_FLAG(int32_t, decode_workers, 2, "Decode workers");
@@ -215,27 +215,33 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
 }
 
-// Each figure's median over `runs` of one configuration (the lower middle
-// for an even count); requests ok: the fewest.
-RunFigures Median(const std::vector<RunFigures>& runs) {
-  auto median = [&](auto field) {
+// One configuration's figures over its `runs`: the counters' means (so
+// that a row's parts still add up), the TTFT percentiles' medians (the
+// mean of the middle two for an even count), the fewest requests ok.
+RunFigures Aggregate(const std::vector<RunFigures>& runs) {
+  auto mean = [&](uint64_t RunFigures::*field) {
+    double sum = 0;
+    for (const RunFigures& f : runs) sum += static_cast<double>(f.*field);
+    return static_cast<uint64_t>(std::llround(sum / runs.size()));
+  };
+  auto median = [&](double RunFigures::*field) {
     std::vector<double> v;
-    for (const RunFigures& f : runs) v.push_back(static_cast<double>(field(f)));
+    for (const RunFigures& f : runs) v.push_back(f.*field);
     std::sort(v.begin(), v.end());
-    return v[(v.size() - 1) / 2];
+    return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
   };
   RunFigures m;
   m.label = runs.front().label;
   m.ok = runs.front().ok;
   for (const RunFigures& f : runs) m.ok = std::min(m.ok, f.ok);
-  m.prefill_computed = median([](const RunFigures& f) { return f.prefill_computed; });
-  m.decode_computed = median([](const RunFigures& f) { return f.decode_computed; });
-  m.prefill_cached = median([](const RunFigures& f) { return f.prefill_cached; });
-  m.decode_cached = median([](const RunFigures& f) { return f.decode_cached; });
-  m.kv_bytes = median([](const RunFigures& f) { return f.kv_bytes; });
-  m.ttft_p50 = median([](const RunFigures& f) { return f.ttft_p50; });
-  m.ttft_p90 = median([](const RunFigures& f) { return f.ttft_p90; });
-  m.seconds = median([](const RunFigures& f) { return f.seconds; });
+  m.prefill_computed = mean(&RunFigures::prefill_computed);
+  m.decode_computed = mean(&RunFigures::decode_computed);
+  m.prefill_cached = mean(&RunFigures::prefill_cached);
+  m.decode_cached = mean(&RunFigures::decode_cached);
+  m.kv_bytes = mean(&RunFigures::kv_bytes);
+  m.ttft_p50 = median(&RunFigures::ttft_p50);
+  m.ttft_p90 = median(&RunFigures::ttft_p90);
+  m.seconds = median(&RunFigures::seconds);
   return m;
 }
 
@@ -453,7 +459,7 @@ int Run() {
   }
   std::vector<RunFigures> policy_runs, sweep_runs;
   for (size_t c = 0; c < configs.size(); ++c) {
-    (configs[c].sweep ? sweep_runs : policy_runs).push_back(Median(runs[c]));
+    (configs[c].sweep ? sweep_runs : policy_runs).push_back(Aggregate(runs[c]));
   }
 
   int mismatches = 0;
@@ -476,7 +482,8 @@ int Run() {
   std::cout << absl::StrFormat(
       "cluster: %dP%dD %s, worker flags '%s', default routing thresholds "
       "unless given; ratios (in parentheses) against %s, and in the sweep "
-      "against its first value; medians over %d interleaved round(s)\n\n",
+      "against its first value; %d interleaved round(s): counters their "
+      "means, TTFT percentiles their medians\n\n",
       absl::GetFlag(FLAGS_prefill_workers),
       absl::GetFlag(FLAGS_decode_workers), model,
       absl::GetFlag(FLAGS_worker_args), policy_runs[0].label, rounds);
