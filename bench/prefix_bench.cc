@@ -11,6 +11,9 @@
 //     (conditional disaggregation's threshold), the same figures;
 //   - greedy outputs of every run compared request by request with the
 //     first run's (they must match: routing must not change results).
+// --rounds runs every configuration that many times, interleaved, so that
+// load from outside the benchmark falls on all of them alike; TTFT on a
+// shared machine moves a lot (each run prints the load average).
 // Scaling, printed with the tables: each 512-token trace block becomes
 // --block_tokens tokens (pseudo-random from its hash_id, so equal ids give
 // equal tokens in every request), lengths divide by 512 / --block_tokens
@@ -124,15 +127,15 @@ absl::StatusOr<std::vector<TraceRequest>> LoadTrace(const std::string& path,
     r.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(
         CeilDiv(row["output_length"].get<int64_t>(), factor), 1,
         scale.max_output_tokens));
-    const int64_t want = std::min<int64_t>(
-        CeilDiv(row["input_length"].get<int64_t>(), factor),
-        scale.context - r.max_tokens);
+    const int64_t want =
+        std::min<int64_t>(CeilDiv(row["input_length"].get<int64_t>(), factor),
+                          scale.context - r.max_tokens);
     for (uint64_t id : row["hash_ids"].get<std::vector<uint64_t>>()) {
       for (int j = 0; j < scale.block_tokens &&
                       static_cast<int64_t>(r.prompt.size()) < want;
            ++j) {
-        r.prompt.push_back(
-            static_cast<int32_t>(Mix(id * scale.block_tokens + j) % kByteTokens));
+        r.prompt.push_back(static_cast<int32_t>(
+            Mix(id * scale.block_tokens + j) % kByteTokens));
       }
     }
     if (r.prompt.empty()) r.prompt.push_back(0);
@@ -159,8 +162,7 @@ class GenerateCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
     request_.mutable_sampling()->set_temperature(0.0f);
     request_.set_max_tokens(request.max_tokens);
     request_.set_ignore_eos(true);
-    context_.set_deadline(
-        absl::ToChronoTime(absl::Now() + absl::Minutes(10)));
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(10)));
     start_ = absl::Now();
     router.async()->Generate(&context_, &request_, this);
     StartRead(&response_);
@@ -251,10 +253,9 @@ absl::StatusOr<wire::LoadReport> GetLoad(LocalCluster& cluster,
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   wire::LoadReport report;
-  grpc::Status s =
-      prefill
-          ? cluster.PrefillStub(worker)->GetLoad(&ctx, {}, &report)
-          : cluster.DecodeStub(worker)->GetLoad(&ctx, {}, &report);
+  grpc::Status s = prefill
+                       ? cluster.PrefillStub(worker)->GetLoad(&ctx, {}, &report)
+                       : cluster.DecodeStub(worker)->GetLoad(&ctx, {}, &report);
   if (!s.ok()) {
     return absl::UnavailableError(
         absl::StrCat("GetLoad ", worker, ": ", s.error_message()));
@@ -279,9 +280,9 @@ absl::StatusOr<RunFigures> Replay(const std::string& label,
   const std::string worker_args = absl::GetFlag(FLAGS_worker_args);
   const int num_prefill = absl::GetFlag(FLAGS_prefill_workers);
   const int num_decode = absl::GetFlag(FLAGS_decode_workers);
-  std::cerr << "[" << label << "] starting " << num_prefill << "P"
-            << num_decode << "D, routing " << routing << ", load average "
-            << LoadAverage() << "\n";
+  std::cerr << "[" << label << "] starting " << num_prefill << "P" << num_decode
+            << "D, routing " << routing << ", load average " << LoadAverage()
+            << "\n";
   auto cluster = LocalCluster::Start({.prefill = num_prefill,
                                       .decode = num_decode,
                                       .model = absl::GetFlag(FLAGS_model),
@@ -396,7 +397,8 @@ int Run() {
   Scaling scale{.block_tokens = absl::GetFlag(FLAGS_block_tokens),
                 .max_output_tokens = absl::GetFlag(FLAGS_max_output_tokens),
                 .time_compression = absl::GetFlag(FLAGS_time_compression)};
-  PD_CHECK(scale.block_tokens > 0 && kTraceBlockTokens % scale.block_tokens == 0)
+  PD_CHECK(scale.block_tokens > 0 &&
+           kTraceBlockTokens % scale.block_tokens == 0)
       << "--block_tokens must divide 512";
   PD_CHECK(scale.max_output_tokens > 0 && scale.time_compression > 0);
   auto fail = [](const absl::Status& s) {
@@ -447,10 +449,9 @@ int Run() {
   std::vector<std::vector<RunFigures>> runs(configs.size());
   for (int r = 0; r < rounds; ++r) {
     for (size_t c = 0; c < configs.size(); ++c) {
-      const std::string label =
-          absl::StrCat(configs[c].sweep ? "kv_aware, local_prefill_max_tokens "
-                                        : "",
-                       configs[c].label, ", round ", r + 1, "/", rounds);
+      const std::string label = absl::StrCat(
+          configs[c].sweep ? "kv_aware, local_prefill_max_tokens " : "",
+          configs[c].label, ", round ", r + 1, "/", rounds);
       auto f = Replay(label, configs[c].routing, *workload);
       if (!f.ok()) return fail(f.status());
       f->label = configs[c].label;
@@ -475,8 +476,8 @@ int Run() {
       "tokens (lengths / %d, rounded up), outputs capped at %d, prompts cut "
       "to %d - output tokens; arrivals / %.2f (%.1f s); %d prompt tokens, %d "
       "output tokens in all\n",
-      workload->size(), absl::GetFlag(FLAGS_trace), scale.block_tokens,
-      factor, scale.max_output_tokens, scale.context, scale.time_compression,
+      workload->size(), absl::GetFlag(FLAGS_trace), scale.block_tokens, factor,
+      scale.max_output_tokens, scale.context, scale.time_compression,
       absl::ToDoubleSeconds(workload->back().arrival), prompt_tokens,
       output_tokens);
   std::cout << absl::StrFormat(
@@ -484,9 +485,8 @@ int Run() {
       "unless given; ratios (in parentheses) against %s, and in the sweep "
       "against its first value; %d interleaved round(s): counters their "
       "means, TTFT percentiles their medians\n\n",
-      absl::GetFlag(FLAGS_prefill_workers),
-      absl::GetFlag(FLAGS_decode_workers), model,
-      absl::GetFlag(FLAGS_worker_args), policy_runs[0].label, rounds);
+      absl::GetFlag(FLAGS_prefill_workers), absl::GetFlag(FLAGS_decode_workers),
+      model, absl::GetFlag(FLAGS_worker_args), policy_runs[0].label, rounds);
   PrintTable(policy_runs, "policy", workload->size());
   if (!sweep_runs.empty()) {
     std::cout << "\nkv_aware by local_prefill_max_tokens (default "
