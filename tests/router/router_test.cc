@@ -621,6 +621,47 @@ TEST(RouterTest, AdmissionQueueFullIsResourceExhausted) {
   EXPECT_TRUE(c.Generate(Text("x")).status.ok());
 }
 
+TEST(RouterTest, WaitingRequestsArePlacedByPriorityThenArrival) {
+  // A pool of 64 blocks: each request of 1000 tokens needs 63 of them, so
+  // they run one at a time and the rest wait in the router's queue.
+  Cluster c(0, 1);
+  FakeDecodeWorker::Behavior b;
+  b.token_delay = absl::Milliseconds(1);
+  b.total_blocks = 64;
+  c.decode(0).set_behavior(b);
+  ASSERT_TRUE(c.decode(0).AwaitFreshReport());
+  std::atomic<bool> release = false;
+  auto hold = [&](const v1::GenerateResponse&) { return !release.load(); };
+  v1::GenerateRequest blocker = Text("blocker", 1000);
+  blocker.set_ignore_eos(true);
+  Result blocked;
+  std::thread t0([&] { blocked = c.Generate(blocker, hold); });
+  ASSERT_TRUE(Eventually([&] { return c.decode(0).decodes == 1; }));
+  // Arrival order: l (priority 5), uu (-1), nnn (0), mmmm (0); the worker
+  // tells them apart by their prompt's length.
+  std::vector<std::pair<std::string, int>> waiting = {
+      {"l", 5}, {"uu", -1}, {"nnn", 0}, {"mmmm", 0}};
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest r = Text(waiting[i].first, 1000);
+      r.set_priority(waiting[i].second);
+      EXPECT_TRUE(c.Generate(r).status.ok());
+    });
+    ASSERT_TRUE(Eventually(
+        [&] { return c.router().queued_requests() == int64_t(i) + 1; }));
+  }
+  release = true;
+  t0.join();
+  for (auto& t : threads) t.join();
+  std::vector<int> lengths;  // Prompt lengths less BOS, in Decode order.
+  for (const auto& d : c.decode(0).decode_requests()) {
+    lengths.push_back(d.request().prompt_size() - 1);
+  }
+  // blocker, then uu, nnn, mmmm (priority, then arrival), then l.
+  EXPECT_EQ(lengths, (std::vector<int>{7, 2, 3, 4, 1}));
+}
+
 TEST(RouterTest, QueuedRequestCancelledByItsClientLeavesTheQueue) {
   // A pool of 64 blocks of 16 tokens: one long request fills it.
   Cluster c(0, 1, [](RouterOptions& o) { o.max_queued = 1; });
