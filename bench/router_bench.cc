@@ -448,13 +448,17 @@ struct PhaseResult {
   double seconds = 0;
   // Microseconds.
   double ttft_p50 = 0, ttft_p99 = 0, token_p50 = 0, token_p99 = 0;
-  bench::ProcessSample router_before, router_after, fake_before, fake_after;
+  bench::ProcessSample router_before, router_after, fake_before, fake_after,
+      load_before, load_after;
   double router_peak_rss_mib = 0;
   double router_cpu() const {
     return router_after.cpu_seconds - router_before.cpu_seconds;
   }
   double fake_cpu() const {
     return fake_after.cpu_seconds - fake_before.cpu_seconds;
+  }
+  double load_cpu() const {  // This process: the load generator.
+    return load_after.cpu_seconds - load_before.cpu_seconds;
   }
   std::vector<std::string> errors;
 };
@@ -482,6 +486,7 @@ PhaseResult RunPhase(const std::string& name, int tokens,
   PhaseCounters counters;
   r.router_before = bench::SampleProcess(router);
   r.fake_before = bench::SampleProcess(fake);
+  r.load_before = bench::SampleProcess(getpid());
   std::atomic<bool> sampling{true};
   std::atomic<double> peak_rss{r.router_before.rss_mib};
   std::thread sampler([&] {
@@ -523,6 +528,7 @@ PhaseResult RunPhase(const std::string& name, int tokens,
   sampler.join();
   r.router_after = bench::SampleProcess(router);
   r.fake_after = bench::SampleProcess(fake);
+  r.load_after = bench::SampleProcess(getpid());
   r.router_peak_rss_mib = peak_rss.load();
   r.completed = counters.completed.load();
   r.failed = counters.failed.load();
@@ -598,19 +604,19 @@ void PrintPhaseTable(const std::vector<RepFigures>& reps) {
   std::cout << "\n| rep | phase | streams x tokens | completed / failed | "
                "most held at once | TTFT p50 / p99 | token latency p50 / p99 "
                "| wall | router CPU | router RSS before / peak | fake worker "
-               "CPU |\n"
-               "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+               "CPU | load CPU |\n"
+               "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (size_t i = 0; i < reps.size(); ++i) {
     for (const PhaseResult* p :
          {&reps[i].direct, &reps[i].routed, &reps[i].routed1}) {
       std::cout << absl::StrFormat(
           "| %d | %s | %d x %d | %d / %d | %d | %.2f / %.2f ms | %.2f / "
-          "%.2f ms | %.1f s | %.2f s | %.0f / %.0f MiB | %.2f s |\n",
+          "%.2f ms | %.1f s | %.2f s | %.0f / %.0f MiB | %.2f s | %.2f s |\n",
           i + 1, p->name, p->streams, p->tokens, p->completed, p->failed,
           p->max_held, p->ttft_p50 / 1e3, p->ttft_p99 / 1e3,
           p->token_p50 / 1e3, p->token_p99 / 1e3, p->seconds,
           p->router_cpu(), p->router_before.rss_mib, p->router_peak_rss_mib,
-          p->fake_cpu());
+          p->fake_cpu(), p->load_cpu());
     }
   }
 }
