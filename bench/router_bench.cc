@@ -692,24 +692,11 @@ int RunBench() {
   std::ofstream(dir / "cluster.json")
       << R"({"model": "builtin:tiny", "decode_workers": [{"id": "fake-0", "address": ")"
       << fake_address << "\"}]}";
-  int router_fd = -1;
-  const pid_t router = bench::Spawn(
-      {router_binary, absl::StrCat("--config=", (dir / "cluster.json").string()),
-       "--http_listen=", absl::StrCat("--max_queued=", n),
-       absl::StrCat("--port_file=", (dir / "grpc.port").string())},
-      &router_fd);
-  for (int i = 0; i < 300 && !fs::exists(dir / "grpc.port"); ++i) {
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  int router_port = 0;
-  std::ifstream(dir / "grpc.port") >> router_port;
-  if (fake_address.empty() || router_port == 0) {
-    std::cerr << "the fake decode worker or the router did not start\n";
-    kill(router, SIGKILL);
+  if (fake_address.empty()) {
+    std::cerr << "the fake decode worker did not start\n";
     kill(fake, SIGKILL);
     return 1;
   }
-  absl::SleepFor(absl::Milliseconds(500));  // The worker's first report.
 
   std::cout << "pd-router-bench: " << n << " streams x " << tokens
             << " tokens, one every " << interval_ms << " ms, opened at "
@@ -720,8 +707,6 @@ int RunBench() {
 
   const int channel_count = absl::GetFlag(FLAGS_channels);
   const auto direct_channels = Connect(fake_address, channel_count);
-  const auto routed_channels =
-      Connect(absl::StrCat("127.0.0.1:", router_port), channel_count);
   const absl::Duration interval = absl::Milliseconds(interval_ms);
   const std::vector<int32_t> prompt = {72, 105, 33, 32};  // "Hi! "
 
@@ -729,10 +714,8 @@ int RunBench() {
   for (const auto& c : direct_channels) {
     decode_stubs.push_back(wire::DecodeWorker::NewStub(c));
   }
+  // The router of the current repetition.
   std::vector<std::unique_ptr<v1::Generation::Stub>> router_stubs;
-  for (const auto& c : routed_channels) {
-    router_stubs.push_back(v1::Generation::NewStub(c));
-  }
   uint64_t next_id = 1;
   const StartStream direct = [&](int i, int max_tokens,
                                  PhaseCounters* counters, absl::Time deadline) {
@@ -764,20 +747,48 @@ int RunBench() {
 
   std::vector<RepFigures> reps;
   for (int rep = 1; rep <= absl::GetFlag(FLAGS_reps); ++rep) {
-    std::cerr << "repetition " << rep << "\n";
+    // A fresh router each repetition: its idle resident set is the one
+    // before its first streams (an allocator keeps what it freed).
+    fs::remove(dir / "grpc.port");
+    int router_fd = -1;
+    const pid_t router = bench::Spawn(
+        {router_binary,
+         absl::StrCat("--config=", (dir / "cluster.json").string()),
+         "--http_listen=", absl::StrCat("--max_queued=", n),
+         absl::StrCat("--port_file=", (dir / "grpc.port").string())},
+        &router_fd);
+    for (int i = 0; i < 300 && !fs::exists(dir / "grpc.port"); ++i) {
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    int router_port = 0;
+    std::ifstream(dir / "grpc.port") >> router_port;
+    if (router_port == 0) {
+      std::cerr << "the router did not start\n";
+      kill(router, SIGKILL);
+      kill(fake, SIGKILL);
+      return 1;
+    }
+    absl::SleepFor(absl::Milliseconds(500));  // The worker's first report.
+    router_stubs.clear();
+    for (const auto& c : Connect(absl::StrCat("127.0.0.1:", router_port),
+                                 channel_count)) {
+      router_stubs.push_back(v1::Generation::NewStub(c));
+    }
+    std::cerr << "repetition " << rep << " (router pid " << router << ")\n";
     PhaseResult d = RunPhase("direct", tokens, direct, router, fake);
     PhaseResult r = RunPhase("routed", tokens, routed, router, fake);
     PhaseResult r1 = RunPhase("routed-1", 1, routed, router, fake);
     reps.push_back(Derive(std::move(d), std::move(r), std::move(r1)));
+    router_stubs.clear();
+    kill(router, SIGTERM);
+    waitpid(router, nullptr, 0);
+    close(router_fd);
   }
   PrintPhaseTable(reps);
   PrintSummary(reps);
 
-  kill(router, SIGTERM);
   kill(fake, SIGKILL);
-  waitpid(router, nullptr, 0);
   waitpid(fake, nullptr, 0);
-  close(router_fd);
   close(fake_fd);
   fs::remove_all(dir);
   return 0;
