@@ -256,13 +256,12 @@ class TokenTimer {
         continue;
       }
       mu_.Unlock();
-      for (Entry& e : due) {
-        const absl::Time next = e.second->TokenDue();
-        if (next != absl::InfiniteFuture()) e.first = next;
-      }
+      for (Entry& e : due) e.first = e.second->TokenDue();
       mu_.Lock();
+      // A stream whose next token is due already (this thread fell behind)
+      // goes back too: the next round writes it at once.
       for (Entry& e : due) {
-        if (e.first > now) heap_.push(std::move(e));
+        if (e.first != absl::InfiniteFuture()) heap_.push(std::move(e));
       }
       due.clear();
     }
