@@ -501,7 +501,7 @@ TEST(RouterTest, LeastLoadedDecodeWorkerIsChosen) {
   roomy.free_blocks = 5000;
   roomy.total_blocks = 5000;
   c.decode(1).set_behavior(roomy);
-  absl::SleepFor(absl::Milliseconds(100));  // A few polls.
+  ASSERT_TRUE(c.decode(1).AwaitFreshReport());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(c.Generate(Text("x", 2)).status.ok());
   EXPECT_EQ(c.decode(1).reserves, 3);
   EXPECT_EQ(c.decode(0).reserves, 0);
