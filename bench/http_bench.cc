@@ -18,7 +18,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -46,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_process.h"
 #include "httplib.h"
 #include "common/process.h"
 #include "common/http_server.h"
@@ -61,8 +61,6 @@ ABSL_FLAG(int32_t, port, 0, "internal: the port the client connects to");
 ABSL_FLAG(std::string, router_binary, "",
           "--mode=router: pd-router (default: router/pd-router beside the "
           "bench's build directory)");
-
-extern char** environ;
 
 namespace pdserve {
 namespace {
@@ -199,59 +197,9 @@ int RunFakeDecode(int interval_ms) {
 
 // ---- measurement --------------------------------------------------------
 
-struct ProcessSample {
-  double cpu_seconds = 0;  // user + system
-  double rss_mib = 0;
-};
-
-ProcessSample Sample(pid_t pid) {
-  ProcessSample out;
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  std::getline(stat, line);
-  // Fields after the ")" of the command name: state is field 3; utime 14,
-  // stime 15.
-  std::istringstream rest(line.substr(line.rfind(')') + 2));
-  std::vector<std::string> fields;
-  std::string f;
-  while (rest >> f) fields.push_back(f);
-  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
-  if (fields.size() > 13) {
-    out.cpu_seconds = (std::stod(fields[11]) + std::stod(fields[12])) / tick;
-  }
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  while (std::getline(status, line)) {
-    if (absl::StartsWith(line, "VmRSS:")) {
-      out.rss_mib = std::stod(line.substr(6)) / 1024.0;
-    }
-  }
-  return out;
-}
-
-pid_t Spawn(const std::vector<std::string>& args, int* stdout_fd) {
-  int pipe_fds[2];
-  pipe(pipe_fds);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(pipe_fds[1]);
-  *stdout_fd = pipe_fds[0];
-  return pid;
-}
-
-std::string ReadLine(int fd) {
-  std::string line;
-  char c;
-  while (read(fd, &c, 1) == 1 && c != '\n') line += c;
-  return line;
-}
+using bench::ProcessSample;
+using bench::ReadLine;
+using bench::Spawn;
 
 struct ClientResult {
   int finished = 0, failed = 0, max_open = 0;
@@ -261,7 +209,7 @@ struct ClientResult {
 // Runs the load against `port` while sampling `server_pid` every 20 ms.
 ClientResult RunLoad(int port, pid_t server_pid, ProcessSample* before,
                      ProcessSample* after, double* peak_rss_mib) {
-  *before = Sample(server_pid);
+  *before = bench::SampleProcess(server_pid);
   int out_fd = -1;
   const pid_t client = Spawn(
       {fs::read_symlink("/proc/self/exe").string(), "--role=client",
@@ -273,7 +221,7 @@ ClientResult RunLoad(int port, pid_t server_pid, ProcessSample* before,
   double peak = before->rss_mib;
   std::thread sampler([&] {
     while (!done.load()) {
-      peak = std::max(peak, Sample(server_pid).rss_mib);
+      peak = std::max(peak, bench::SampleProcess(server_pid).rss_mib);
       absl::SleepFor(absl::Milliseconds(20));
     }
   });
@@ -283,7 +231,7 @@ ClientResult RunLoad(int port, pid_t server_pid, ProcessSample* before,
   done = true;
   sampler.join();
   close(out_fd);
-  *after = Sample(server_pid);
+  *after = bench::SampleProcess(server_pid);
   *peak_rss_mib = peak;
   ClientResult r;
   line >> r.finished >> r.failed >> r.max_open >> r.ttfe_p50_ms >>

@@ -329,6 +329,17 @@ absl::Status ParseSampling(const json& body, bool chat,
   // A chat template writes the special tokens itself (vLLM's default too).
   g.set_add_special_tokens(add_special.value_or(!chat));
 
+  // vLLM's extension: lower is served first while requests wait for KV.
+  PD_ASSIGN_OR_RETURN(std::optional<int64_t> priority,
+                      Integer(body, "priority"));
+  if (priority) {
+    if (*priority < std::numeric_limits<int32_t>::min() ||
+        *priority > std::numeric_limits<int32_t>::max()) {
+      return Bad("priority", "'priority' must be a 32-bit integer");
+    }
+    g.set_priority(static_cast<int32_t>(*priority));
+  }
+
   PD_ASSIGN_OR_RETURN(std::optional<int64_t> n, Integer(body, "n"));
   if (n) {
     if (*n < 1 || *n > 16) return Bad("n", "'n' must be in [1, 16]");

@@ -62,7 +62,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
         deadline_(started_ + deps.request_deadline),
         writer_(request_, std::move(id), absl::ToUnixSeconds(started_),
                 deps.model->tokenizer()),
-        record_(started_, deps.metrics) {}
+        record_(started_, *deps.metrics) {}
 
   OpenAiResponseWriter& writer() { return writer_; }
 
@@ -159,7 +159,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
-    record_.Finish("http", first_error_, *deps_.metrics);
+    record_.Finish("http", first_error_);
     if (!first_error_.ok()) {
       if (absl::IsCancelled(first_error_) && exchange_->client_gone()) return;
       if (events_started_) {

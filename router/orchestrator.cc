@@ -78,7 +78,6 @@ class RequestOrchestrator::Choice final
   // Admission state: the orchestrator's mu_.
   QueueKey key;
   bool queued = false;
-  absl::Time not_before = absl::InfinitePast();
   const WorkerEndpoint* committed_on = nullptr;
   int64_t committed_blocks = 0;
   // Decode workers tried (failed or full), for admission's choice.
@@ -815,14 +814,14 @@ const WorkerEndpoint* RequestOrchestrator::PlaceLocked(Choice& choice,
     return nullptr;
   }
   if (!any_untried) {
-    if (!choice.last_failure.ok()) {
-      *why = choice.last_failure;
-      return nullptr;
-    }
-    // Every worker said it was full (another router's requests, which this
-    // ledger does not see): wait, and try them all again.
-    choice.tried.clear();
-    choice.not_before = absl::Now() + options_.recheck_interval;
+    // Every worker failed or said it was full although the ledger saw room
+    // (requests of other routers, which it does not count).
+    *why = !choice.last_failure.ok()
+               ? choice.last_failure
+               : absl::ResourceExhaustedError(
+                     "every decode worker answered that its KV blocks are "
+                     "taken (by requests this router does not see); retry "
+                     "later");
     return nullptr;
   }
   if (preferred != nullptr) {
@@ -893,7 +892,7 @@ void RequestOrchestrator::AdmissionLoop() {
       if (now >= choice.deadline) {
         end = absl::DeadlineExceededError(
             "the request's deadline passed while it waited for KV room");
-      } else if (!blocked && choice.not_before <= now) {
+      } else if (!blocked) {
         absl::Status why;
         decode = PlaceLocked(choice, &why);
         if (decode == nullptr && !why.ok()) end = why;

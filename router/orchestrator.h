@@ -29,7 +29,9 @@
 // UNAVAILABLE. A request waiting past its deadline ends DEADLINE_EXCEEDED.
 //
 // Faults: a D that answers RESOURCE_EXHAUSTED (another router filled it)
-// sends the request to the next D with room, or back to the queue. A D that
+// sends the request to the next D with room, or back to its place in the
+// queue; when every D has answered so, the request fails with
+// RESOURCE_EXHAUSTED. A D that
 // fails before any token reached the client is retried once on another D;
 // after that the stream ends with UNAVAILABLE and the tokens sent stand. A
 // worker answering INVALID_ARGUMENT to a request the router checked is

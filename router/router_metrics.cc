@@ -174,15 +174,14 @@ void RequestRecord::Sent(const v1::GenerateResponse& message) {
     if (choice >= last_token_.size()) {
       last_token_.resize(choice + 1, absl::InfinitePast());
     }
-    if (metrics_ != nullptr && last_token_[choice] != absl::InfinitePast()) {
-      metrics_->InterTokenLatency((now - last_token_[choice]) /
+    if (last_token_[choice] != absl::InfinitePast()) {
+      metrics_.InterTokenLatency((now - last_token_[choice]) /
                                   message.token_ids_size());
     }
     last_token_[choice] = now;
   }
-  if (metrics_ != nullptr &&
-      message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-    metrics_->ChoiceFinished(message.finish_reason());
+  if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    metrics_.ChoiceFinished(message.finish_reason());
   }
   if (message.has_usage()) {
     // Every choice's last message has the usage; the prompt counts once.
@@ -191,9 +190,9 @@ void RequestRecord::Sent(const v1::GenerateResponse& message) {
   }
 }
 
-void RequestRecord::Finish(absl::string_view api, const absl::Status& status,
-                           RouterMetrics& metrics) const {
-  metrics.RequestFinished(api, OutcomeName(status.raw_code()), prompt_tokens_,
+void RequestRecord::Finish(absl::string_view api,
+                           const absl::Status& status) const {
+  metrics_.RequestFinished(api, OutcomeName(status.raw_code()), prompt_tokens_,
                           completion_tokens_, ttft_, absl::Now() - started_);
 }
 

@@ -115,9 +115,10 @@ std::string OutcomeName(int absl_status_code);
 // Thread-safety: none; its owner serializes the calls.
 class RequestRecord {
  public:
-  // `metrics` (not owned; may be null) receives what is recorded per
-  // message: inter-token latency and finish reasons.
-  explicit RequestRecord(absl::Time started, RouterMetrics* metrics = nullptr)
+  // `metrics` (not owned; must outlive the record) receives what is
+  // recorded per message (inter-token latency, finish reasons) and the
+  // request at its end.
+  RequestRecord(absl::Time started, RouterMetrics& metrics)
       : started_(started), metrics_(metrics) {}
 
   absl::Time started() const { return started_; }
@@ -125,12 +126,11 @@ class RequestRecord {
   // Notes a message sent to the client.
   void Sent(const v1::GenerateResponse& message);
   // Records the request, ended with `status`, as `api` ("grpc", "http").
-  void Finish(absl::string_view api, const absl::Status& status,
-              RouterMetrics& metrics) const;
+  void Finish(absl::string_view api, const absl::Status& status) const;
 
  private:
   const absl::Time started_;
-  RouterMetrics* const metrics_;
+  RouterMetrics& metrics_;
   absl::Duration ttft_;  // Zero until a token was sent.
   uint64_t prompt_tokens_ = 0;
   uint64_t completion_tokens_ = 0;

@@ -130,7 +130,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       absl::MutexLock lock(&mu_);
       if (final_status_) return;
       final_status_ = status;
-      record_.Finish("grpc", status, *metrics_);
+      record_.Finish("grpc", status);
       if (write_in_flight_) return;  // OnWriteDone finishes.
     }
     Finish(ToGrpcStatus(status));
@@ -190,9 +190,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
  private:
   GenerateCall(grpc::CallbackServerContext* context,
                absl::Duration default_deadline, RouterMetrics* metrics)
-      : metrics_(metrics),
-        deadline_(ClientDeadline(context, default_deadline)),
-        record_(absl::Now(), metrics) {}
+      : deadline_(ClientDeadline(context, default_deadline)),
+        record_(absl::Now(), *metrics) {}
 
   static absl::Time ClientDeadline(grpc::CallbackServerContext* context,
                                    absl::Duration default_deadline) {
@@ -203,7 +202,6 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                                                 : client;
   }
 
-  RouterMetrics* const metrics_;
   const absl::Time deadline_;
 
   mutable absl::Mutex mu_;

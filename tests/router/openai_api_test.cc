@@ -27,10 +27,11 @@ TEST(OpenAiApiTest, CompletionParametersMapToTheRequest) {
     "logit_bias": {"5": -100, "17": 2.5}, "ignore_eos": true, "user": "u",
     "stop_token_ids": [9], "skip_special_tokens": false,
     "stream": true, "stream_options": {"include_usage": true},
-    "some_future_field": {"ignored": true}})");
+    "priority": -3, "some_future_field": {"ignored": true}})");
   ASSERT_EQ(r.prompts.size(), 1u);
   const v1::GenerateRequest& g = r.prompts[0];
   EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(g.priority(), -3);
   EXPECT_EQ(g.text(), "Hello");
   EXPECT_EQ(g.max_tokens(), 7u);
   EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);

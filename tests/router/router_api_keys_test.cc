@@ -25,6 +25,8 @@ class KeyedRouter {
   explicit KeyedRouter(std::vector<std::string> keys) {
     RouterOptions options;
     options.cluster.set_model("builtin:tiny");
+    // Every prompt to the prefill worker: its Reserve counts the calls.
+    options.cluster.mutable_routing()->set_local_prefill_max_tokens(0);
     auto* p = options.cluster.add_prefill_workers();
     p->set_id("prefill-0");
     p->set_address(prefill_.address());

@@ -78,7 +78,7 @@ v1::GenerateResponse Tokens(int n, uint32_t index = 0) {
 
 TEST(RouterMetricsTest, RequestRecordRecordsLatenciesReasonsAndTokens) {
   RouterMetrics metrics;
-  RequestRecord record(absl::Now() - absl::Milliseconds(20), &metrics);
+  RequestRecord record(absl::Now() - absl::Milliseconds(20), metrics);
   record.Sent(Tokens(1));           // First token: TTFT, no ITL.
   record.Sent(Tokens(2));           // ITL observation 1.
   record.Sent(Tokens(0));           // No tokens: no observation.
@@ -93,8 +93,8 @@ TEST(RouterMetricsTest, RequestRecordRecordsLatenciesReasonsAndTokens) {
   last1.mutable_usage()->set_prompt_tokens(7);
   last1.mutable_usage()->set_completion_tokens(1);
   record.Sent(last1);
-  record.Finish("grpc", absl::OkStatus(), metrics);
-  record.Finish("http", absl::CancelledError(), metrics);
+  record.Finish("grpc", absl::OkStatus());
+  record.Finish("http", absl::CancelledError());
   const std::string text = metrics.Exposition();
   EXPECT_EQ(SampleValue(text, "pdserve_router_inter_token_latency_seconds_count"), 2);
   EXPECT_EQ(SampleValue(text, R"(pdserve_router_finished_choices_total{reason="length"})"), 1);
@@ -114,10 +114,10 @@ TEST(RouterMetricsTest, PromtoolAcceptsTheExposition) {
   metrics.registry().AddCallbackGauge("pdserve_router_requests_running", "Running.",
                                       [] { return 1.0; });
   metrics.Routed("decode", "decode \"odd\" id");
-  RequestRecord record(absl::Now(), &metrics);
+  RequestRecord record(absl::Now(), metrics);
   record.Sent(Tokens(1));
   record.Sent(Tokens(1));
-  record.Finish("grpc", absl::ResourceExhaustedError("full"), metrics);
+  record.Finish("grpc", absl::ResourceExhaustedError("full"));
   const absl::Status status = CheckWithPromtool(metrics.Exposition());
   EXPECT_TRUE(status.ok()) << status << "\n" << metrics.Exposition();
 }

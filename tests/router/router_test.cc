@@ -160,7 +160,7 @@ TEST(RouterTest, DisaggregatedRequestReservesPrefillsAndDecodes) {
   EXPECT_EQ(c.decode(0).reserves, 1);
   EXPECT_EQ(c.prefill(0).prefills_ok, 1);
   EXPECT_EQ(c.decode(0).decodes_local, 0);
-  EXPECT_EQ(c.decode(0).reservations(), 0);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
 }
 
 TEST(RouterTest, CallerRequestIdIsEchoed) {
@@ -430,7 +430,7 @@ TEST(RouterTest, FailedPrefillIsRetriedOnAnotherPrefillWorker) {
   }
   EXPECT_EQ(c.prefill(1).prefills_ok, 4);
   EXPECT_EQ(c.prefill(0).prefills_ok, 0);
-  EXPECT_EQ(c.decode(0).reservations(), 0);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
   // One reservation per request: retries reuse it.
   EXPECT_EQ(c.decode(0).reserves, 4);
 }
@@ -448,7 +448,7 @@ TEST(RouterTest, WhenEveryPrefillFailsTheReservationIsReleased) {
   // Each worker tried once, however many retries are allowed.
   EXPECT_EQ(c.prefill(0).prefills + c.prefill(1).prefills, 2);
   EXPECT_EQ(c.decode(0).releases, 1);
-  EXPECT_EQ(c.decode(0).reservations(), 0);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
 }
 
 TEST(RouterTest, WorkerRefusingACheckedRequestIsInternalNotTheClientsFault) {
@@ -460,7 +460,7 @@ TEST(RouterTest, WorkerRefusingACheckedRequestIsInternalNotTheClientsFault) {
   const Result r = c.Generate(Text("x"));
   EXPECT_EQ(r.status.code(), absl::StatusCode::kInternal) << r.status;
   EXPECT_EQ(c.prefill(0).prefills + c.prefill(1).prefills, 1);  // No retry.
-  EXPECT_EQ(c.decode(0).reservations(), 0);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
 }
 
 TEST(RouterTest, DecodeWorkerLostMidStreamEndsWithUnavailableKeepingTokens) {
@@ -501,7 +501,7 @@ TEST(RouterTest, LeastLoadedDecodeWorkerIsChosen) {
   roomy.free_blocks = 5000;
   roomy.total_blocks = 5000;
   c.decode(1).set_behavior(roomy);
-  absl::SleepFor(absl::Milliseconds(100));  // A few polls.
+  ASSERT_TRUE(c.decode(1).AwaitFreshReport());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(c.Generate(Text("x", 2)).status.ok());
   EXPECT_EQ(c.decode(1).reserves, 3);
   EXPECT_EQ(c.decode(0).reserves, 0);
@@ -548,7 +548,7 @@ TEST(RouterTest, ClientCancelCancelsTheDecodeStream) {
       c.Generate(req, [&](const v1::GenerateResponse&) { return ++seen < 3; });
   EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(Eventually([&] { return c.decode(0).decodes_cancelled == 1; }));
-  EXPECT_EQ(c.decode(0).reservations(), 0);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
   EXPECT_TRUE(Eventually([&] { return c.router().running_requests() == 0; }));
 }
 
@@ -564,7 +564,7 @@ TEST(RouterTest, ClientDeadlineDuringPrefillReleasesTheReservation) {
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   EXPECT_TRUE(Eventually([&] { return c.decode(0).releases == 1; }));
-  EXPECT_EQ(c.decode(0).reservations(), 0);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
   EXPECT_EQ(c.decode(0).decodes, 0);
 }
 
@@ -619,6 +619,47 @@ TEST(RouterTest, AdmissionQueueFullIsResourceExhausted) {
   }));
   c.decode(0).set_behavior({});
   EXPECT_TRUE(c.Generate(Text("x")).status.ok());
+}
+
+TEST(RouterTest, WaitingRequestsArePlacedByPriorityThenArrival) {
+  // A pool of 64 blocks: each request of 1000 tokens needs 63 of them, so
+  // they run one at a time and the rest wait in the router's queue.
+  Cluster c(0, 1);
+  FakeDecodeWorker::Behavior b;
+  b.token_delay = absl::Milliseconds(1);
+  b.total_blocks = 64;
+  c.decode(0).set_behavior(b);
+  ASSERT_TRUE(c.decode(0).AwaitFreshReport());
+  std::atomic<bool> release = false;
+  auto hold = [&](const v1::GenerateResponse&) { return !release.load(); };
+  v1::GenerateRequest blocker = Text("blocker", 1000);
+  blocker.set_ignore_eos(true);
+  Result blocked;
+  std::thread t0([&] { blocked = c.Generate(blocker, hold); });
+  ASSERT_TRUE(Eventually([&] { return c.decode(0).decodes == 1; }));
+  // Arrival order: l (priority 5), uu (-1), nnn (0), mmmm (0); the worker
+  // tells them apart by their prompt's length.
+  std::vector<std::pair<std::string, int>> waiting = {
+      {"l", 5}, {"uu", -1}, {"nnn", 0}, {"mmmm", 0}};
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest r = Text(waiting[i].first, 1000);
+      r.set_priority(waiting[i].second);
+      EXPECT_TRUE(c.Generate(r).status.ok());
+    });
+    ASSERT_TRUE(Eventually(
+        [&] { return c.router().queued_requests() == int64_t(i) + 1; }));
+  }
+  release = true;
+  t0.join();
+  for (auto& t : threads) t.join();
+  std::vector<int> lengths;  // Prompt lengths less BOS, in Decode order.
+  for (const auto& d : c.decode(0).decode_requests()) {
+    lengths.push_back(d.request().prompt_size() - 1);
+  }
+  // blocker, then uu, nnn, mmmm (priority, then arrival), then l.
+  EXPECT_EQ(lengths, (std::vector<int>{7, 2, 3, 4, 1}));
 }
 
 TEST(RouterTest, QueuedRequestCancelledByItsClientLeavesTheQueue) {
