@@ -176,6 +176,14 @@ void ExpectEqualsColocated(
   if (then) then(cluster);
 }
 
+// Every test's clusters must give back every KV block they held.
+const bool kLeakCheck = [] {
+  LocalCluster::on_kv_leak = [](const std::string& leak) {
+    ADD_FAILURE() << "KV leak: " << leak;
+  };
+  return true;
+}();
+
 TEST(ClusterTest, OnePrefillOneDecodeEqualsColocated) {
   ExpectEqualsColocated({.prefill = 1, .decode = 1});
 }
