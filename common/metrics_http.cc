@@ -6,6 +6,7 @@ namespace pdserve {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> StartMetricsServer(
     const std::string& listen, const MetricsRegistry* registry) {
+  if (listen.empty()) return nullptr;
   HttpServer::Options options;
   options.listen = listen;
   options.threads = 1;

@@ -18,7 +18,8 @@
 namespace pdserve {
 
 // Serves `registry` on `listen` ("HOST:PORT", port 0 picks a free one) with
-// one thread. HttpServer::Start's errors.
+// one thread; an empty `listen` serves nothing (null). HttpServer::Start's
+// errors.
 absl::StatusOr<std::unique_ptr<HttpServer>> StartMetricsServer(
     const std::string& listen, const MetricsRegistry* registry);
 

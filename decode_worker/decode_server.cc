@@ -19,16 +19,13 @@ absl::StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(
   if (options.worker.worker_id.empty()) {
     worker->set_worker_id(absl::StrCat("decode-", started.port));
   }
-  std::unique_ptr<HttpServer> metrics_http;
-  if (!options.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<HttpServer>> http =
-        StartMetricsServer(options.metrics_listen, &worker->metrics());
-    if (!http.ok()) {
-      started.server->Shutdown();
-      return http.status();
-    }
-    metrics_http = *std::move(http);
+  absl::StatusOr<std::unique_ptr<HttpServer>> http =
+      StartMetricsServer(options.metrics_listen, &worker->metrics());
+  if (!http.ok()) {
+    started.server->Shutdown();
+    return http.status();
   }
+  std::unique_ptr<HttpServer> metrics_http = *std::move(http);
   PD_LOG(INFO) << "pd-decode serving on port " << started.port
                << (metrics_http ? absl::StrCat(", /metrics on port ",
                                                metrics_http->port())
