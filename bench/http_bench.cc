@@ -46,10 +46,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_process.h"
+#include "bench/timed_decode_worker.h"
 #include "httplib.h"
 #include "common/process.h"
 #include "common/http_server.h"
-#include "tests/router/fake_workers.h"
 
 ABSL_FLAG(std::string, mode, "server", "server (an HTTP server alone) or router");
 ABSL_FLAG(std::string, server, "beast", "--mode=server: beast or httplib");
@@ -178,21 +178,6 @@ int RunClient(int port, int num_streams, int events) {
             << " " << pct(0.99) << " "
             << absl::ToDoubleSeconds(absl::Now() - begin) << std::endl;
   return 0;
-}
-
-// ---- fake decode worker role --------------------------------------------
-
-int RunFakeDecode(int interval_ms) {
-  testing_util::FakeDecodeWorker worker;
-  testing_util::FakeDecodeWorker::Behavior b;
-  b.script = "Once upon a time, there was a little girl. ";
-  b.token_delay = absl::Milliseconds(interval_ms);
-  b.free_blocks = 1000000;
-  b.total_blocks = 1000000;
-  worker.set_behavior(b);
-  std::cout << worker.address() << std::endl;
-  // Runs until the bench kills it.
-  while (true) absl::SleepFor(absl::Seconds(1));
 }
 
 // ---- measurement --------------------------------------------------------
@@ -364,7 +349,6 @@ int RunServerMode() {
 }
 
 int RunRouterMode() {
-  const int n = absl::GetFlag(FLAGS_streams);
   const fs::path self = fs::read_symlink("/proc/self/exe");
   std::string router = absl::GetFlag(FLAGS_router_binary);
   if (router.empty()) {
@@ -420,7 +404,8 @@ int main(int argc, char** argv) {
                               absl::GetFlag(FLAGS_events));
   }
   if (role == "fake-decode") {
-    return pdserve::RunFakeDecode(absl::GetFlag(FLAGS_interval_ms));
+    return pdserve::bench::RunTimedDecodeWorker(
+        absl::Milliseconds(absl::GetFlag(FLAGS_interval_ms)));
   }
   pdserve::RaiseOpenFileLimit();
   const std::string mode = absl::GetFlag(FLAGS_mode);

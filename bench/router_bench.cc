@@ -58,12 +58,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_process.h"
+#include "bench/timed_decode_worker.h"
 #include "common/grpc_server.h"
 #include "common/process.h"
 #include "grpcpp/grpcpp.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 #include "pdserve/v1/generation.grpc.pb.h"
-#include "tests/router/fake_workers.h"
 
 ABSL_FLAG(int32_t, streams, 10000, "Streams per phase, all held at once");
 ABSL_FLAG(int32_t, tokens, 32, "Tokens per stream (max_tokens)");
@@ -83,243 +83,6 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace wire = ::pdserve::internal::v1;
-
-// ---- fake decode worker role ---------------------------------------------
-
-class TokenTimer;
-
-// One Decode call: writes the tokens due by the schedule, one write in
-// flight, and finishes after max_tokens. Owned by a shared_ptr: its own
-// reference goes in OnDone, the timer's when it has no token left to wake
-// it for.
-class TimedDecodeStream final
-    : public grpc::ServerWriteReactor<wire::DecodeResponse>,
-      public std::enable_shared_from_this<TimedDecodeStream> {
- public:
-  TimedDecodeStream(const wire::EngineRequest& request,
-                    absl::Duration interval)
-      : request_(request),
-        start_(absl::Now()),
-        interval_(interval),
-        total_(std::max<int>(1, request.max_tokens())) {}
-
-  void Start() {
-    {
-      absl::MutexLock lock(&mu_);
-      self_ = shared_from_this();
-    }
-    TokenDue();  // Token 0: at once.
-  }
-
-  // One more token is due: writes it unless a write is in flight (whose
-  // completion writes it). Returns when the next token is due, or
-  // InfiniteFuture when none is left.
-  absl::Time TokenDue() {
-    absl::Time next = absl::InfiniteFuture();
-    {
-      absl::MutexLock lock(&mu_);
-      if (due_ < total_) ++due_;
-      if (due_ < total_) next = start_ + due_ * interval_;
-      if (writing_ || finished_ || sent_ == due_) return next;
-      writing_ = true;
-      FillLocked();
-    }
-    Write();
-    return next;
-  }
-
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (finished_) return;
-      if (!ok) {
-        finished_ = true;
-      } else if (sent_ == due_) {
-        return;
-      } else {
-        writing_ = true;
-        FillLocked();
-      }
-    }
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fake: write failed"));
-    } else {
-      Write();
-    }
-  }
-
-  void OnCancel() override {
-    {
-      absl::MutexLock lock(&mu_);
-      // A write in flight fails and finishes the call.
-      if (finished_ || writing_) return;
-      finished_ = true;
-    }
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fake: cancelled"));
-  }
-
-  void OnDone() override {
-    std::shared_ptr<TimedDecodeStream> self;
-    absl::MutexLock lock(&mu_);
-    finished_ = true;
-    self = std::move(self_);
-  }
-
- private:
-  // Puts the tokens due and not sent in response_ (the timer or a write
-  // completion catching up sends them together).
-  void FillLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    response_.Clear();
-    wire::FinishReason finish = wire::FINISH_REASON_UNSPECIFIED;
-    for (; sent_ < due_ && finish == wire::FINISH_REASON_UNSPECIFIED;
-         ++sent_) {
-      wire::SampledToken* t = response_.add_tokens();
-      t->set_token_id(testing_util::ScriptToken(kScript, sent_, true));
-      finish = testing_util::ScriptFinish(request_, t->token_id(), sent_);
-    }
-    response_.set_finish_reason(finish);
-    last_ = finish != wire::FINISH_REASON_UNSPECIFIED;
-    if (last_) finished_ = true;
-  }
-
-  // Only the thread that set writing_ calls this.
-  void Write() {
-    if (last_) {
-      StartWriteAndFinish(&response_, grpc::WriteOptions(),
-                          grpc::Status::OK);
-    } else {
-      StartWrite(&response_);
-    }
-  }
-
-  static constexpr char kScript[] = "Once upon a time, there was a little girl. ";
-
-  const wire::EngineRequest request_;
-  const absl::Time start_;
-  const absl::Duration interval_;
-  const int total_;
-
-  absl::Mutex mu_;
-  std::shared_ptr<TimedDecodeStream> self_ ABSL_GUARDED_BY(mu_);
-  int due_ ABSL_GUARDED_BY(mu_) = 0;   // Tokens due so far.
-  int sent_ ABSL_GUARDED_BY(mu_) = 0;  // Tokens written or being written.
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  // response_ and last_ belong to whoever set writing_.
-  wire::DecodeResponse response_;
-  bool last_ = false;
-};
-
-// Wakes every stream when its next token is due: one thread, one heap.
-class TokenTimer {
- public:
-  TokenTimer() : thread_([this] { Loop(); }) {}
-  ~TokenTimer() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    thread_.join();
-  }
-
-  void Add(absl::Time due, std::shared_ptr<TimedDecodeStream> stream) {
-    absl::MutexLock lock(&mu_);
-    heap_.push({due, std::move(stream)});
-  }
-
- private:
-  using Entry = std::pair<absl::Time, std::shared_ptr<TimedDecodeStream>>;
-  struct Later {
-    bool operator()(const Entry& a, const Entry& b) const {
-      return a.first > b.first;
-    }
-  };
-
-  void Loop() {
-    std::vector<Entry> due;
-    absl::MutexLock lock(&mu_);
-    while (!stop_) {
-      const absl::Time now = absl::Now();
-      while (!heap_.empty() && heap_.top().first <= now) {
-        due.push_back(heap_.top());
-        heap_.pop();
-      }
-      if (due.empty()) {
-        // Woken at the next due time, and at least every millisecond for
-        // streams added meanwhile.
-        const absl::Time until =
-            heap_.empty() ? now + absl::Milliseconds(1)
-                          : std::min(heap_.top().first,
-                                     now + absl::Milliseconds(1));
-        cv_.WaitWithDeadline(&mu_, until);
-        continue;
-      }
-      mu_.Unlock();
-      for (Entry& e : due) e.first = e.second->TokenDue();
-      mu_.Lock();
-      // A stream whose next token is due already (this thread fell behind)
-      // goes back too: the next round writes it at once.
-      for (Entry& e : due) {
-        if (e.first != absl::InfiniteFuture()) heap_.push(std::move(e));
-      }
-      due.clear();
-    }
-  }
-
-  absl::Mutex mu_;
-  absl::CondVar cv_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::priority_queue<Entry, std::vector<Entry>, Later> heap_
-      ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
-
-// A decode worker without a model for load: Decode streams on the timer's
-// schedule, GetLoad reports a KV pool far larger than any load.
-class TimedDecodeWorker final : public wire::DecodeWorker::CallbackService {
- public:
-  explicit TimedDecodeWorker(absl::Duration interval) : interval_(interval) {}
-
-  grpc::ServerWriteReactor<wire::DecodeResponse>* Decode(
-      grpc::CallbackServerContext*, const wire::DecodeRequest* r) override {
-    auto stream = std::make_shared<TimedDecodeStream>(r->request(), interval_);
-    stream->Start();
-    if (r->request().max_tokens() > 1) {
-      timer_.Add(absl::Now() + interval_, stream);
-    }
-    return stream.get();
-  }
-
-  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
-                                    const wire::LoadRequest*,
-                                    wire::LoadReport* report) override {
-    report->set_worker_id("fake-decode");
-    report->set_role("decode");
-    testing_util::FillLayout(report);
-    report->set_total_blocks(100'000'000);
-    report->set_free_blocks(100'000'000);
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
- private:
-  const absl::Duration interval_;
-  TokenTimer timer_;
-};
-
-int RunFakeDecode(absl::Duration interval) {
-  TimedDecodeWorker worker(interval);
-  auto started = StartGrpcServer("127.0.0.1:0", {&worker});
-  if (!started.ok()) {
-    std::cerr << "fake decode worker: " << started.status() << "\n";
-    return 1;
-  }
-  std::cout << "127.0.0.1:" << started->port << std::endl;
-  // Runs until the bench kills it.
-  while (true) absl::SleepFor(absl::Seconds(1));
-}
 
 // ---- load ------------------------------------------------------------------
 
@@ -800,7 +563,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   signal(SIGPIPE, SIG_IGN);
   if (absl::GetFlag(FLAGS_role) == "fake-decode") {
-    return pdserve::RunFakeDecode(
+    return pdserve::bench::RunTimedDecodeWorker(
         absl::Milliseconds(absl::GetFlag(FLAGS_token_interval_ms)));
   }
   return pdserve::RunBench();
