@@ -157,7 +157,8 @@ class RequestOrchestrator {
 
   // Places `choice` on a decode worker with room (committing its blocks)
   // and starts it there, or queues it, or ends it with the reason it can
-  // be neither. `front`: it was placed before and keeps its arrival.
+  // be neither. A choice coming back from a full or failed worker keeps
+  // its first arrival, so it waits ahead of later requests.
   void Admit(const std::shared_ptr<Choice>& choice);
   // The decode worker `choice` goes to now, its blocks committed there; or
   // null with, in `why`, an error when it should not wait.
@@ -185,7 +186,7 @@ class RequestOrchestrator {
   const Options options_;
   std::atomic<uint64_t> next_id_;
   std::atomic<int64_t> running_ = 0;
-  // Choices placed or queued, and Release calls, in flight: what
+  // Choices not ended (placed or queued) and Release calls in flight: what
   // WaitUntilIdle waits for.
   std::atomic<int64_t> calls_ = 0;
 
