@@ -45,17 +45,7 @@ TEST(KvHostStagingTest, HostPoolIsItsOwnStaging) {
 }
 
 std::vector<int32_t> Colocated(ModelRunner& runner, const GenerationRequest& r) {
-  auto g = Generator::Create(&runner, {.max_batch_tokens = 64});
-  EXPECT_TRUE(g.ok());
-  EXPECT_TRUE((*g)->Add(r).ok());
-  std::vector<int32_t> out;
-  std::vector<GenerationEvent> events;
-  while ((*g)->HasWork()) {
-    events.clear();
-    EXPECT_TRUE((*g)->Step(events).ok());
-    for (const auto& e : events) out.push_back(e.token.token);
-  }
-  return out;
+  return testing_util::GeneratedTokens(runner, r, {.max_batch_tokens = 64});
 }
 
 class DisaggregationTest : public ::testing::Test {

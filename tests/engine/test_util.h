@@ -28,13 +28,13 @@ inline std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
   return p;
 }
 
-// Greedy-decodes `max_tokens` tokens (EOS ignored) for one prompt.
-inline std::vector<int32_t> GreedyTokens(ModelRunner& runner, const std::vector<int32_t>& prompt,
-                                         int32_t max_tokens) {
-  auto g = Generator::Create(&runner, {});
+// The tokens `request` generates run alone on a fresh Generator over
+// `runner`: the engine's own (colocated) output.
+inline std::vector<int32_t> GeneratedTokens(ModelRunner& runner, const GenerationRequest& request,
+                                            const GeneratorOptions& options = {}) {
+  auto g = Generator::Create(&runner, options);
   EXPECT_TRUE(g.ok()) << g.status();
-  SamplingParams sp{.temperature = 0.0f, .max_tokens = max_tokens, .ignore_eos = true};
-  EXPECT_TRUE((*g)->Add({RequestId(1), prompt, sp}).ok());
+  EXPECT_TRUE((*g)->Add(request).ok());
   std::vector<int32_t> out;
   std::vector<GenerationEvent> events;
   while ((*g)->HasWork()) {
@@ -45,6 +45,13 @@ inline std::vector<int32_t> GreedyTokens(ModelRunner& runner, const std::vector<
     }
   }
   return out;
+}
+
+// Greedy-decodes `max_tokens` tokens (EOS ignored) for one prompt.
+inline std::vector<int32_t> GreedyTokens(ModelRunner& runner, const std::vector<int32_t>& prompt,
+                                         int32_t max_tokens) {
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = max_tokens, .ignore_eos = true};
+  return GeneratedTokens(runner, {RequestId(1), prompt, sp});
 }
 
 }  // namespace pdserve::testing_util

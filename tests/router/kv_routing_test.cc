@@ -33,17 +33,7 @@ std::vector<int32_t> Colocated(const GenerationRequest& r) {
   EXPECT_TRUE(model.ok());
   auto runner = CreateModelRunner(*model, {.num_kv_blocks = 64, .block_size = 16, .num_threads = 1});
   EXPECT_TRUE(runner.ok());
-  auto g = Generator::Create(runner->get(), {.max_batch_tokens = 64});
-  EXPECT_TRUE(g.ok());
-  EXPECT_TRUE((*g)->Add(r).ok());
-  std::vector<int32_t> out;
-  std::vector<GenerationEvent> events;
-  while ((*g)->HasWork()) {
-    events.clear();
-    EXPECT_TRUE((*g)->Step(events).ok());
-    for (const auto& e : events) out.push_back(e.token.token);
-  }
-  return out;
+  return testing_util::GeneratedTokens(**runner, r, {.max_batch_tokens = 64});
 }
 
 class KvRoutingTest : public ::testing::Test {
