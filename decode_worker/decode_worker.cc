@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "engine/kv_layout.h"
 #include "kv_transfer/negotiation.h"
 #include "proto/convert.h"
 
@@ -384,8 +385,7 @@ absl::Status DecodeWorker::UnstageKv(const Reservation& reservation,
                                      uint32_t tokens) {
   const KvBlockLayout& layout = loop_->kv_layout();
   const int32_t pool_blocks = loop_->num_kv_blocks();
-  const int64_t needed =
-      (int64_t{tokens} + layout.block_size - 1) / layout.block_size;
+  const int64_t needed = BlocksForTokens(tokens, layout.block_size);
   if (needed > static_cast<int64_t>(reservation.blocks.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV of ", tokens, " tokens does not fit the ",

@@ -26,7 +26,7 @@ Generator::Generator(ModelRunner* runner, const GeneratorOptions& options)
 int32_t Generator::BlocksFor(const GenerationRequest& r) const {
   const int64_t tokens = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
   const int32_t bs = runner_->kv_layout().block_size;
-  return static_cast<int32_t>((tokens + bs - 1) / bs);
+  return static_cast<int32_t>(BlocksForTokens(tokens, bs));
 }
 
 absl::Status Generator::Validate(const GenerationRequest& request) const {
@@ -117,7 +117,7 @@ absl::StatusOr<KvReservation> Generator::Reserve(RequestId id, int32_t num_token
       reserved.shared_hashes.push_back(hash);
     }
   }
-  const int32_t total = (num_tokens + bs - 1) / bs;
+  const int32_t total = static_cast<int32_t>(BlocksForTokens(num_tokens, bs));
   auto fresh = pool_.Allocate(total - static_cast<int32_t>(reserved.blocks.size()));
   if (!fresh.ok()) {
     pool_.Release(reserved.blocks);

@@ -29,6 +29,12 @@
 
 namespace pdserve {
 
+// Blocks of `block_size` tokens it takes to hold `tokens` tokens: the one
+// rounding every reservation, block table and landing check uses.
+inline int64_t BlocksForTokens(int64_t tokens, int64_t block_size) {
+  return (tokens + block_size - 1) / block_size;
+}
+
 using BlockId = StrongId<struct BlockIdTag, int32_t>;
 
 struct KvBlockLayout {

@@ -80,7 +80,7 @@ absl::Status ModelRunner::ValidateBatch(const ForwardBatch& batch,
           "sequence ", i, ": positions [", s.start_pos, ", ", end,
           ") outside the model's context of ", c.max_position_embeddings));
     }
-    const int64_t blocks_needed = (end + block_size - 1) / block_size;
+    const int64_t blocks_needed = BlocksForTokens(end, block_size);
     if (static_cast<int64_t>(s.block_table.size()) < blocks_needed) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence ", i, ": block table has ", s.block_table.size(), " blocks, ",

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "engine/kv_layout.h"
 #include "engine/model.h"
 #include "engine/model_runner.h"
 #include "proto/convert.h"
@@ -199,8 +200,7 @@ absl::StatusOr<std::vector<kv::KvOffer>> PrefillWorker::CheckRequest(
     return absl::InvalidArgumentError(
         absl::StrCat("landing pool of ", landing.pool_blocks(), " blocks"));
   }
-  const int64_t needed =
-      (r.prompt_size() + ours.block_size - 1) / ours.block_size;
+  const int64_t needed = BlocksForTokens(r.prompt_size(), ours.block_size);
   if (landing.block_ids_size() < needed) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the landing has ", landing.block_ids_size(), " blocks; the prompt of ",
@@ -256,7 +256,8 @@ grpc::ServerUnaryReactor* PrefillWorker::Prefill(
       .offers = *std::move(offers),
       .remote_pool_blocks = static_cast<int32_t>(landing.pool_blocks()),
       .cached_tokens = static_cast<int32_t>(landing.cached_tokens())};
-  const int32_t needed = (request->request().prompt_size() + bs - 1) / bs;
+  const int32_t needed = static_cast<int32_t>(
+      BlocksForTokens(request->request().prompt_size(), bs));
   target.block_ids.reserve(needed);
   for (int i = 0; i < needed; ++i)
     target.block_ids.push_back(BlockId(landing.block_ids(i)));

@@ -5,10 +5,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "engine/kv_layout.h"
 #include "engine/sampler.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
@@ -675,6 +677,7 @@ RequestOrchestrator::RequestOrchestrator(
       // Random start: ids stay unique across router restarts too, as far as
       // the workers' leftover state is concerned.
       next_id_((RandomU64() >> 2) + 1),
+      decode_workers_(registry->decode_workers()),
       admission_([this] { AdmissionLoop(); }) {}
 
 RequestOrchestrator::~RequestOrchestrator() {
@@ -775,15 +778,14 @@ const WorkerEndpoint* RequestOrchestrator::PlaceLocked(Choice& choice,
   bool any_usable = false, any_untried = false;
   int64_t largest_tokens = 0;
   const WorkerEndpoint* preferred = nullptr;
-  const std::vector<const WorkerEndpoint*> workers =
-      registry_->decode_workers();
-  auto blocks_on = [&](const WorkerRegistry::KvCapacity& c) {
-    const int64_t block_size = c.block_size > 0 ? c.block_size : 16;
-    return (choice.reserve_tokens + block_size - 1) / block_size;
-  };
-  for (const WorkerEndpoint* w : workers) {
+  // The request's blocks on each decode worker, at its block size.
+  absl::flat_hash_map<const WorkerEndpoint*, int64_t> blocks;
+  for (const WorkerEndpoint* w : decode_workers_) {
     const WorkerRegistry::KvCapacity capacity = registry_->DecodeCapacity(w);
     if (!capacity.usable) continue;
+    blocks[w] = BlocksForTokens(choice.reserve_tokens,
+                                capacity.block_size > 0 ? capacity.block_size
+                                                        : 16);
     any_usable = true;
     largest_tokens = std::max(
         largest_tokens,
@@ -793,7 +795,7 @@ const WorkerEndpoint* RequestOrchestrator::PlaceLocked(Choice& choice,
       continue;
     }
     any_untried = true;
-    if (committed_[w] + blocks_on(capacity) > capacity.total_blocks) {
+    if (committed_[w] + blocks[w] > capacity.total_blocks) {
       exclude.push_back(w);
     } else if (w == choice.preferred) {
       preferred = w;
@@ -832,9 +834,12 @@ const WorkerEndpoint* RequestOrchestrator::PlaceLocked(Choice& choice,
         exclude);
   }
   const WorkerEndpoint* decode = choice.route.decode;
-  if (decode == nullptr) return nullptr;
+  // Not one weighed above: it became healthy meanwhile; the next look
+  // weighs it.
+  const auto it = blocks.find(decode);
+  if (it == blocks.end()) return nullptr;
   choice.committed_on = decode;
-  choice.committed_blocks = blocks_on(registry_->DecodeCapacity(decode));
+  choice.committed_blocks = it->second;
   committed_[decode] += choice.committed_blocks;
   return decode;
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "engine/kv_cache.h"
+#include "engine/kv_layout.h"
 #include "proto/convert.h"
 
 namespace pdserve {
@@ -377,7 +378,7 @@ void WorkerRegistry::NoteDispatched(const WorkerEndpoint* worker,
     const int64_t block_size = w->report.layout().block_size() > 0
                                    ? w->report.layout().block_size()
                                    : 16;
-    w->dispatched_blocks += (tokens + block_size - 1) / block_size;
+    w->dispatched_blocks += BlocksForTokens(tokens, block_size);
   }
 }
 

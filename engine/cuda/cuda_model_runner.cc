@@ -17,6 +17,7 @@
 #include "engine/cpu/cpu_kernels.h"
 #include "engine/cuda/cublas_api.h"
 #include "engine/cuda/cuda_kernels.h"
+#include "engine/kv_layout.h"
 
 namespace pdserve {
 namespace {
@@ -533,7 +534,7 @@ absl::Status CudaModelRunner::EagerForward(const ForwardBatch& batch,
     const int32_t n = static_cast<int32_t>(seq.tokens.size());
     const int32_t t0 = static_cast<int32_t>(ids_.size());
     const int64_t end = seq.start_pos + n;
-    const int64_t blocks = (end + bs - 1) / bs;
+    const int64_t blocks = BlocksForTokens(end, bs);
     sequences_.push_back(
         {t0, n, seq.start_pos, static_cast<int32_t>(block_tables_.size())});
     for (int64_t b = 0; b < blocks; ++b)
