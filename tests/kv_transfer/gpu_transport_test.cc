@@ -335,7 +335,7 @@ TEST_P(GpuCrossProcessTest, StoppedPeerTimesOutAndTheConnectionCloses) {
   auto local = (*sender)->RegisterMemory(src.span());
   auto conn = (*sender)->Connect(peer->endpoint);
   ASSERT_TRUE(local.ok() && conn.ok()) << conn.status();
-  peer->Signal(SIGSTOP);
+  peer->Stop();
   const auto t0 = std::chrono::steady_clock::now();
   const WriteOp op{*local, 0, RegionId(peer->region), 0, 8 << 20};
   const absl::Status write = (*conn)->Write({&op, 1});

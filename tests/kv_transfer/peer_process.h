@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <errno.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,6 +66,15 @@ class PeerProcess {
     return ReadLine();
   }
   void Signal(int sig) { ::kill(pid_, sig); }
+  // SIGSTOP, returning once every thread of the peer has stopped: kill()
+  // wakes one thread, which stops the others only when it next runs, and
+  // until then a polling thread goes on receiving.
+  void Stop() {
+    ::kill(pid_, SIGSTOP);
+    int status = 0;
+    while (::waitpid(pid_, &status, WUNTRACED) < 0 && errno == EINTR) {
+    }
+  }
   void Kill() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGKILL);
