@@ -42,6 +42,11 @@ struct WriteOp {
   RegionId remote_region;
   uint64_t remote_offset = 0;
   uint64_t length = 0;
+  // The landing the bytes belong to (Landing.landing_id; 0: none). A
+  // receiver that places the bytes itself (tcp) drops a write whose
+  // landing its filter says is no longer open (KvTransport::
+  // SetLandingFilter).
+  uint64_t landing = 0;
 };
 
 struct TransportCapabilities {

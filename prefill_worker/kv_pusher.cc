@@ -323,7 +323,8 @@ void KvPusher::RunLayer(Job& job) {
                                    .local_offset = src,
                                    .remote_region = link->offer->region,
                                    .remote_offset = dst,
-                                   .length = length});
+                                   .length = length,
+                                   .landing = target.landing_id});
                    bytes += length;
                  });
   if (link->lane->staged) {

@@ -68,6 +68,8 @@ struct KvLandingTarget {
   // Positions below this are on the decode worker already (shared prefix
   // blocks, Landing.cached_tokens): never written. Default: 0.
   int32_t cached_tokens = 0;
+  // Landing.landing_id: carried by every write and the notification.
+  uint64_t landing_id = 0;
 };
 
 // One request's push: shared by the threads that queue its jobs, abort it,

@@ -255,7 +255,8 @@ grpc::ServerUnaryReactor* PrefillWorker::Prefill(
   KvLandingTarget target{
       .offers = *std::move(offers),
       .remote_pool_blocks = static_cast<int32_t>(landing.pool_blocks()),
-      .cached_tokens = static_cast<int32_t>(landing.cached_tokens())};
+      .cached_tokens = static_cast<int32_t>(landing.cached_tokens()),
+      .landing_id = landing.landing_id()};
   const int32_t needed = static_cast<int32_t>(
       BlocksForTokens(request->request().prompt_size(), bs));
   target.block_ids.reserve(needed);
@@ -330,6 +331,7 @@ bool PrefillWorker::OnEvent(PrefillCall* call, const GenerationEvent& event) {
     complete.set_request_id(r.request_id());
     complete.set_num_tokens(r.prompt_size());
     complete.set_cached_tokens(call->request().landing().cached_tokens());
+    complete.set_landing_id(call->request().landing().landing_id());
     notification = complete.SerializeAsString();
   } else {
     // Cancelled: by us (the push is aborted already) or by the engine after
