@@ -22,6 +22,11 @@ ABSL_FLAG(int32_t, max_batch_tokens, 512,
           "Token budget of one engine step; longer prompts are prefilled in "
           "chunks");
 ABSL_FLAG(int32_t, max_running, 64, "Most sequences in the running batch");
+ABSL_FLAG(bool, kv_canary, false,
+          "Fill freed KV blocks with a canary pattern and check it when they "
+          "are handed out again; violations count in "
+          "pdserve_kv_canary_violations_total (tests and fault drills; cpu "
+          "backend)");
 
 namespace pdserve {
 
@@ -45,6 +50,7 @@ absl::StatusOr<EngineConfig> EngineConfigFromFlags() {
   config.num_threads = absl::GetFlag(FLAGS_num_threads);
   config.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   config.max_running = absl::GetFlag(FLAGS_max_running);
+  config.kv_canary = absl::GetFlag(FLAGS_kv_canary);
   return config;
 }
 

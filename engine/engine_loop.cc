@@ -33,7 +33,8 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(
   Options options;
   options.generator = {.max_batch_tokens = config.max_batch_tokens,
                        .max_running = config.max_running,
-                       .enable_prefix_caching = config.enable_prefix_caching};
+                       .enable_prefix_caching = config.enable_prefix_caching,
+                       .kv_canary = config.kv_canary};
   options.tick_period = config.tick_period;
   options.on_step = std::move(on_step);
   return Create(std::move(runner), options, std::move(tick));
@@ -116,7 +117,8 @@ void EngineLoop::PublishLoad() {
       .reserved = generator_->num_reserved(),
       .pending_prompt_tokens = generator_->num_pending_prompt_tokens(),
       .computed_prompt_tokens = generator_->computed_prompt_tokens(),
-      .prefix_cached_tokens = generator_->prefix_cached_tokens()};
+      .prefix_cached_tokens = generator_->prefix_cached_tokens(),
+      .kv_canary_violations = generator_->kv_canary_violations()};
   generator_->TakeKvCacheEvents(event_scratch_);
   kv_events_.Append(event_scratch_);
   event_scratch_.clear();

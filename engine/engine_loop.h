@@ -40,6 +40,8 @@ struct EngineLoad {
   // those taken from the prefix cache instead.
   int64_t computed_prompt_tokens = 0;
   int64_t prefix_cached_tokens = 0;
+  // Free KV blocks found written (EngineConfig::kv_canary).
+  int64_t kv_canary_violations = 0;
 };
 
 // What one engine step did, for metrics (EngineLoop::Options::on_step).
@@ -78,6 +80,9 @@ struct EngineConfig {
   int32_t max_running = 64;
   // Keep full prompt blocks for reuse by later prompts. Default: true.
   bool enable_prefix_caching = true;
+  // Check that nothing writes into free KV blocks (engine/kv_canary.h).
+  // Default: false.
+  bool kv_canary = false;
   // See EngineLoop::Options. Default: 50 ms.
   absl::Duration tick_period = absl::Milliseconds(50);
 };

@@ -66,6 +66,11 @@ void EngineMetrics::WatchLoad(const EngineLoop* loop) {
         out->push_back({{"used"}, used});
       });
   registry_->AddCallbackCounter(
+      "pdserve_kv_canary_violations_total",
+      "Free KV blocks found written while nobody owned them (--kv_canary; "
+      "always 0 without it). Anything above 0 is a bug.",
+      [loop] { return static_cast<double>(loop->load().kv_canary_violations); });
+  registry_->AddCallbackCounter(
       absl::StrCat(prefix_, "_prefix_cached_tokens_total"),
       "Prompt tokens whose KV came from the prefix cache instead of a "
       "forward pass (prefix-cache hits, in tokens).",

@@ -17,11 +17,21 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(ModelRunner* runner
         "max_batch_tokens (", options.max_batch_tokens, ") must be at least max_running (",
         options.max_running, ") so every running sequence decodes each step"));
   }
+  if (options.kv_canary && runner->kv_memory_kind() != KvMemoryKind::kHost) {
+    return absl::FailedPreconditionError(
+        "the KV canary checks a host KV pool; this backend's pool is in device memory");
+  }
   return std::unique_ptr<Generator>(new Generator(runner, options));
 }
 
 Generator::Generator(ModelRunner* runner, const GeneratorOptions& options)
-    : runner_(runner), options_(options), pool_(runner->num_kv_blocks()) {}
+    : runner_(runner), options_(options), pool_(runner->num_kv_blocks()) {
+  if (options.kv_canary) {
+    canary_ = std::make_unique<KvCanary>(runner->kv_memory(), runner->kv_layout(),
+                                         runner->num_kv_blocks());
+    pool_.set_listener(canary_.get());
+  }
+}
 
 int32_t Generator::BlocksFor(const GenerationRequest& r) const {
   const int64_t tokens = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
@@ -135,6 +145,16 @@ void Generator::ReleaseReservation(RequestId id) {
     reservations_.erase(it);
   }
 }
+
+std::vector<BlockId> Generator::TakeReservation(RequestId id) {
+  auto it = reservations_.find(id);
+  if (it == reservations_.end()) return {};
+  std::vector<BlockId> blocks = std::move(it->second.blocks);
+  reservations_.erase(it);
+  return blocks;
+}
+
+void Generator::ReleaseBlocks(std::span<const BlockId> blocks) { pool_.Release(blocks); }
 
 absl::Status Generator::AddPrefilled(GenerationRequest request, int32_t first_token) {
   PD_RETURN_IF_ERROR(Validate(request));

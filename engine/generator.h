@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "common/strong_id.h"
 #include "engine/kv_cache.h"
+#include "engine/kv_canary.h"
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 
@@ -114,6 +115,10 @@ struct GeneratorOptions {
   int32_t max_running = 64;
   // Reuse the KV of prompt prefixes computed before. Default: true.
   bool enable_prefix_caching = true;
+  // Fill blocks freed empty with a canary and check it when they are
+  // handed out again (engine/kv_canary.h): for tests and fault drills.
+  // Host KV pools only. Default: false.
+  bool kv_canary = false;
 };
 
 class Generator {
@@ -148,6 +153,13 @@ class Generator {
                                         std::span<const uint64_t> prompt_block_hashes);
   // Frees a reservation not yet added. Unknown ids are ignored.
   void ReleaseReservation(RequestId id);
+  // Ends a reservation not yet added but keeps its blocks out of the pool:
+  // the caller hands them back with ReleaseBlocks once nothing can write
+  // into them any more (a KV push may still be landing). Empty for an
+  // unknown id.
+  std::vector<BlockId> TakeReservation(RequestId id);
+  // Drops the references TakeReservation handed over.
+  void ReleaseBlocks(std::span<const BlockId> blocks);
   // Continues `request` from `first_token` (sampled elsewhere at step 0),
   // its prompt KV being in the blocks reserved under its id. Validated as
   // Add(); also INVALID_ARGUMENT when max_tokens < 2 (nothing left to
@@ -179,6 +191,11 @@ class Generator {
   void TakeKvCacheEvents(std::vector<KvCacheEvent>& out) { pool_.TakeEvents(out); }
   // Prompt tokens whose KV came from the prefix cache, since creation.
   int64_t prefix_cached_tokens() const { return prefix_cached_tokens_; }
+  // Free blocks found written by nobody's request (options.kv_canary; 0
+  // without it).
+  int64_t kv_canary_violations() const {
+    return canary_ == nullptr ? 0 : canary_->violations();
+  }
   // Prompt tokens run through a forward pass, since creation.
   int64_t computed_prompt_tokens() const { return computed_prompt_tokens_; }
 
@@ -224,6 +241,7 @@ class Generator {
   ModelRunner* const runner_;
   const GeneratorOptions options_;
   KvBlockPool pool_;
+  std::unique_ptr<KvCanary> canary_;  // options.kv_canary.
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<RequestId> cancelled_;

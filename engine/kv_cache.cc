@@ -74,6 +74,7 @@ absl::StatusOr<std::vector<BlockId>> KvBlockPool::Allocate(int32_t n) {
     Unlink(b);
     if (has_hash_[b]) DropHash(b);
     ref_counts_[b] = 1;
+    if (listener_ != nullptr) listener_->OnHandedOut(BlockId(b));
     out.push_back(BlockId(b));
   }
   return out;
@@ -87,7 +88,18 @@ void KvBlockPool::AddRef(BlockId block) {
 void KvBlockPool::Release(BlockId block) {
   const int32_t b = block.value;
   PD_CHECK_GT(ref_counts_[b], 0) << "double release of KV block " << b;
-  if (--ref_counts_[b] == 0) PushBackFree(b);
+  if (--ref_counts_[b] == 0) {
+    PushBackFree(b);
+    if (listener_ != nullptr && !has_hash_[b]) listener_->OnFreedEmpty(block);
+  }
+}
+
+void KvBlockPool::set_listener(KvBlockListener* listener) {
+  listener_ = listener;
+  if (listener_ == nullptr) return;
+  for (int32_t b = head_; b != kNone; b = next_[b]) {
+    if (!has_hash_[b]) listener_->OnFreedEmpty(BlockId(b));
+  }
 }
 
 void KvBlockPool::Release(std::span<const BlockId> blocks) {

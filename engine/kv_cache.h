@@ -50,6 +50,15 @@ struct KvCacheEvent {
   friend bool operator==(const KvCacheEvent&, const KvCacheEvent&) = default;
 };
 
+// Told when a block becomes free with no content worth keeping (no
+// content hash) and when a free block is handed out anew (KvCanary).
+class KvBlockListener {
+ public:
+  virtual ~KvBlockListener() = default;
+  virtual void OnFreedEmpty(BlockId block) = 0;
+  virtual void OnHandedOut(BlockId block) = 0;
+};
+
 class KvBlockPool {
  public:
   explicit KvBlockPool(int32_t num_blocks);
@@ -74,6 +83,11 @@ class KvBlockPool {
 
   int32_t ref_count(BlockId block) const { return ref_counts_[block.value]; }
 
+  // Tells `listener` (which must outlive the pool; null: nobody) of blocks
+  // freed empty and handed out from now on, after an OnFreedEmpty for every
+  // block that is free and empty now.
+  void set_listener(KvBlockListener* listener);
+
   // Starts or stops recording prefix-cache events. Default: off (nothing
   // is kept for an owner that never drains them).
   void set_record_events(bool on) { record_events_ = on; }
@@ -88,6 +102,8 @@ class KvBlockPool {
   void PushBackFree(int32_t b);
   // Drops block b's hash (which it holds), recording kEvicted.
   void DropHash(int32_t b);
+
+  KvBlockListener* listener_ = nullptr;
 
   std::vector<int32_t> ref_counts_;
   std::vector<uint64_t> hashes_;

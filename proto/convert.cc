@@ -114,6 +114,7 @@ void ToWire(const EngineLoad& load, wire::LoadReport* out) {
   out->set_pending_prompt_tokens(load.pending_prompt_tokens);
   out->set_computed_prompt_tokens(load.computed_prompt_tokens);
   out->set_prefix_cached_tokens(load.prefix_cached_tokens);
+  out->set_kv_canary_violations(static_cast<uint64_t>(load.kv_canary_violations));
 }
 
 void ToWire(const KvEventLog& log, const wire::LoadRequest& request,
