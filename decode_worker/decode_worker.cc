@@ -164,6 +164,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
   if (options.reservation_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("reservation_timeout must be positive");
   }
+  if (options.kv_quarantine <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("kv_quarantine must be positive");
+  }
   PD_ASSIGN_OR_RETURN(const std::vector<std::string> names,
                       kv::ParseKvTransportList(options.kv_transport));
   std::unique_ptr<DecodeWorker> worker(new DecodeWorker(options));
@@ -175,14 +178,25 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
                         kv::CreateKvTransport(name, transport_options));
     w->receivers_.push_back({.transport = std::move(transport)});
   }
+  bool every_write_fenced = true;
+  for (const Receiver& r : w->receivers_) {
+    every_write_fenced &= r.transport->capabilities().fences_writes;
+  }
+  w->fence_ = std::make_unique<kv::LandingFence>(every_write_fenced,
+                                                 options.kv_quarantine);
+  for (Receiver& r : w->receivers_) r.transport->SetWriteFence(w->fence_.get());
   PD_ASSIGN_OR_RETURN(worker->loop_,
                       EngineLoop::Start(
                           options.engine,
                           [w](Generator& g) {
                             w->ExpireReservations(g);
+                            w->FreeFencedBlocks(g);
                             int64_t reserved = 0;
                             for (const auto& [id, r] : w->reservations_) {
                               reserved += r.blocks.size();
+                            }
+                            for (const Quarantined& q : w->quarantined_) {
+                              reserved += q.blocks.size();
                             }
                             w->metrics_.engine().set_reserved_blocks(reserved);
                           },
@@ -270,6 +284,8 @@ void DecodeWorker::ReceiveNotifications(const Receiver& receiver) {
                       << n->message.size() << " bytes)";
       continue;
     }
+    // Every write of the push came before this on its connection.
+    fence_->SenderDone(complete.landing_id());
     const KvBlockLayout& layout = loop_->kv_layout();
     receiver.received_bytes->Increment(uint64_t{complete.num_tokens()} *
                                        layout.block_bytes() /
@@ -283,11 +299,26 @@ void DecodeWorker::ReceiveNotifications(const Receiver& receiver) {
 void DecodeWorker::OnKvComplete(const wire::KvComplete& complete, bool staged,
                                 Generator& generator) {
   auto it = reservations_.find(RequestId(complete.request_id()));
-  if (it == reservations_.end()) {
-    PD_LOG(WARNING) << "ignoring KvComplete for request "
-                    << complete.request_id()
-                    << ": no reservation (never made, expired, released or "
-                       "already decoding)";
+  if (it == reservations_.end() ||
+      it->second.landing_id != complete.landing_id()) {
+    // Its landing is gone (fenced by this very notification if it was
+    // quarantined): a push that ended after its request did.
+    PD_LOG(INFO) << "ignoring KvComplete for request "
+                 << complete.request_id() << " (landing "
+                 << complete.landing_id()
+                 << "): no such reservation (never made, expired, released, "
+                    "already decoding, or an earlier landing of the request)";
+    return;
+  }
+  if (complete.aborted()) {
+    // Nothing more will land: the blocks can go back now, and a Decode
+    // waiting for this KV learns at once that it will not come.
+    if (const std::shared_ptr<DecodeCall>& parked = it->second.parked) {
+      parked->stage = DecodeCall::Stage::kEnded;
+      parked->End(grpc::Status(grpc::StatusCode::ABORTED,
+                               "the prefill worker aborted the KV push"));
+    }
+    DropReservation(it, generator);
     return;
   }
   it->second.kv_complete = true;
@@ -318,9 +349,31 @@ void DecodeWorker::ExpireReservations(Generator& generator) {
       PD_LOG(WARNING) << "reservation of request " << id.value
                       << " expired unused";
     }
-    generator.ReleaseReservation(id);
-    reservations_.erase(it++);
+    DropReservation(it++, generator);
   }
+}
+
+void DecodeWorker::DropReservation(ReservationMap::iterator it,
+                                   Generator& generator) {
+  const RequestId id = it->first;
+  const uint64_t landing = it->second.landing_id;
+  reservations_.erase(it);
+  fence_->Close(landing, absl::Now());
+  if (fence_->Fenced(landing, absl::Now())) {
+    generator.ReleaseReservation(id);
+    return;
+  }
+  quarantined_.push_back(
+      {.landing_id = landing, .blocks = generator.TakeReservation(id)});
+}
+
+void DecodeWorker::FreeFencedBlocks(Generator& generator) {
+  const absl::Time now = absl::Now();
+  std::erase_if(quarantined_, [&](const Quarantined& q) {
+    if (!fence_->Fenced(q.landing_id, now)) return false;
+    generator.ReleaseBlocks(q.blocks);
+    return true;
+  });
 }
 
 void DecodeWorker::StartDecode(const std::shared_ptr<DecodeCall>& call,
@@ -376,6 +429,9 @@ void DecodeWorker::ContinuePrefilled(const std::shared_ptr<DecodeCall>& call,
                                       request.first_token().token_id());
     }
   }
+  // KvComplete came: its sender writes no more, the landing is fenced.
+  fence_->Close(it->second.landing_id, absl::Now());
+  fence_->Fenced(it->second.landing_id, absl::Now());
   if (!status.ok()) generator.ReleaseReservation(id);
   reservations_.erase(it);
   Begin(call, std::move(status));
@@ -429,8 +485,7 @@ void DecodeWorker::CancelDecode(const std::shared_ptr<DecodeCall>& call,
     case DecodeCall::Stage::kParked:
       if (auto it = reservations_.find(call->id());
           it != reservations_.end() && it->second.parked == call) {
-        generator.ReleaseReservation(call->id());
-        reservations_.erase(it);
+        DropReservation(it, generator);
       }
       break;
     case DecodeCall::Stage::kRunning:
@@ -482,8 +537,11 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(
     response->mutable_block_ids()->Reserve(static_cast<int>(blocks.size()));
     for (BlockId b : blocks) response->add_block_ids(b.value);
     response->set_cached_tokens(static_cast<uint32_t>(reserved->cached_tokens));
+    const uint64_t landing_id = fence_->Open();
+    response->set_landing_id(landing_id);
     reservations_[id] = Reservation{
         .expires = absl::Now() + options_.reservation_timeout,
+        .landing_id = landing_id,
         .blocks = {blocks.begin(), blocks.end()},
         .cached_tokens = static_cast<uint32_t>(reserved->cached_tokens)};
     reactor->Finish(grpc::Status::OK);
@@ -510,8 +568,7 @@ grpc::ServerUnaryReactor* DecodeWorker::Release(
         parked->End(grpc::Status(grpc::StatusCode::ABORTED,
                                  "the reservation was released"));
       }
-      g.ReleaseReservation(id);
-      reservations_.erase(it);
+      DropReservation(it, g);
     }
     // Answered on the loop's next pass, after it has published its load:
     // a caller that asks GetLoad once Release returned sees the blocks free.

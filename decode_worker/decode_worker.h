@@ -21,8 +21,16 @@
 //                        Add, token events -> the call's stream.
 // A Decode that ends early (client cancel, deadline, server shutdown)
 // cancels its request in the engine, or drops its reservation when it was
-// still waiting for the KV, so its blocks are freed; a reservation that no
-// Decode takes within the reservation timeout is freed.
+// still waiting for the KV; a reservation that no Decode takes within the
+// reservation timeout is dropped.
+//
+// Fencing (kv_transfer/landing_fence.h): each reservation is a landing
+// with an id no other landing ever had; every KV write and the KvComplete
+// carry it. A dropped reservation's blocks are held back from the pool
+// until no byte of its push can still land in them: its sender said it is
+// done (KvComplete, aborted or not), or every transport here drops writes
+// into closed landings (tcp), or the quarantine has passed. So a late
+// write never lands in blocks another request owns.
 //
 // Thread-safety: the service methods are called by gRPC on any thread and
 // never block. Destroy only after the server serving it has shut down.
@@ -46,6 +54,7 @@
 #include "absl/time/time.h"
 #include "decode_worker/decode_metrics.h"
 #include "engine/engine_loop.h"
+#include "kv_transfer/landing_fence.h"
 #include "kv_transfer/transport.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 
@@ -70,6 +79,11 @@ struct DecodeWorkerOptions {
   // that vanished; it must outlast the longest wait in a prefill queue.
   // Default: 60 s.
   absl::Duration reservation_timeout = absl::Seconds(60);
+  // How long the blocks of a dropped reservation are held back when a
+  // one-sided transport (ucx, inproc, cuda_ipc, nccl) is offered and the
+  // sender never said it was done: must exceed the prefill workers'
+  // --transfer_timeout_ms. Default: 15 s.
+  absl::Duration kv_quarantine = absl::Seconds(15);
 };
 
 class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
@@ -123,6 +137,8 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   // A reservation; loop thread only.
   struct Reservation {
     absl::Time expires;
+    // The landing's fence id (Landing.landing_id).
+    uint64_t landing_id = 0;
     // KvComplete arrived: the prompt's KV of kv_tokens tokens landed.
     bool kv_complete = false;
     uint32_t kv_tokens = 0;
@@ -138,6 +154,12 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
     std::shared_ptr<DecodeCall> parked;
   };
   using ReservationMap = absl::flat_hash_map<RequestId, Reservation>;
+
+  // The blocks of a dropped reservation whose landing is not fenced yet.
+  struct Quarantined {
+    uint64_t landing_id = 0;
+    std::vector<BlockId> blocks;
+  };
 
   // A transport KV arrives on, the pool's region in it, and the thread
   // that receives its notifications.
@@ -175,12 +197,21 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   // blocks before are the pool's own).
   absl::Status UnstageKv(const Reservation& reservation, uint32_t tokens);
   void ExpireReservations(Generator& generator);
+  // Ends a reservation whose KV the engine did not take: its blocks go
+  // back to the pool once its landing is fenced.
+  void DropReservation(ReservationMap::iterator it, Generator& generator);
+  // Hands back the quarantined blocks whose landing is fenced now.
+  void FreeFencedBlocks(Generator& generator);
 
   const DecodeWorkerOptions options_;
+  // Which landings may be written; set once in Create. Outlives the
+  // transports, which consult it.
+  std::unique_ptr<kv::LandingFence> fence_;
   // In preference order; filled in Create.
   std::vector<Receiver> receivers_;
   // Loop thread only.
   ReservationMap reservations_;
+  std::vector<Quarantined> quarantined_;
   // Before loop_: the loop's on_step hook records into it.
   DecodeMetrics metrics_;
   // Set once in Create; stopped first (its thread uses the fields above).

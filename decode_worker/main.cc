@@ -42,6 +42,11 @@ ABSL_FLAG(int64_t, reservation_timeout_ms, 60000,
           "A KV reservation no Decode call takes within this is freed (a "
           "safety net for a router that vanished; the router releases the "
           "ones it gives up on)");
+ABSL_FLAG(int64_t, kv_quarantine_ms, 15000,
+          "How long the blocks of a dropped reservation are held back when a "
+          "one-sided KV transport (ucx, cuda_ipc, nccl) is offered and the "
+          "prefill worker never said its push was over; must exceed the "
+          "prefill workers' --transfer_timeout_ms");
 
 int main(int argc, char** argv) {
   pdserve::BlockTerminationSignals();
@@ -64,6 +69,7 @@ int main(int argc, char** argv) {
   w.kv_listen_address = absl::GetFlag(FLAGS_kv_listen);
   w.reservation_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_reservation_timeout_ms));
+  w.kv_quarantine = absl::Milliseconds(absl::GetFlag(FLAGS_kv_quarantine_ms));
 
   auto server = pdserve::DecodeServer::Start(options);
   if (!server.ok()) {

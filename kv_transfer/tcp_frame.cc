@@ -17,6 +17,7 @@ void EncodeFrameHeader(const FrameHeader& h, std::byte out[kFrameHeaderBytes]) {
   StoreWire<uint32_t>(out, 12, h.length);
   StoreWire<uint64_t>(out, 16, h.offset);
   StoreWire<uint32_t>(out, 24, h.crc);
+  StoreWire<uint64_t>(out, 32, h.landing);
 }
 
 bool DecodeFrameHeader(const std::byte in[kFrameHeaderBytes], FrameHeader& h) {
@@ -31,6 +32,7 @@ bool DecodeFrameHeader(const std::byte in[kFrameHeaderBytes], FrameHeader& h) {
   h.length = LoadWire<uint32_t>(in, 12);
   h.offset = LoadWire<uint64_t>(in, 16);
   h.crc = LoadWire<uint32_t>(in, 24);
+  h.landing = LoadWire<uint64_t>(in, 32);
   return true;
 }
 

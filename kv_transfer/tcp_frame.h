@@ -1,11 +1,13 @@
 // The TCP transport's wire format (internal to kv_transfer/, and used by its
-// tests to craft raw frames). Every frame is a 32-byte little-endian header
+// tests to craft raw frames). Every frame is a 40-byte little-endian header
 // and `length` payload bytes:
 //
 //   u32 magic 'PDKV' | u8 type | 3 zero bytes | u32 region | u32 length |
-//   u64 offset | u32 crc32c of the payload | u32 zero
+//   u64 offset | u32 crc32c of the payload | u32 zero | u64 landing
 //
-//   WRITE   payload lands at (region, offset) of the receiver
+//   WRITE   payload lands at (region, offset) of the receiver, unless the
+//           receiver's fence says `landing` is not open (then it is read
+//           and dropped: kv::WriteFence)
 //   NOTIFY  payload is a notification message
 //   SYNC    no payload; the receiver answers ACK once everything before it
 //           is in memory / queued
@@ -23,7 +25,7 @@
 namespace pdserve::kv {
 
 constexpr uint32_t kFrameMagic = 0x564B4450;  // "PDKV" little-endian.
-constexpr size_t kFrameHeaderBytes = 32;
+constexpr size_t kFrameHeaderBytes = 40;
 
 enum class FrameType : uint8_t {
   kWrite = 1,
@@ -39,6 +41,7 @@ struct FrameHeader {
   uint32_t length = 0;
   uint64_t offset = 0;
   uint32_t crc = 0;
+  uint64_t landing = 0;  // WRITE only: kv::WriteOp::landing.
 };
 
 void EncodeFrameHeader(const FrameHeader& h, std::byte out[kFrameHeaderBytes]);

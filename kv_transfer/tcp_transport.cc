@@ -50,7 +50,7 @@ class TcpConnection final : public KvConnection {
         const absl::Status local = local_->Access(
             op.local_region, op.local_offset + done, chunk, [&](std::span<std::byte> src) {
               const FrameHeader h{FrameType::kWrite, op.remote_region.value, chunk,
-                                  op.remote_offset + done, Crc32c(src)};
+                                  op.remote_offset + done, Crc32c(src), op.landing};
               io = SendFrame(fd_.get(), h, src, absl::Now() + options_.io_timeout);
             });
         if (!local.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("local ", local.message())));
@@ -153,6 +153,7 @@ class TcpTransport final : public KvTransport {
     return regions_.Register(memory);
   }
   absl::Status DeregisterMemory(RegionId region) override { return regions_.Deregister(region); }
+  void SetWriteFence(WriteFence* fence) override { fence_.store(fence); }
 
   absl::StatusOr<std::unique_ptr<KvConnection>> Connect(std::string_view endpoint) override {
     PD_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(endpoint, options_.io_timeout));
@@ -218,6 +219,18 @@ class TcpTransport final : public KvTransport {
     }
   }
 
+  // Reads and drops `length` payload bytes; false when the peer stops
+  // sending them.
+  static bool Discard(int fd, uint32_t length, absl::Time deadline) {
+    std::byte sink[16 << 10];
+    for (uint32_t left = length; left > 0;) {
+      const uint32_t n = std::min<uint32_t>(left, sizeof(sink));
+      if (RecvAll(fd, sink, n, deadline) != Io::kOk) return false;
+      left -= n;
+    }
+    return true;
+  }
+
   // One peer's stream of frames. What a peer can make us hold is bounded:
   // writes land in registered memory after a range check, notifications in
   // one staging buffer of at most max_message_bytes.
@@ -247,7 +260,15 @@ class TcpTransport final : public KvTransport {
       absl::Status s = absl::OkStatus();
       switch (h.type) {
         case FrameType::kWrite: {
-          // The range is checked first, then the payload lands in place (no
+          // The fence first: a write into a landing that is no longer open
+          // (released, expired, its request gone) is read and dropped, and
+          // the connection, which other landings share, goes on.
+          WriteFence* const fence = fence_.load();
+          if (fence != nullptr && !fence->BeginWrite(h.landing)) {
+            if (!Discard(fd.get(), h.length, deadline)) return;
+            break;
+          }
+          // The range is checked, then the payload lands in place (no
           // staging copy) and is verified there. A frame that fails its
           // checksum or stops half way fails the transfer: the decode
           // worker never reads blocks whose transfer did not complete.
@@ -257,6 +278,7 @@ class TcpTransport final : public KvTransport {
             io = RecvAll(fd.get(), dst.data(), dst.size(), deadline);
             intact = io == Io::kOk && Crc32c(dst) == h.crc;
           });
+          if (fence != nullptr) fence->EndWrite(h.landing);
           if (s.ok() && io != Io::kOk) return;
           if (s.ok() && !intact) s = absl::DataLossError("frame checksum mismatch");
           break;
@@ -280,7 +302,9 @@ class TcpTransport final : public KvTransport {
   }
 
   const TransportOptions options_;
-  const TransportCapabilities caps_{"tcp", false, false, true};
+  const TransportCapabilities caps_{
+      .name = "tcp", .device_memory = false, .one_sided = false, .cross_host = true, .fences_writes = true};
+  std::atomic<WriteFence*> fence_{nullptr};
   const std::string endpoint_;
   RegionTable regions_;
   NotificationQueue notifications_;

@@ -57,6 +57,10 @@ struct TransportCapabilities {
   // Moves a host-memory KV pool (false: device memory only; a worker with
   // a host pool must not offer or use it).
   bool host_memory = true;
+  // The receiver places every write itself and asks its WriteFence first
+  // (KvTransport::SetWriteFence): a write into a closed landing never
+  // lands, however late it comes.
+  bool fences_writes = false;
 };
 
 struct Notification {
@@ -100,6 +104,20 @@ class KvConnection {
   virtual absl::Status Notify(std::string_view message) = 0;
 };
 
+// The receiving side's gate for tagged writes (WriteOp::landing): which
+// landings are open. A transport that places writes itself
+// (capabilities().fences_writes) calls BeginWrite before a write's bytes go
+// into memory and EndWrite once they are in; the owner of the landings
+// (kv_transfer/landing_fence.h) hands a closed landing's memory to someone
+// else only when no write is between the two.
+class WriteFence {
+ public:
+  virtual ~WriteFence() = default;
+  // True: place the write, then call EndWrite. False: drop its bytes.
+  virtual bool BeginWrite(uint64_t landing) = 0;
+  virtual void EndWrite(uint64_t landing) = 0;
+};
+
 class KvTransport {
  public:
   virtual ~KvTransport() = default;
@@ -115,6 +133,12 @@ class KvTransport {
   virtual absl::Status DeregisterMemory(RegionId region) = 0;
 
   virtual absl::StatusOr<std::unique_ptr<KvConnection>> Connect(std::string_view endpoint) = 0;
+
+  // Gates every later write into this transport's regions (receiving
+  // side; the fence must outlive the transport). A no-op for transports
+  // whose writes land without the receiver (capabilities().fences_writes
+  // false). Call before peers connect.
+  virtual void SetWriteFence(WriteFence* fence) {}
 
   // The next notification from any peer, or DEADLINE_EXCEEDED.
   virtual absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) = 0;

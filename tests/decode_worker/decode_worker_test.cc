@@ -189,12 +189,7 @@ class TestPrefill {
     EXPECT_TRUE(layout.ok()) << layout.status();
     if (!layout.ok()) return 0;
     EXPECT_EQ(*layout, runner_->kv_layout());
-    // The landing's tcp offer (the worker may offer more transports).
-    const wire::KvOffer* tcp = nullptr;
-    for (const wire::KvOffer& o : landing.offers()) {
-      if (o.transport() == "tcp") tcp = &o;
-    }
-    EXPECT_NE(tcp, nullptr);
+    const wire::KvOffer* tcp = TcpOffer(landing);
     if (tcp == nullptr) return 0;
     const std::vector<BlockId> dst(landing.block_ids().begin(),
                                    landing.block_ids().end());
@@ -214,23 +209,38 @@ class TestPrefill {
                            .local_offset = src,
                            .remote_region = kv::RegionId(tcp->region_id()),
                            .remote_offset = to,
-                           .length = length});
+                           .length = length,
+                           .landing = landing.landing_id()});
           });
       EXPECT_TRUE(connection.Write(ops).ok());
     }
     generator_->ReleaseKv(id);
-    Notify(tcp->endpoint(), id, num_tokens, landing.cached_tokens());
+    Notify(landing, id, num_tokens);
     return bytes;
   }
 
-  void Notify(const std::string& endpoint, RequestId id, uint32_t num_tokens,
-              uint32_t cached_tokens = 0) {
+  // The landing's tcp offer (the worker may offer more transports).
+  static const wire::KvOffer* TcpOffer(const wire::Landing& landing) {
+    for (const wire::KvOffer& o : landing.offers()) {
+      if (o.transport() == "tcp") return &o;
+    }
+    ADD_FAILURE() << "the landing offers no tcp";
+    return nullptr;
+  }
+
+  // KvComplete for `id` into `landing` (over its tcp offer, with its
+  // cached tokens and landing id) for `num_tokens`.
+  void Notify(const wire::Landing& landing, RequestId id, uint32_t num_tokens) {
+    const wire::KvOffer* tcp = TcpOffer(landing);
+    if (tcp == nullptr) return;
     wire::KvComplete complete;
     complete.set_request_id(id.value);
     complete.set_num_tokens(num_tokens);
-    complete.set_cached_tokens(cached_tokens);
-    EXPECT_TRUE(
-        ConnectionTo(endpoint).Notify(complete.SerializeAsString()).ok());
+    complete.set_cached_tokens(landing.cached_tokens());
+    complete.set_landing_id(landing.landing_id());
+    EXPECT_TRUE(ConnectionTo(tcp->endpoint())
+                    .Notify(complete.SerializeAsString())
+                    .ok());
   }
 
   kv::KvConnection& ConnectionTo(const std::string& endpoint) {
@@ -547,7 +557,7 @@ TEST_F(DecodeWorkerTest, CancelMidStreamFreesTheBlocks) {
   wire::Landing landing;
   ASSERT_TRUE(Reserve(2, 8 + 1900, &landing).ok());
   TestPrefill prefill;
-  prefill.Notify(landing.offers(0).endpoint(), RequestId(2), 8);
+  prefill.Notify(landing, RequestId(2), 8);
   wire::DecodeRequest d =
       MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(1900)});
   d.mutable_first_token()->set_token_id(7);
@@ -611,6 +621,9 @@ TEST_F(DecodeWorkerTest, LandingOffersEveryTransportInPreferenceOrder) {
   if (!HasKvTransport("ucx:shm")) GTEST_SKIP() << "ucx is not built";
   DecodeServerOptions options = Options();
   options.worker.kv_transport = "ucx:shm,tcp";
+  // A released landing that ucx:shm (one-sided) could have written waits
+  // out the quarantine before its blocks are free again.
+  options.worker.kv_quarantine = absl::Milliseconds(300);
   Start(options);
   wire::Landing landing;
   ASSERT_TRUE(Reserve(1, 40, &landing).ok());
@@ -780,25 +793,25 @@ TEST_F(DecodeWorkerTest, BadDecodesAreRefused) {
   EXPECT_EQ(code(MakeDecode(good)), grpc::StatusCode::INVALID_ARGUMENT);
   TestPrefill prefill;
   // A first token outside the vocabulary; the reservation goes with it.
-  prefill.Notify(landing.offers(0).endpoint(), RequestId(1), 8);
+  prefill.Notify(landing, RequestId(1), 8);
   d = MakeDecode(good);
   d.mutable_first_token()->set_token_id(258);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Load().reservations(), 0u);
   // KvComplete for fewer tokens than the prompt has.
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
-  prefill.Notify(landing.offers(0).endpoint(), RequestId(1), 5);
+  prefill.Notify(landing, RequestId(1), 5);
   d = MakeDecode(good);
   d.mutable_first_token()->set_token_id(7);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
   // max_tokens 1: the first token was the last.
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
-  prefill.Notify(landing.offers(0).endpoint(), RequestId(1), 8);
+  prefill.Notify(landing, RequestId(1), 8);
   d.mutable_request()->set_max_tokens(1);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
   // A reservation smaller than prompt + max_tokens.
   ASSERT_TRUE(Reserve(1, 16, &landing).ok());
-  prefill.Notify(landing.offers(0).endpoint(), RequestId(1), 8);
+  prefill.Notify(landing, RequestId(1), 8);
   d.mutable_request()->set_max_tokens(20);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
 }
@@ -833,9 +846,9 @@ TEST_F(DecodeWorkerTest, NotificationsThatAreNotOursAreIgnored) {
   EXPECT_TRUE(conn.Notify("\xff\xff not a proto").ok());
   EXPECT_TRUE(conn.Notify("").ok());
   EXPECT_TRUE(conn.Notify(std::string(1000, '\x0a')).ok());
-  prefill.Notify(landing.offers(0).endpoint(), RequestId(12345),
+  prefill.Notify(landing, RequestId(12345),
                  8);  // Unknown id.
-  prefill.Notify(landing.offers(0).endpoint(), RequestId(0), 8);
+  prefill.Notify(landing, RequestId(0), 8);
   // Raw bytes on the KV port that are no frame at all.
   {
     const size_t colon = landing.offers(0).endpoint().rfind(':');
@@ -889,7 +902,7 @@ TEST_F(DecodeWorkerTest, CancelWhileWaitingForABatchSlotFreesBlocks) {
   wire::Landing landing;
   ASSERT_TRUE(Reserve(2, 20, &landing).ok());
   TestPrefill prefill;
-  prefill.Notify(landing.offers(0).endpoint(), RequestId(2), 8);
+  prefill.Notify(landing, RequestId(2), 8);
   wire::DecodeRequest d =
       MakeDecode({RequestId(2), RandomPrompt(8, 1), Greedy(10)});
   d.mutable_first_token()->set_token_id(7);
