@@ -20,6 +20,19 @@ void DecodeMetrics::WatchLoop(const EngineLoop* loop) {
       [loop] { return loop->load().reserved; });
 }
 
+void DecodeMetrics::WatchFence(const kv::LandingFence* fence) {
+  registry_.AddCallbackCounter(
+      "pdserve_decode_kv_fenced_writes_total",
+      "KV writes dropped on arrival because their landing was no longer "
+      "open (a push that outlived its request; tcp).",
+      [fence] { return static_cast<double>(fence->dropped_writes()); });
+  registry_.AddCallbackGauge(
+      "pdserve_decode_kv_unfenced_landings",
+      "Landings open, or closed with their blocks held back until no write "
+      "can land in them any more.",
+      [fence] { return static_cast<double>(fence->tracked()); });
+}
+
 Counter* DecodeMetrics::AddReceiver(absl::string_view transport) {
   return kv_received_bytes_->WithLabels({std::string(transport)});
 }

@@ -1,7 +1,8 @@
 // DecodeMetrics: pd-decode's Prometheus metrics (docs/metrics.md),
 // pdserve_decode_*: its engine loop's (EngineMetrics: step time, batch
 // size, generated tokens, running and waiting requests, KV blocks by state,
-// prefix-cache hits), landings open, and KV bytes received per transport.
+// prefix-cache hits), landings open, KV bytes received per transport, and
+// the landing fence's dropped writes and landings not fenced yet.
 //
 // Thread-safety: every method from any thread; AddReceiver before serving.
 // Ownership: the watched loop must outlive every scrape.
@@ -15,6 +16,7 @@
 #include "common/metrics.h"
 #include "engine/engine_loop.h"
 #include "engine/engine_metrics.h"
+#include "kv_transfer/landing_fence.h"
 
 namespace pdserve {
 
@@ -27,6 +29,9 @@ class DecodeMetrics {
   // The counter of KV bytes received over receiving transport `transport`;
   // call once per transport at setup and keep the pointer.
   Counter* AddReceiver(absl::string_view transport);
+  // The fence's counters, read from `fence` at scrape (it must outlive
+  // every scrape).
+  void WatchFence(const kv::LandingFence* fence);
 
   MetricsRegistry& registry() { return registry_; }
   EngineMetrics& engine() { return engine_; }

@@ -185,6 +185,7 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
   w->fence_ = std::make_unique<kv::LandingFence>(every_write_fenced,
                                                  options.kv_quarantine);
   for (Receiver& r : w->receivers_) r.transport->SetWriteFence(w->fence_.get());
+  w->metrics_.WatchFence(w->fence_.get());
   PD_ASSIGN_OR_RETURN(worker->loop_,
                       EngineLoop::Start(
                           options.engine,

@@ -817,7 +817,7 @@ TEST(ClusterTest, OverloadIsRefusedWithResourceExhaustedAndNothingLeaks) {
   auto started = LocalCluster::Start(
       {.prefill = 1,
        .decode = 1,
-       .decode_args = "--num_threads=1 --max_batch_tokens=64 --kv_blocks=14",
+       .decode_args = "--num_threads=1 --max_batch_tokens=64 --kv_blocks=14 --kv_canary",
        .router_args = "--max_queued=2"});
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;

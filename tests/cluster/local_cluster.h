@@ -33,7 +33,9 @@ struct ClusterSpec {
   // Small pools and chunks so tests exercise chunking and block reuse; one
   // engine thread per worker (the tests share two cores).
   std::string prefill_args = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
-  std::string decode_args = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16";
+  // --kv_canary: every free block is checked for writes nobody owns
+  // (the teardown check below).
+  std::string decode_args = "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16 --kv_canary";
   std::string router_args = "";
   // The config's routing section: by default every prompt, however short,
   // goes to a prefill worker when one is up, so that the tests exercise
@@ -102,7 +104,7 @@ class LocalCluster {
 
  private:
   // Each decode worker still answering must have all its blocks free again
-  // (a killed one is skipped).
+  // and no canary violation (a killed one is skipped).
   void CheckKvReturned() {
     for (int i = 0; i < decode_; ++i) {
       const std::string name = absl::StrCat("decode-", i);
@@ -115,6 +117,10 @@ class LocalCluster {
         answered = stub->GetLoad(&context, {}, &load).ok();
         if (!answered || load.free_blocks() == load.total_blocks()) break;
         absl::SleepFor(absl::Milliseconds(100));
+      }
+      if (answered && load.kv_canary_violations() > 0) {
+        on_kv_leak(absl::StrCat(name, " found ", load.kv_canary_violations(),
+                                " free KV blocks written while nobody owned them"));
       }
       if (answered && load.free_blocks() != load.total_blocks()) {
         on_kv_leak(absl::StrCat(name, " still holds ", load.total_blocks() - load.free_blocks(),
