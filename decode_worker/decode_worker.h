@@ -70,6 +70,9 @@ struct DecodeWorkerOptions {
   // that vanished; it must outlast the longest wait in a prefill queue.
   // Default: 60 s.
   absl::Duration reservation_timeout = absl::Seconds(60);
+  // Faults injected into every KV transport (kv::ParseKvFaultSpec; tests
+  // only). Default: empty, none.
+  std::string kv_fault;
 };
 
 class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
