@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 
 namespace pdserve::kv {
 namespace {
@@ -151,6 +152,14 @@ std::vector<WriteOp> CorruptedBatch(std::span<const WriteOp> ops, uint64_t choic
   return batch;
 }
 
+// One log line per fault that changes what arrives (delays are left out:
+// a spec may delay every write), so a test can tell from a worker's log
+// that its faults fired.
+void LogFault(const KvFault& fault, std::string_view what) {
+  if (fault.action == KvFaultAction::kPass || fault.action == KvFaultAction::kDelay) return;
+  PD_LOG(WARNING) << "kv_fault: " << KvFaultActionName(fault.action) << " " << what;
+}
+
 class FaultInjectingConnection final : public KvConnection {
  public:
   FaultInjectingConnection(std::unique_ptr<KvConnection> connection,
@@ -160,6 +169,7 @@ class FaultInjectingConnection final : public KvConnection {
   absl::Status Write(std::span<const WriteOp> ops) override {
     if (connection_ == nullptr) return Closed();
     const KvFault fault = hook_->OnWrite(ops);
+    LogFault(fault, "of a write batch sent");
     switch (fault.action) {
       case KvFaultAction::kPass:
         break;
@@ -182,6 +192,7 @@ class FaultInjectingConnection final : public KvConnection {
   absl::Status Notify(std::string_view message) override {
     if (connection_ == nullptr) return Closed();
     const KvFault fault = hook_->OnNotify(message, /*received=*/false);
+    LogFault(fault, "of a notification sent");
     std::string altered(message);
     switch (fault.action) {
       case KvFaultAction::kPass:
@@ -259,6 +270,7 @@ class FaultInjectingTransport final : public KvTransport {
           transport_->WaitNotification(std::max(deadline - absl::Now(), absl::ZeroDuration()));
       if (!notification.ok()) return notification;
       const KvFault fault = hook_->OnNotify(notification->message, /*received=*/true);
+      LogFault(fault, "of a notification received");
       switch (fault.action) {
         case KvFaultAction::kPass:
           return notification;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
@@ -109,7 +110,8 @@ class LocalCluster {
     if (cmdline.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(name, "'s command line is gone (reaped)"));
     }
-    const std::string port = Read(name + ".port"), http_port = Read("router.http_port");
+    const std::string port(absl::StripAsciiWhitespace(Read(name + ".port")));
+    const std::string http_port(absl::StripAsciiWhitespace(Read("router.http_port")));
     std::string command;
     for (absl::string_view arg : absl::StrSplit(cmdline, '\0', absl::SkipEmpty())) {
       std::string pinned(arg);

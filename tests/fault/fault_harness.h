@@ -197,6 +197,7 @@ class LoadRun {
 // One row of the fault matrix, and what went wrong.
 struct ScenarioTally {
   std::string scenario;
+  int faults = 0;  // Faults injected: kills, stops, restarts, kv_fault log lines, link spells.
   int streams = 0;
   int completed_equal = 0;
   int completed_different = 0;  // Must be 0.
@@ -283,6 +284,16 @@ struct ClusterProcess {
   pid_t pid = 0;
   bool decode() const { return name.starts_with("decode"); }
 };
+
+// How many faults --kv_fault injected, from the "kv_fault:" lines of a
+// worker's log.
+inline int KvFaultsLogged(const std::string& log) {
+  int count = 0;
+  for (size_t at = log.find("kv_fault: "); at != std::string::npos; at = log.find("kv_fault: ", at + 1)) {
+    ++count;
+  }
+  return count;
+}
 
 // The processes of a LocalCluster of `prefill` and `decode` workers.
 inline std::vector<ClusterProcess> Processes(const testing_util::LocalCluster& cluster, int prefill,
@@ -373,16 +384,16 @@ inline void CheckProcesses(const std::vector<ClusterProcess>& processes,
 // The fault matrix as a Markdown table, one row per scenario.
 inline std::string FormatMatrix(const std::vector<ScenarioTally>& tallies) {
   std::string out =
-      "| scenario | streams | completed equal | completed different | failed by code | retried "
+      "| scenario | faults | streams | completed equal | completed different | failed by code | retried "
       "| migrations | leaked blocks | canary violations | verdict |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const ScenarioTally& t : tallies) {
     std::string failed;
     for (const auto& [code, count] : t.failed_by_code) {
       absl::StrAppend(&failed, failed.empty() ? "" : ", ", code, " ", count);
     }
-    absl::StrAppendFormat(&out, "| %s | %d | %d | %d | %s | %d | %s | %d | %s | %s |\n", t.scenario,
-                          t.streams, t.completed_equal, t.completed_different,
+    absl::StrAppendFormat(&out, "| %s | %d | %d | %d | %d | %s | %d | %s | %d | %s | %s |\n",
+                          t.scenario, t.faults, t.streams, t.completed_equal, t.completed_different,
                           failed.empty() ? "-" : failed, t.retried,
                           t.migrations < 0 ? "n/a" : absl::StrCat(t.migrations),
                           t.leaked_blocks,

@@ -103,16 +103,18 @@ ClusterSpec FaultCluster(const std::string& extra_prefill = "", const std::strin
 // printed; the test fails on any broken expectation.
 class Scenario {
  public:
-  Scenario(std::string name, const std::vector<StreamCase>& cases,
-           const std::vector<std::vector<int32_t>>& reference)
-      : cases_(cases), reference_(reference) {
+  Scenario(std::string name, int faults, const std::vector<std::vector<int32_t>>& reference)
+      : reference_(reference) {
     tally_.scenario = std::move(name);
+    tally_.faults = faults;
   }
 
+  // `settle`: how long the surviving decode workers get to free every block.
   void Finish(const std::vector<StreamOutcome>& outcomes,
-              const std::vector<ClusterProcess>& processes, const std::set<std::string>& killed) {
+              const std::vector<ClusterProcess>& processes, const std::set<std::string>& killed,
+              absl::Duration settle = absl::Seconds(15)) {
     JudgeStreams(reference_, outcomes, tally_);
-    CheckProcesses(processes, killed, BuiltFeatures().canary, tally_);
+    CheckProcesses(processes, killed, BuiltFeatures().canary, tally_, settle);
     AllTallies().push_back(tally_);
     std::cout << FormatMatrix({tally_});
     EXPECT_TRUE(tally_.problems.empty())
@@ -122,7 +124,6 @@ class Scenario {
   ScenarioTally& tally() { return tally_; }
 
  private:
-  const std::vector<StreamCase>& cases_;
   const std::vector<std::vector<int32_t>>& reference_;
   ScenarioTally tally_;
 };
@@ -227,7 +228,7 @@ void KillAt(const std::vector<std::string>& victims, Moment moment,
   LocalCluster& cluster = **started;
   const std::vector<ClusterProcess> processes = Processes(cluster, 2, 2);
   Scenario scenario(absl::StrCat("kill -9 ", absl::StrJoin(victims, "+"), " ", MomentName(moment)),
-                    cases, reference);
+                    victims.size(), reference);
   LoadRun load(cluster.router(), cases);
   const bool reached = ReachMoment(cluster, load, moment);
   jitter(absl::Milliseconds(20));
@@ -263,7 +264,7 @@ TEST_F(FaultTest, StopAndContinueEachWorker) {
   const std::vector<ClusterProcess> processes = Processes(cluster, 2, 2);
   for (const auto& [victim, moment] :
        {std::pair{"prefill-0", Moment::kDuringPrefill}, std::pair{"decode-0", Moment::kMidDecode}}) {
-    Scenario scenario(absl::StrCat("SIGSTOP 3 s ", victim, " ", MomentName(moment)), cases_, reference_);
+    Scenario scenario(absl::StrCat("SIGSTOP 3 s ", victim, " ", MomentName(moment)), 1, reference_);
     LoadRun load(cluster.router(), cases_);
     ReachMoment(cluster, load, moment);
     Jitter(absl::Milliseconds(20));
@@ -276,19 +277,23 @@ TEST_F(FaultTest, StopAndContinueEachWorker) {
 
 // The router restarted under load: clients see UNAVAILABLE, retry, and
 // every stream completes with the fault-free output.
+// The reservations the killed router made and never released are freed
+// by the decode workers' reservation timeout (DESIGN.md: it "only catches a
+// router that vanished"), 10 s here instead of the default 60 s.
 TEST_F(FaultTest, RouterRestartClientsRetryAndSucceed) {
-  auto started = LocalCluster::Start(FaultCluster());
+  auto started = LocalCluster::Start(FaultCluster("", "--reservation_timeout_ms=10000"));
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
-  Scenario scenario("router kill -9 and restart mid-decode", cases_, reference_);
+  Scenario scenario("router kill -9 and restart mid-decode", 1, reference_);
   const std::vector<ClusterProcess> before = Processes(cluster, 2, 2);
   LoadRun load(cluster.router(), cases_, {.retry_unavailable = true});
   ReachMoment(cluster, load, Moment::kMidDecode);
   Jitter(absl::Milliseconds(20));
-  ASSERT_TRUE(cluster.Restart("router").ok());
+  const absl::Status restarted = cluster.Restart("router");
+  ASSERT_TRUE(restarted.ok()) << restarted << "\nrouter log:\n" << cluster.Log("router");
   const std::vector<StreamOutcome>& outcomes = load.Join();
   // The restarted router is a new process: check it, not the one killed.
-  scenario.Finish(outcomes, Processes(cluster, 2, 2), {});
+  scenario.Finish(outcomes, Processes(cluster, 2, 2), {}, absl::Seconds(20));
   EXPECT_EQ(scenario.tally().completed_equal, kStreams) << "every stream must succeed on retry";
   EXPECT_GT(scenario.tally().retried, 0) << "the restart hit no stream in flight";
 }
@@ -296,33 +301,39 @@ TEST_F(FaultTest, RouterRestartClientsRetryAndSucceed) {
 // Transport faults on the KV path, across processes (--kv_fault).
 TEST_F(FaultTest, KvWriteFaults) {
   const std::string spec = absl::StrCat(
-      "--kv_fault=write:delay=30ms:p=0.2,write:drop:p=0.03,write:truncate:p=0.03,"
-      "write:corrupt:p=0.03,seed=",
+      "--kv_fault=write:delay=30ms:p=0.2,write:drop:p=0.05,write:truncate:p=0.05,"
+      "write:corrupt:p=0.05,seed=",
       Seed(), " --transfer_timeout_ms=1500");
   auto started = LocalCluster::Start(FaultCluster(spec));
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
-  Scenario scenario("kv_fault writes: delay 20%, drop/truncate/corrupt 3% each", cases_, reference_);
+  Scenario scenario("kv_fault writes: delay 20%, drop/truncate/corrupt 5% each", 0, reference_);
   LoadRun load(cluster.router(), cases_);
-  scenario.Finish(load.Join(), Processes(cluster, 2, 2), {});
+  const std::vector<StreamOutcome>& outcomes = load.Join();
+  scenario.tally().faults = KvFaultsLogged(cluster.Log("prefill-0")) + KvFaultsLogged(cluster.Log("prefill-1"));
+  scenario.Finish(outcomes, Processes(cluster, 2, 2), {});
 }
 
 TEST_F(FaultTest, KvNotificationFaults) {
   const std::string prefill_spec = absl::StrCat(
-      "--kv_fault=notify:drop:p=0.05,notify:truncate:p=0.05,notify:corrupt:p=0.05,seed=", Seed(),
+      "--kv_fault=notify:drop:p=0.08,notify:truncate:p=0.08,notify:corrupt:p=0.08,seed=", Seed(),
       " --transfer_timeout_ms=1500");
   const std::string decode_spec = absl::StrCat(
-      "--kv_fault=notify:delay=100ms:p=0.1,notify:drop:p=0.03,notify:corrupt:p=0.03,seed=", Seed(),
+      "--kv_fault=notify:delay=100ms:p=0.1,notify:drop:p=0.05,notify:corrupt:p=0.05,seed=", Seed(),
       " --reservation_timeout_ms=8000");
   auto started = LocalCluster::Start(FaultCluster(prefill_spec, decode_spec));
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
   Scenario scenario(
-      "kv_fault notifications: sent drop/truncate/corrupt 5% each; received delay 10%, "
-      "drop/corrupt 3%",
-      cases_, reference_);
+      "kv_fault notifications: sent drop/truncate/corrupt 8% each; received delay 10%, "
+      "drop/corrupt 5%",
+      0, reference_);
   LoadRun load(cluster.router(), cases_);
-  scenario.Finish(load.Join(), Processes(cluster, 2, 2), {});
+  const std::vector<StreamOutcome>& outcomes = load.Join();
+  for (const char* name : {"prefill-0", "prefill-1", "decode-0", "decode-1"}) {
+    scenario.tally().faults += KvFaultsLogged(cluster.Log(name));
+  }
+  scenario.Finish(outcomes, Processes(cluster, 2, 2), {});
 }
 
 TEST_F(FaultTest, NetworkFaultsBetweenWorkers) {
@@ -337,7 +348,7 @@ TEST_F(FaultTest, NetworkFaultsBetweenWorkers) {
   std::cout << "network faults made with: " << cluster.Network() << "\n";
   const std::vector<ClusterProcess> processes = cluster.Processes();
   {
-    Scenario scenario("partition decode-1 for 3 s, then heal", cases_, reference_);
+    Scenario scenario("partition decode-1 for 3 s, then heal", 1, reference_);
     LoadRun load(cluster.router(), cases_);
     WaitFor([&] { return load.streaming() >= kStreams / 4; });
     ASSERT_TRUE(cluster.SetPartitioned(true).ok());
@@ -346,7 +357,7 @@ TEST_F(FaultTest, NetworkFaultsBetweenWorkers) {
     scenario.Finish(load.Join(), processes, {});
   }
   {
-    Scenario scenario("slow link to decode-1 for the whole load", cases_, reference_);
+    Scenario scenario("slow link to decode-1 for the whole load", 1, reference_);
     ASSERT_TRUE(cluster.SetSlowLink(true).ok());
     LoadRun load(cluster.router(), cases_);
     const std::vector<StreamOutcome>& outcomes = load.Join();
@@ -354,7 +365,7 @@ TEST_F(FaultTest, NetworkFaultsBetweenWorkers) {
     scenario.Finish(outcomes, processes, {});
   }
   {
-    Scenario scenario("lossy link to decode-1 for 4 s", cases_, reference_);
+    Scenario scenario("lossy link to decode-1 for 4 s", 1, reference_);
     LoadRun load(cluster.router(), cases_);
     ASSERT_TRUE(cluster.LoseFor(absl::Seconds(4)).ok());
     scenario.Finish(load.Join(), processes, {});
