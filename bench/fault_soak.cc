@@ -5,10 +5,12 @@
 // progress line every 10 s and, at the end, the requests completed (equal
 // to the fault-free run or not), migrated (the router's
 // pdserve_router_migrations_total, summed over router restarts), failed by
-// status code, and the KV blocks the decode workers still hold (must be 0),
+// status code (clients retry UNAVAILABLE for up to 30 s, as they must
+// across a router restart; retries are counted), and the KV blocks the decode workers still hold (must be 0),
 // with the fault matrix row of tests/fault. Run from the build tree.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <iostream>
 #include <random>
@@ -35,11 +37,12 @@ namespace {
 constexpr int kPrefill = 2;
 constexpr int kDecode = 3;
 
-// The router's migrations so far (0 when it does not count them).
+// The router's migrations so far; -1 when it does not count them (a build
+// without migration).
 int RouterMigrations(testing_util::LocalCluster& cluster) {
   absl::StatusOr<std::string> metrics = testing_util::HttpGet(cluster.MetricsPort("router"), "/metrics");
   const double migrations = metrics.ok() ? MetricSum(*metrics, "pdserve_router_migrations_total") : -1;
-  return migrations < 0 ? 0 : static_cast<int>(migrations);
+  return migrations < 0 ? -1 : static_cast<int>(migrations);
 }
 
 int Run() {
@@ -60,6 +63,10 @@ int Run() {
 
   const bool canary = DecodeHasKvCanary(PDSERVE_BINARY_DIR);
   testing_util::ClusterSpec spec{.prefill = kPrefill, .decode = kDecode};
+  // A restarted router leaves the reservations it made behind; the decode
+  // workers free them after this timeout (default 60 s), which the final
+  // check waits out.
+  spec.decode_args += " --reservation_timeout_ms=10000";
   if (canary) spec.decode_args += " --kv_canary";
   auto started = testing_util::LocalCluster::Start(spec);
   if (!started.ok()) {
@@ -76,7 +83,7 @@ int Run() {
   tally.scenario = absl::StrCat("soak ", absl::FormatDuration(duration), ", a fault every ",
                                 absl::FormatDuration(fault_every));
   absl::Mutex tally_mu;
-  int migrations_before_restarts = 0;  // Counted by routers since restarted.
+  int migrations_before_restarts = -1;  // Counted by routers since restarted (-1: none counts).
   std::atomic<int> faults = 0;
   const absl::Time end = absl::Now() + duration;
 
@@ -94,15 +101,15 @@ int Run() {
               : absl::StrCat(prefill ? "prefill-" : "decode-", random() % (prefill ? kPrefill : kDecode));
       absl::Status status;
       if (kind.starts_with("kill")) {
-        cluster.Kill(victim);
-        absl::SleepFor(absl::Seconds(2));
-        status = cluster.Restart(victim);
+        status = cluster.Restart(victim, absl::Seconds(2));
       } else if (kind.starts_with("stop")) {
         ::kill(cluster.Pid(victim), SIGSTOP);
         absl::SleepFor(absl::Seconds(3));
         ::kill(cluster.Pid(victim), SIGCONT);
       } else {
-        migrations_before_restarts += RouterMigrations(cluster);
+        if (const int counted = RouterMigrations(cluster); counted >= 0) {
+          migrations_before_restarts = std::max(migrations_before_restarts, 0) + counted;
+        }
         status = cluster.Restart(victim);
       }
       ++faults;
@@ -119,10 +126,12 @@ int Run() {
       absl::MutexLock lock(&tally_mu);
       int failed = 0;
       for (const auto& [code, count] : tally.failed_by_code) failed += count;
-      std::cout << absl::StrFormat("[%5.0f s] requests %d: completed %d (different %d), failed %d; faults %d",
-                                   absl::ToDoubleSeconds(duration - (end - absl::Now())), tally.streams,
-                                   tally.completed_equal + tally.completed_different,
-                                   tally.completed_different, failed, faults.load())
+      std::cout << absl::StrFormat(
+                       "[%5.0f s] requests %d: completed %d (different %d), failed %d, retried %d; "
+                       "faults %d",
+                       absl::ToDoubleSeconds(duration - (end - absl::Now())), tally.streams,
+                       tally.completed_equal + tally.completed_different, tally.completed_different,
+                       failed, tally.retried, faults.load())
                 << std::endl;
     }
   });
@@ -135,7 +144,9 @@ int Run() {
       wave.push_back(pool[k]);
       wave_reference.push_back((*pool_reference)[k]);
     }
-    LoadRun load(cluster.router(), wave);
+    // Clients retry UNAVAILABLE, as they must across a router restart;
+    // the retries are counted.
+    LoadRun load(cluster.router(), wave, {.retry_unavailable = true});
     const std::vector<StreamOutcome>& outcomes = load.Join();
     absl::MutexLock lock(&tally_mu);
     JudgeStreams(wave_reference, outcomes, tally);
@@ -143,14 +154,19 @@ int Run() {
   faulter.join();
   progress.join();
 
-  CheckProcesses(Processes(cluster, kPrefill, kDecode), {}, canary, tally);
-  tally.migrations = migrations_before_restarts + RouterMigrations(cluster);
+  CheckProcesses(Processes(cluster, kPrefill, kDecode), {}, canary, tally, absl::Seconds(20));
+  const int migrations_now = RouterMigrations(cluster);
+  tally.migrations = migrations_now < 0 ? migrations_before_restarts
+                                        : std::max(migrations_before_restarts, 0) + migrations_now;
   tally.faults = faults.load();
   int failed = 0;
   for (const auto& [code, count] : tally.failed_by_code) failed += count;
   std::cout << "\nrequests: " << tally.streams << "; completed " << tally.completed_equal
             << " equal to the fault-free run, " << tally.completed_different << " different; migrated "
-            << tally.migrations << "; failed " << failed << "; faults " << faults.load()
+            << (tally.migrations < 0 ? "n/a (the router has no pdserve_router_migrations_total)"
+                                     : absl::StrCat(tally.migrations))
+            << "; failed " << failed << "; retried after UNAVAILABLE " << tally.retried
+            << "; faults " << faults.load()
             << "; blocks leaked " << tally.leaked_blocks << "\n\n"
             << FormatMatrix({tally});
   if (!tally.problems.empty()) {

@@ -98,17 +98,18 @@ class LocalCluster {
   // The port of the process's /metrics (the router's is its HTTP port).
   int MetricsPort(const std::string& name) const { return std::stoi(Read(name + ".metrics_port")); }
 
-  // kill -9 of `name` (when still running), then the same process again
-  // from its own command line with its gRPC (and the router's HTTP) port
-  // pinned to the one it had, so that the router's configuration and
-  // clients' channels find it again. Returns once the router serves every
-  // worker again; UNAVAILABLE if that takes over 30 s.
-  absl::Status Restart(const std::string& name) {
+  // kill -9 of `name`, `down_for` later the same process again from its
+  // own command line with its gRPC (and the router's HTTP) port pinned to
+  // the one it had, so that the router's configuration and clients'
+  // channels find it again. Returns once the router serves every worker
+  // again; UNAVAILABLE if that takes over 30 s. FAILED_PRECONDITION when
+  // `name` no longer runs (its command line is gone with it).
+  absl::Status Restart(const std::string& name, absl::Duration down_for = absl::ZeroDuration()) {
     const pid_t old_pid = Pid(name);
     std::ifstream cmdline_file(absl::StrCat("/proc/", old_pid, "/cmdline"));
     const std::string cmdline(std::istreambuf_iterator<char>(cmdline_file), {});
     if (cmdline.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(name, "'s command line is gone (reaped)"));
+      return absl::FailedPreconditionError(absl::StrCat(name, " is not running"));
     }
     const std::string port(absl::StripAsciiWhitespace(Read(name + ".port")));
     const std::string http_port(absl::StripAsciiWhitespace(Read("router.http_port")));
@@ -123,6 +124,7 @@ class LocalCluster {
     }
     ::kill(old_pid, SIGKILL);
     for (int i = 0; i < 500 && ProcessRunning(old_pid); ++i) absl::SleepFor(absl::Milliseconds(10));
+    absl::SleepFor(down_for);
     std::filesystem::remove(dir_ / (name + ".port"));
     const std::string start =
         absl::StrCat(command, ">>'", (dir_ / (name + ".log")).string(), "' 2>&1 & echo $! >'",
