@@ -6,8 +6,9 @@
 // to the fault-free run or not), migrated (the router's
 // pdserve_router_migrations_total, summed over router restarts), failed by
 // status code (clients retry UNAVAILABLE for up to 30 s, as they must
-// across a router restart; retries are counted), and the KV blocks the decode workers still hold (must be 0),
-// with the fault matrix row of tests/fault. Run from the build tree.
+// across a router restart; retries are counted), and the KV blocks the decode
+// workers still hold (must be 0), with the fault matrix row of tests/fault. Run
+// from the build tree.
 #include <signal.h>
 
 #include <algorithm>
@@ -26,8 +27,10 @@
 #include "tests/cluster/local_cluster.h"
 #include "tests/fault/fault_harness.h"
 
-ABSL_FLAG(absl::Duration, duration, absl::Minutes(30), "How long the load runs");
-ABSL_FLAG(absl::Duration, fault_every, absl::Seconds(20), "Time between faults");
+ABSL_FLAG(absl::Duration, duration, absl::Minutes(30),
+          "How long the load runs");
+ABSL_FLAG(absl::Duration, fault_every, absl::Seconds(20),
+          "Time between faults");
 ABSL_FLAG(int32_t, streams, 16, "Concurrent streams");
 ABSL_FLAG(uint32_t, seed, 1, "Seed of the load and of the fault victims");
 
@@ -40,8 +43,11 @@ constexpr int kDecode = 3;
 // The router's migrations so far; -1 when it does not count them (a build
 // without migration).
 int RouterMigrations(testing_util::LocalCluster& cluster) {
-  absl::StatusOr<std::string> metrics = testing_util::HttpGet(cluster.MetricsPort("router"), "/metrics");
-  const double migrations = metrics.ok() ? MetricSum(*metrics, "pdserve_router_migrations_total") : -1;
+  absl::StatusOr<std::string> metrics =
+      testing_util::HttpGet(cluster.MetricsPort("router"), "/metrics");
+  const double migrations =
+      metrics.ok() ? MetricSum(*metrics, "pdserve_router_migrations_total")
+                   : -1;
   return migrations < 0 ? -1 : static_cast<int>(migrations);
 }
 
@@ -49,15 +55,19 @@ int Run() {
   const absl::Duration duration = absl::GetFlag(FLAGS_duration);
   const absl::Duration fault_every = absl::GetFlag(FLAGS_fault_every);
   const int streams = absl::GetFlag(FLAGS_streams);
-  if (duration <= absl::ZeroDuration() || fault_every <= absl::Seconds(5) || streams < 1) {
-    std::cerr << "pd-fault-soak: --duration must be positive, --fault_every above 5 s, --streams at least 1\n";
+  if (duration <= absl::ZeroDuration() || fault_every <= absl::Seconds(5) ||
+      streams < 1) {
+    std::cerr << "pd-fault-soak: --duration must be positive, --fault_every "
+                 "above 5 s, --streams at least 1\n";
     return 2;
   }
   std::mt19937 random(absl::GetFlag(FLAGS_seed));
   const std::vector<StreamCase> pool = MixedLoad(64, absl::GetFlag(FLAGS_seed));
-  absl::StatusOr<std::vector<std::vector<int32_t>>> pool_reference = ReferenceOutputs(pool);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> pool_reference =
+      ReferenceOutputs(pool);
   if (!pool_reference.ok()) {
-    std::cerr << "pd-fault-soak: reference run: " << pool_reference.status() << "\n";
+    std::cerr << "pd-fault-soak: reference run: " << pool_reference.status()
+              << "\n";
     return 1;
   }
 
@@ -74,23 +84,28 @@ int Run() {
     return 1;
   }
   testing_util::LocalCluster& cluster = **started;
-  std::cout << "pd-fault-soak: " << kPrefill << "P" << kDecode << "D builtin:tiny, " << streams
-            << " concurrent streams, a fault every " << absl::FormatDuration(fault_every) << " for "
-            << absl::FormatDuration(duration) << (canary ? "" : "; no --kv_canary in this build")
-            << std::endl;
+  std::cout << "pd-fault-soak: " << kPrefill << "P" << kDecode
+            << "D builtin:tiny, " << streams
+            << " concurrent streams, a fault every "
+            << absl::FormatDuration(fault_every) << " for "
+            << absl::FormatDuration(duration)
+            << (canary ? "" : "; no --kv_canary in this build") << std::endl;
 
   ScenarioTally tally;
-  tally.scenario = absl::StrCat("soak ", absl::FormatDuration(duration), ", a fault every ",
-                                absl::FormatDuration(fault_every));
+  tally.scenario =
+      absl::StrCat("soak ", absl::FormatDuration(duration), ", a fault every ",
+                   absl::FormatDuration(fault_every));
   absl::Mutex tally_mu;
-  int migrations_before_restarts = -1;  // Counted by routers since restarted (-1: none counts).
+  int migrations_before_restarts =
+      -1;  // Counted by routers since restarted (-1: none counts).
   std::atomic<int> faults = 0;
   const absl::Time end = absl::Now() + duration;
 
   // The faults, in turn, each on a random victim of its kind.
   std::thread faulter([&] {
-    const std::vector<std::string> kinds = {"kill prefill", "kill decode", "stop decode",
-                                            "stop prefill", "restart router"};
+    const std::vector<std::string> kinds = {"kill prefill", "kill decode",
+                                            "stop decode", "stop prefill",
+                                            "restart router"};
     for (size_t turn = 0; absl::Now() + fault_every < end; ++turn) {
       absl::SleepFor(fault_every);
       const std::string& kind = kinds[turn % kinds.size()];
@@ -98,7 +113,8 @@ int Run() {
       const std::string victim =
           kind == "restart router"
               ? "router"
-              : absl::StrCat(prefill ? "prefill-" : "decode-", random() % (prefill ? kPrefill : kDecode));
+              : absl::StrCat(prefill ? "prefill-" : "decode-",
+                             random() % (prefill ? kPrefill : kDecode));
       absl::Status status;
       if (kind.starts_with("kill")) {
         status = cluster.Restart(victim, absl::Seconds(2));
@@ -108,13 +124,16 @@ int Run() {
         ::kill(cluster.Pid(victim), SIGCONT);
       } else {
         if (const int counted = RouterMigrations(cluster); counted >= 0) {
-          migrations_before_restarts = std::max(migrations_before_restarts, 0) + counted;
+          migrations_before_restarts =
+              std::max(migrations_before_restarts, 0) + counted;
         }
         status = cluster.Restart(victim);
       }
       ++faults;
-      std::cout << absl::StrFormat("  fault %d: %s %s%s", faults.load(), kind, victim,
-                                   status.ok() ? "" : absl::StrCat(" (", status.message(), ")"))
+      std::cout << absl::StrFormat(
+                       "  fault %d: %s %s%s", faults.load(), kind, victim,
+                       status.ok() ? ""
+                                   : absl::StrCat(" (", status.message(), ")"))
                 << std::endl;
     }
   });
@@ -127,11 +146,14 @@ int Run() {
       int failed = 0;
       for (const auto& [code, count] : tally.failed_by_code) failed += count;
       std::cout << absl::StrFormat(
-                       "[%5.0f s] requests %d: completed %d (different %d), failed %d, retried %d; "
+                       "[%5.0f s] requests %d: completed %d (different %d), "
+                       "failed %d, retried %d; "
                        "faults %d",
-                       absl::ToDoubleSeconds(duration - (end - absl::Now())), tally.streams,
-                       tally.completed_equal + tally.completed_different, tally.completed_different,
-                       failed, tally.retried, faults.load())
+                       absl::ToDoubleSeconds(duration - (end - absl::Now())),
+                       tally.streams,
+                       tally.completed_equal + tally.completed_different,
+                       tally.completed_different, failed, tally.retried,
+                       faults.load())
                 << std::endl;
     }
   });
@@ -154,24 +176,30 @@ int Run() {
   faulter.join();
   progress.join();
 
-  CheckProcesses(Processes(cluster, kPrefill, kDecode), {}, canary, tally, absl::Seconds(20));
+  CheckProcesses(Processes(cluster, kPrefill, kDecode), {}, canary, tally,
+                 absl::Seconds(20));
   const int migrations_now = RouterMigrations(cluster);
-  tally.migrations = migrations_now < 0 ? migrations_before_restarts
-                                        : std::max(migrations_before_restarts, 0) + migrations_now;
+  tally.migrations =
+      migrations_now < 0
+          ? migrations_before_restarts
+          : std::max(migrations_before_restarts, 0) + migrations_now;
   tally.faults = faults.load();
   int failed = 0;
   for (const auto& [code, count] : tally.failed_by_code) failed += count;
-  std::cout << "\nrequests: " << tally.streams << "; completed " << tally.completed_equal
-            << " equal to the fault-free run, " << tally.completed_different << " different; migrated "
-            << (tally.migrations < 0 ? "n/a (the router has no pdserve_router_migrations_total)"
-                                     : absl::StrCat(tally.migrations))
-            << "; failed " << failed << "; retried after UNAVAILABLE " << tally.retried
-            << "; faults " << faults.load()
+  std::cout << "\nrequests: " << tally.streams << "; completed "
+            << tally.completed_equal << " equal to the fault-free run, "
+            << tally.completed_different << " different; migrated "
+            << (tally.migrations < 0
+                    ? "n/a (the router has no pdserve_router_migrations_total)"
+                    : absl::StrCat(tally.migrations))
+            << "; failed " << failed << "; retried after UNAVAILABLE "
+            << tally.retried << "; faults " << faults.load()
             << "; blocks leaked " << tally.leaked_blocks << "\n\n"
             << FormatMatrix({tally});
   if (!tally.problems.empty()) {
     // Failures by a clear status are outcomes; these are broken expectations.
-    std::cout << "\nproblems:\n  " << absl::StrJoin(tally.problems, "\n  ") << "\n";
+    std::cout << "\nproblems:\n  " << absl::StrJoin(tally.problems, "\n  ")
+              << "\n";
   }
   return tally.leaked_blocks == 0 && tally.completed_different == 0 ? 0 : 1;
 }

@@ -9,9 +9,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -46,7 +46,9 @@ class SpecFaultHook final : public KvFaultHook {
     absl::MutexLock lock(&mu_);
     for (const FaultRule& rule : rules_) {
       if (rule.on_notify != on_notify) continue;
-      if (std::uniform_real_distribution<double>(0.0, 1.0)(random_) >= rule.probability) continue;
+      if (std::uniform_real_distribution<double>(0.0, 1.0)(random_) >=
+          rule.probability)
+        continue;
       return {.action = rule.action, .delay = rule.delay, .choice = random_()};
     }
     return {};
@@ -62,7 +64,8 @@ class SpecFaultHook final : public KvFaultHook {
 absl::StatusOr<FaultRule> ParseRule(absl::string_view text) {
   const std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
   auto error = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_fault rule '", text, "': ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_fault rule '", text, "': ", why));
   };
   FaultRule rule;
   if (parts[0] == "notify") {
@@ -70,13 +73,15 @@ absl::StatusOr<FaultRule> ParseRule(absl::string_view text) {
   } else if (parts[0] != "write") {
     return error("must start with write: or notify:");
   }
-  if (parts.size() < 2) return error("names no action (delay=DURATION, drop, truncate, corrupt)");
+  if (parts.size() < 2)
+    return error("names no action (delay=DURATION, drop, truncate, corrupt)");
   const absl::string_view action = parts[1];
   if (absl::StartsWith(action, "delay=")) {
     rule.action = KvFaultAction::kDelay;
-    if (!absl::ParseDuration(action.substr(6), &rule.delay) || rule.delay <= absl::ZeroDuration() ||
-        rule.delay > kMaxDelay) {
-      return error("delay must be a duration such as 200ms, above 0 and at most 10m");
+    if (!absl::ParseDuration(action.substr(6), &rule.delay) ||
+        rule.delay <= absl::ZeroDuration() || rule.delay > kMaxDelay) {
+      return error(
+          "delay must be a duration such as 200ms, above 0 and at most 10m");
     }
   } else if (action == "drop") {
     rule.action = KvFaultAction::kDrop;
@@ -94,7 +99,8 @@ absl::StatusOr<FaultRule> ParseRule(absl::string_view text) {
     }
     have_probability = true;
     if (!absl::SimpleAtod(parts[i].substr(2), &rule.probability) ||
-        !std::isfinite(rule.probability) || rule.probability < 0.0 || rule.probability > 1.0) {
+        !std::isfinite(rule.probability) || rule.probability < 0.0 ||
+        rule.probability > 1.0) {
       return error("p must be a number in [0, 1]");
     }
   }
@@ -119,7 +125,8 @@ void CorruptMessage(std::string& message, uint64_t choice) {
 
 // The ops that carry the first `choice % total` bytes of `ops`, the last
 // one cut short: fewer bytes than the batch holds.
-std::vector<WriteOp> TruncatedPrefix(std::span<const WriteOp> ops, uint64_t choice) {
+std::vector<WriteOp> TruncatedPrefix(std::span<const WriteOp> ops,
+                                     uint64_t choice) {
   uint64_t total = 0;
   for (const WriteOp& op : ops) total += op.length;
   uint64_t keep = total == 0 ? 0 : choice % total;
@@ -134,7 +141,8 @@ std::vector<WriteOp> TruncatedPrefix(std::span<const WriteOp> ops, uint64_t choi
 }
 
 // `ops` with one op aimed somewhere the receiver must refuse.
-std::vector<WriteOp> CorruptedBatch(std::span<const WriteOp> ops, uint64_t choice) {
+std::vector<WriteOp> CorruptedBatch(std::span<const WriteOp> ops,
+                                    uint64_t choice) {
   std::vector<WriteOp> batch(ops.begin(), ops.end());
   if (batch.empty()) return batch;
   WriteOp& op = batch[choice % batch.size()];
@@ -156,15 +164,21 @@ std::vector<WriteOp> CorruptedBatch(std::span<const WriteOp> ops, uint64_t choic
 // a spec may delay every write), so a test can tell from a worker's log
 // that its faults fired.
 void LogFault(const KvFault& fault, std::string_view what) {
-  if (fault.action == KvFaultAction::kPass || fault.action == KvFaultAction::kDelay) return;
-  PD_LOG(WARNING) << "kv_fault: " << KvFaultActionName(fault.action) << " " << what;
+  if (fault.action == KvFaultAction::kPass ||
+      fault.action == KvFaultAction::kDelay)
+    return;
+  PD_LOG(WARNING) << "kv_fault: " << KvFaultActionName(fault.action) << " "
+                  << what;
 }
 
 class FaultInjectingConnection final : public KvConnection {
  public:
   FaultInjectingConnection(std::unique_ptr<KvConnection> connection,
-                           std::shared_ptr<KvFaultHook> hook, absl::Duration io_timeout)
-      : connection_(std::move(connection)), hook_(std::move(hook)), io_timeout_(io_timeout) {}
+                           std::shared_ptr<KvFaultHook> hook,
+                           absl::Duration io_timeout)
+      : connection_(std::move(connection)),
+        hook_(std::move(hook)),
+        io_timeout_(io_timeout) {}
 
   absl::Status Write(std::span<const WriteOp> ops) override {
     if (connection_ == nullptr) return Closed();
@@ -219,20 +233,22 @@ class FaultInjectingConnection final : public KvConnection {
   absl::Status Lose(std::string_view what) {
     absl::SleepFor(io_timeout_);
     connection_.reset();
-    return absl::DeadlineExceededError(
-        absl::StrCat("no acknowledgement of the ", std::string(what), " within ",
-                     absl::FormatDuration(io_timeout_), " (kv_fault: dropped)"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no acknowledgement of the ", std::string(what), " within ",
+        absl::FormatDuration(io_timeout_), " (kv_fault: dropped)"));
   }
 
   // The connection failed part way through.
   absl::Status Break(std::string_view what) {
     connection_.reset();
-    return absl::UnavailableError(absl::StrCat("connection lost during the ", std::string(what),
+    return absl::UnavailableError(absl::StrCat("connection lost during the ",
+                                               std::string(what),
                                                " (kv_fault: truncated)"));
   }
 
   static absl::Status Closed() {
-    return absl::UnavailableError("connection closed after an injected fault (kv_fault)");
+    return absl::UnavailableError(
+        "connection closed after an injected fault (kv_fault)");
   }
 
   std::unique_ptr<KvConnection> connection_;  // Null once a fault closed it.
@@ -243,33 +259,42 @@ class FaultInjectingConnection final : public KvConnection {
 class FaultInjectingTransport final : public KvTransport {
  public:
   FaultInjectingTransport(std::unique_ptr<KvTransport> transport,
-                          std::shared_ptr<KvFaultHook> hook, absl::Duration io_timeout)
-      : transport_(std::move(transport)), hook_(std::move(hook)), io_timeout_(io_timeout) {}
+                          std::shared_ptr<KvFaultHook> hook,
+                          absl::Duration io_timeout)
+      : transport_(std::move(transport)),
+        hook_(std::move(hook)),
+        io_timeout_(io_timeout) {}
 
   const TransportCapabilities& capabilities() const override {
     return transport_->capabilities();
   }
   std::string endpoint() const override { return transport_->endpoint(); }
-  absl::StatusOr<RegionId> RegisterMemory(std::span<std::byte> memory) override {
+  absl::StatusOr<RegionId> RegisterMemory(
+      std::span<std::byte> memory) override {
     return transport_->RegisterMemory(memory);
   }
   absl::Status DeregisterMemory(RegionId region) override {
     return transport_->DeregisterMemory(region);
   }
 
-  absl::StatusOr<std::unique_ptr<KvConnection>> Connect(std::string_view endpoint) override {
-    absl::StatusOr<std::unique_ptr<KvConnection>> connection = transport_->Connect(endpoint);
+  absl::StatusOr<std::unique_ptr<KvConnection>> Connect(
+      std::string_view endpoint) override {
+    absl::StatusOr<std::unique_ptr<KvConnection>> connection =
+        transport_->Connect(endpoint);
     if (!connection.ok()) return connection.status();
-    return std::make_unique<FaultInjectingConnection>(*std::move(connection), hook_, io_timeout_);
+    return std::make_unique<FaultInjectingConnection>(*std::move(connection),
+                                                      hook_, io_timeout_);
   }
 
-  absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) override {
+  absl::StatusOr<Notification> WaitNotification(
+      absl::Duration timeout) override {
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
-      absl::StatusOr<Notification> notification =
-          transport_->WaitNotification(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      absl::StatusOr<Notification> notification = transport_->WaitNotification(
+          std::max(deadline - absl::Now(), absl::ZeroDuration()));
       if (!notification.ok()) return notification;
-      const KvFault fault = hook_->OnNotify(notification->message, /*received=*/true);
+      const KvFault fault =
+          hook_->OnNotify(notification->message, /*received=*/true);
       LogFault(fault, "of a notification received");
       switch (fault.action) {
         case KvFaultAction::kPass:
@@ -280,7 +305,8 @@ class FaultInjectingTransport final : public KvTransport {
         case KvFaultAction::kDrop:
           // Never delivered; wait on for the next one.
           if (absl::Now() >= deadline) {
-            return absl::DeadlineExceededError("no notification (kv_fault dropped one)");
+            return absl::DeadlineExceededError(
+                "no notification (kv_fault dropped one)");
           }
           continue;
         case KvFaultAction::kTruncate:
@@ -317,7 +343,8 @@ std::string_view KvFaultActionName(KvFaultAction action) {
   return "unknown";
 }
 
-absl::StatusOr<std::shared_ptr<KvFaultHook>> ParseKvFaultSpec(std::string_view std_spec) {
+absl::StatusOr<std::shared_ptr<KvFaultHook>> ParseKvFaultSpec(
+    std::string_view std_spec) {
   const absl::string_view spec(std_spec.data(), std_spec.size());
   if (spec.empty()) return absl::InvalidArgumentError("kv_fault spec is empty");
   std::vector<FaultRule> rules;
@@ -330,8 +357,9 @@ absl::StatusOr<std::shared_ptr<KvFaultHook>> ParseKvFaultSpec(std::string_view s
     }
     if (absl::StartsWith(item, "seed=")) {
       if (have_seed || !absl::SimpleAtoi(item.substr(5), &seed)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "kv_fault '", item, "': give one seed=N, N a non-negative integer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("kv_fault '", item,
+                         "': give one seed=N, N a non-negative integer"));
       }
       have_seed = true;
       continue;
@@ -347,24 +375,28 @@ absl::StatusOr<std::shared_ptr<KvFaultHook>> ParseKvFaultSpec(std::string_view s
   return std::make_shared<SpecFaultHook>(std::move(rules), seed);
 }
 
-std::unique_ptr<KvTransport> WrapKvTransportWithFaults(std::unique_ptr<KvTransport> transport,
-                                                       std::shared_ptr<KvFaultHook> hook,
-                                                       absl::Duration io_timeout) {
-  return std::make_unique<FaultInjectingTransport>(std::move(transport), std::move(hook),
-                                                   io_timeout);
+std::unique_ptr<KvTransport> WrapKvTransportWithFaults(
+    std::unique_ptr<KvTransport> transport, std::shared_ptr<KvFaultHook> hook,
+    absl::Duration io_timeout) {
+  return std::make_unique<FaultInjectingTransport>(std::move(transport),
+                                                   std::move(hook), io_timeout);
 }
 
 absl::StatusOr<std::unique_ptr<KvTransport>> CreateKvTransportWithFaults(
-    std::string_view name, const TransportOptions& options, std::string_view fault_spec) {
+    std::string_view name, const TransportOptions& options,
+    std::string_view fault_spec) {
   std::shared_ptr<KvFaultHook> hook;
   if (!fault_spec.empty()) {
-    absl::StatusOr<std::shared_ptr<KvFaultHook>> parsed = ParseKvFaultSpec(fault_spec);
+    absl::StatusOr<std::shared_ptr<KvFaultHook>> parsed =
+        ParseKvFaultSpec(fault_spec);
     if (!parsed.ok()) return parsed.status();
     hook = *std::move(parsed);
   }
-  absl::StatusOr<std::unique_ptr<KvTransport>> transport = CreateKvTransport(name, options);
+  absl::StatusOr<std::unique_ptr<KvTransport>> transport =
+      CreateKvTransport(name, options);
   if (!transport.ok() || hook == nullptr) return transport;
-  return WrapKvTransportWithFaults(*std::move(transport), std::move(hook), options.io_timeout);
+  return WrapKvTransportWithFaults(*std::move(transport), std::move(hook),
+                                   options.io_timeout);
 }
 
 }  // namespace pdserve::kv

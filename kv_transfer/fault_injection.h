@@ -80,22 +80,24 @@ class KvFaultHook {
 // calls in the same order gets the same faults. An empty spec is
 // INVALID_ARGUMENT (no hook is wanted then: see CreateKvTransportWithFaults);
 // so is any malformed rule, with a message naming it.
-absl::StatusOr<std::shared_ptr<KvFaultHook>> ParseKvFaultSpec(std::string_view spec);
+absl::StatusOr<std::shared_ptr<KvFaultHook>> ParseKvFaultSpec(
+    std::string_view spec);
 
 // Wraps `transport` so that every connection it makes and every
 // notification it receives consults `hook`. `io_timeout` is how long a
 // dropped call waits before it fails (the wrapped transport's
 // TransportOptions::io_timeout, so the sender sees the failure when a real
 // loss would show).
-std::unique_ptr<KvTransport> WrapKvTransportWithFaults(std::unique_ptr<KvTransport> transport,
-                                                       std::shared_ptr<KvFaultHook> hook,
-                                                       absl::Duration io_timeout);
+std::unique_ptr<KvTransport> WrapKvTransportWithFaults(
+    std::unique_ptr<KvTransport> transport, std::shared_ptr<KvFaultHook> hook,
+    absl::Duration io_timeout);
 
 // CreateKvTransport, wrapped with the hook of `fault_spec` unless the spec
 // is empty (then exactly CreateKvTransport). INVALID_ARGUMENT for a
 // malformed spec; CreateKvTransport's errors otherwise.
 absl::StatusOr<std::unique_ptr<KvTransport>> CreateKvTransportWithFaults(
-    std::string_view name, const TransportOptions& options, std::string_view fault_spec);
+    std::string_view name, const TransportOptions& options,
+    std::string_view fault_spec);
 
 }  // namespace pdserve::kv
 

@@ -61,7 +61,8 @@ inline std::vector<StreamCase> MixedLoad(int n, uint32_t seed) {
     const int length = i % 4 == 0 ? 150 + static_cast<int>(rng() % 150)
                                   : 1 + static_cast<int>(rng() % 60);
     std::vector<int32_t> prompt = {256};  // builtin:tiny's BOS, then bytes.
-    while (static_cast<int>(prompt.size()) < length) prompt.push_back(rng() % 256);
+    while (static_cast<int>(prompt.size()) < length)
+      prompt.push_back(rng() % 256);
     SamplingParams sampling{.temperature = 0.0f,
                             .max_tokens = 8 + static_cast<int32_t>(rng() % 33)};
     if (i % 2 == 1) {
@@ -77,7 +78,8 @@ inline std::vector<StreamCase> MixedLoad(int n, uint32_t seed) {
 
 inline v1::GenerateRequest ToRequest(const StreamCase& c) {
   v1::GenerateRequest r;
-  r.mutable_token_ids()->mutable_ids()->Assign(c.prompt.begin(), c.prompt.end());
+  r.mutable_token_ids()->mutable_ids()->Assign(c.prompt.begin(),
+                                               c.prompt.end());
   r.mutable_sampling()->set_temperature(c.sampling.temperature);
   r.mutable_sampling()->set_top_p(c.sampling.top_p);
   if (c.sampling.seed) r.mutable_sampling()->set_seed(*c.sampling.seed);
@@ -95,10 +97,12 @@ inline absl::StatusOr<std::vector<std::vector<int32_t>>> ReferenceOutputs(
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
       CreateModelRunner(*model, {.num_kv_blocks = 2048, .num_threads = 1});
   if (!runner.ok()) return runner.status();
-  absl::StatusOr<std::unique_ptr<Generator>> generator = Generator::Create(runner->get(), {});
+  absl::StatusOr<std::unique_ptr<Generator>> generator =
+      Generator::Create(runner->get(), {});
   if (!generator.ok()) return generator.status();
   for (size_t i = 0; i < cases.size(); ++i) {
-    absl::Status added = (*generator)->Add({RequestId(i), cases[i].prompt, cases[i].sampling});
+    absl::Status added =
+        (*generator)->Add({RequestId(i), cases[i].prompt, cases[i].sampling});
     if (!added.ok()) return added;
   }
   std::vector<std::vector<int32_t>> out(cases.size());
@@ -140,9 +144,10 @@ class LoadRun {
           LoadOptions options = {})
       : outcomes_(cases.size()) {
     for (size_t i = 0; i < cases.size(); ++i) {
-      threads_.emplace_back([this, &router, request = ToRequest(cases[i]), options, i] {
-        outcomes_[i] = Run(router, request, options);
-      });
+      threads_.emplace_back(
+          [this, &router, request = ToRequest(cases[i]), options, i] {
+            outcomes_[i] = Run(router, request, options);
+          });
     }
   }
   ~LoadRun() { (void)Join(); }
@@ -158,7 +163,8 @@ class LoadRun {
   }
 
  private:
-  StreamOutcome Run(v1::Generation::Stub& router, const v1::GenerateRequest& request,
+  StreamOutcome Run(v1::Generation::Stub& router,
+                    const v1::GenerateRequest& request,
                     const LoadOptions& options) {
     StreamOutcome out;
     const absl::Time start = absl::Now();
@@ -179,7 +185,8 @@ class LoadRun {
         }
       }
       out.status = reader->Finish();
-      if (out.status.error_code() != grpc::StatusCode::UNAVAILABLE || !options.retry_unavailable ||
+      if (out.status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+          !options.retry_unavailable ||
           absl::Now() - start > options.retry_for) {
         break;
       }
@@ -197,15 +204,16 @@ class LoadRun {
 // One row of the fault matrix, and what went wrong.
 struct ScenarioTally {
   std::string scenario;
-  int faults = 0;  // Faults injected: kills, stops, restarts, kv_fault log lines, link spells.
+  int faults = 0;  // Faults injected: kills, stops, restarts, kv_fault log
+                   // lines, link spells.
   int streams = 0;
   int completed_equal = 0;
   int completed_different = 0;  // Must be 0.
   int retried = 0;              // Streams that needed more than one attempt.
   std::map<std::string, int> failed_by_code;
-  int64_t leaked_blocks = 0;     // Must be 0.
-  int canary_violations = 0;     // Must be 0 (-1: not checked).
-  int migrations = -1;           // The router's count (-1: not reported).
+  int64_t leaked_blocks = 0;          // Must be 0.
+  int canary_violations = 0;          // Must be 0 (-1: not checked).
+  int migrations = -1;                // The router's count (-1: not reported).
   std::vector<std::string> problems;  // Each a broken expectation.
 };
 
@@ -230,7 +238,8 @@ inline std::string CodeName(grpc::StatusCode code) {
 // Each stream: completed with the reference's tokens, or ended with a
 // clear status after streaming only a prefix of them.
 inline void JudgeStreams(const std::vector<std::vector<int32_t>>& reference,
-                         const std::vector<StreamOutcome>& outcomes, ScenarioTally& tally) {
+                         const std::vector<StreamOutcome>& outcomes,
+                         ScenarioTally& tally) {
   for (size_t i = 0; i < outcomes.size(); ++i) {
     const StreamOutcome& o = outcomes[i];
     const std::vector<int32_t>& want = reference[i];
@@ -241,44 +250,50 @@ inline void JudgeStreams(const std::vector<std::vector<int32_t>>& reference,
         ++tally.completed_equal;
       } else {
         ++tally.completed_different;
-        tally.problems.push_back(absl::StrCat("stream ", i, " completed with ", o.tokens.size(),
-                                              " tokens that differ from the fault-free run's ",
-                                              want.size()));
+        tally.problems.push_back(absl::StrCat(
+            "stream ", i, " completed with ", o.tokens.size(),
+            " tokens that differ from the fault-free run's ", want.size()));
       }
       continue;
     }
     ++tally.failed_by_code[CodeName(o.status.error_code())];
     if (!IsClearFailure(o.status)) {
-      tally.problems.push_back(absl::StrCat("stream ", i, " ended with an unclear status ",
-                                            CodeName(o.status.error_code()), ": '",
-                                            o.status.error_message(), "'"));
-    }
-    if (o.tokens.size() > want.size() || !std::equal(o.tokens.begin(), o.tokens.end(), want.begin())) {
       tally.problems.push_back(
-          absl::StrCat("stream ", i, " streamed tokens the fault-free run does not have before ",
-                       CodeName(o.status.error_code())));
+          absl::StrCat("stream ", i, " ended with an unclear status ",
+                       CodeName(o.status.error_code()), ": '",
+                       o.status.error_message(), "'"));
+    }
+    if (o.tokens.size() > want.size() ||
+        !std::equal(o.tokens.begin(), o.tokens.end(), want.begin())) {
+      tally.problems.push_back(absl::StrCat(
+          "stream ", i,
+          " streamed tokens the fault-free run does not have before ",
+          CodeName(o.status.error_code())));
     }
   }
 }
 
 // The sum of every sample of metric `name` (any labels) in a Prometheus
 // text exposition; -1 when it has none.
-inline double MetricSum(const std::string& exposition, const std::string& name) {
+inline double MetricSum(const std::string& exposition,
+                        const std::string& name) {
   double sum = -1;
   for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
-    if (line.size() <= name.size() || line.substr(0, name.size()) != name) continue;
+    if (line.size() <= name.size() || line.substr(0, name.size()) != name)
+      continue;
     const char next = line[name.size()];
     if (next != ' ' && next != '{') continue;
     double value;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) sum = std::max(sum, 0.0) + value;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value))
+      sum = std::max(sum, 0.0) + value;
   }
   return sum;
 }
 
 // One process of a cluster under test.
 struct ClusterProcess {
-  std::string name;        // "router", "prefill-0", "decode-1", ...
-  std::string address;     // Its gRPC address.
+  std::string name;     // "router", "prefill-0", "decode-1", ...
+  std::string address;  // Its gRPC address.
   std::string metrics_host = "127.0.0.1";
   int metrics_port = 0;
   pid_t pid = 0;
@@ -289,17 +304,19 @@ struct ClusterProcess {
 // worker's log.
 inline int KvFaultsLogged(const std::string& log) {
   int count = 0;
-  for (size_t at = log.find("kv_fault: "); at != std::string::npos; at = log.find("kv_fault: ", at + 1)) {
+  for (size_t at = log.find("kv_fault: "); at != std::string::npos;
+       at = log.find("kv_fault: ", at + 1)) {
     ++count;
   }
   return count;
 }
 
 // The processes of a LocalCluster of `prefill` and `decode` workers.
-inline std::vector<ClusterProcess> Processes(const testing_util::LocalCluster& cluster, int prefill,
-                                             int decode) {
+inline std::vector<ClusterProcess> Processes(
+    const testing_util::LocalCluster& cluster, int prefill, int decode) {
   std::vector<std::string> names = {"router"};
-  for (int i = 0; i < prefill; ++i) names.push_back(absl::StrCat("prefill-", i));
+  for (int i = 0; i < prefill; ++i)
+    names.push_back(absl::StrCat("prefill-", i));
   for (int i = 0; i < decode; ++i) names.push_back(absl::StrCat("decode-", i));
   std::vector<ClusterProcess> out;
   for (const std::string& name : names) {
@@ -315,7 +332,9 @@ inline std::vector<ClusterProcess> Processes(const testing_util::LocalCluster& c
 // counted in pdserve_kv_canary_violations_total).
 inline bool DecodeHasKvCanary(const std::string& binary_dir) {
   const std::string command =
-      absl::StrCat("'", binary_dir, "/decode_worker/pd-decode' --helpfull 2>/dev/null | grep -q -- '-kv_canary'");
+      absl::StrCat("'", binary_dir,
+                   "/decode_worker/pd-decode' --helpfull 2>/dev/null | grep -q "
+                   "-- '-kv_canary'");
   return std::system(command.c_str()) == 0;
 }
 
@@ -324,20 +343,23 @@ inline bool DecodeHasKvCanary(const std::string& binary_dir) {
 // `check_canary`) counts no canary violation; the router's migrations are
 // read when it reports them.
 inline void CheckProcesses(const std::vector<ClusterProcess>& processes,
-                           const std::set<std::string>& killed, bool check_canary,
-                           ScenarioTally& tally, absl::Duration settle = absl::Seconds(15)) {
+                           const std::set<std::string>& killed,
+                           bool check_canary, ScenarioTally& tally,
+                           absl::Duration settle = absl::Seconds(15)) {
   tally.canary_violations = check_canary ? 0 : -1;
   for (const ClusterProcess& p : processes) {
     if (killed.contains(p.name)) continue;
     if (!testing_util::LocalCluster::ProcessRunning(p.pid)) {
-      tally.problems.push_back(absl::StrCat(p.name, " (pid ", p.pid, ") is no longer running"));
+      tally.problems.push_back(
+          absl::StrCat(p.name, " (pid ", p.pid, ") is no longer running"));
       continue;
     }
     absl::StatusOr<std::string> metrics =
         testing_util::HttpGet(p.metrics_port, "/metrics", p.metrics_host);
     if (p.name == "router") {
       if (metrics.ok()) {
-        const double migrations = MetricSum(*metrics, "pdserve_router_migrations_total");
+        const double migrations =
+            MetricSum(*metrics, "pdserve_router_migrations_total");
         tally.migrations = migrations < 0 ? -1 : static_cast<int>(migrations);
       }
       continue;
@@ -356,26 +378,34 @@ inline void CheckProcesses(const std::vector<ClusterProcess>& processes,
       absl::SleepFor(absl::Milliseconds(100));
     } while (absl::Now() < give_up);
     if (!answered) {
-      tally.problems.push_back(absl::StrCat(p.name, " does not answer GetLoad"));
+      tally.problems.push_back(
+          absl::StrCat(p.name, " does not answer GetLoad"));
     } else if (load.free_blocks() != load.total_blocks()) {
       tally.leaked_blocks += load.total_blocks() - load.free_blocks();
       tally.problems.push_back(absl::StrCat(
-          p.name, " still holds ", load.total_blocks() - load.free_blocks(), " of its ",
-          load.total_blocks(), " KV blocks ", absl::ToInt64Seconds(settle), " s after the load (",
-          load.reservations(), " reservations, ", load.running(), " running, ", load.waiting(),
-          " waiting)"));
+          p.name, " still holds ", load.total_blocks() - load.free_blocks(),
+          " of its ", load.total_blocks(), " KV blocks ",
+          absl::ToInt64Seconds(settle), " s after the load (",
+          load.reservations(), " reservations, ", load.running(), " running, ",
+          load.waiting(), " waiting)"));
     }
     if (check_canary) {
-      metrics = testing_util::HttpGet(p.metrics_port, "/metrics", p.metrics_host);
+      metrics =
+          testing_util::HttpGet(p.metrics_port, "/metrics", p.metrics_host);
       const double violations =
-          metrics.ok() ? MetricSum(*metrics, "pdserve_kv_canary_violations_total") : -1;
+          metrics.ok()
+              ? MetricSum(*metrics, "pdserve_kv_canary_violations_total")
+              : -1;
       if (violations < 0) {
-        tally.problems.push_back(absl::StrCat(
-            p.name, " runs --kv_canary but its /metrics has no pdserve_kv_canary_violations_total"));
+        tally.problems.push_back(
+            absl::StrCat(p.name,
+                         " runs --kv_canary but its /metrics has no "
+                         "pdserve_kv_canary_violations_total"));
       } else if (violations > 0) {
         tally.canary_violations += static_cast<int>(violations);
-        tally.problems.push_back(absl::StrCat(p.name, " found ", violations,
-                                              " writes into KV blocks its requests did not own"));
+        tally.problems.push_back(
+            absl::StrCat(p.name, " found ", violations,
+                         " writes into KV blocks its requests did not own"));
       }
     }
   }
@@ -384,7 +414,8 @@ inline void CheckProcesses(const std::vector<ClusterProcess>& processes,
 // The fault matrix as a Markdown table, one row per scenario.
 inline std::string FormatMatrix(const std::vector<ScenarioTally>& tallies) {
   std::string out =
-      "| scenario | faults | streams | completed equal | completed different | failed by code | retried "
+      "| scenario | faults | streams | completed equal | completed different | "
+      "failed by code | retried "
       "| migrations | leaked blocks | canary violations | verdict |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const ScenarioTally& t : tallies) {
@@ -392,13 +423,13 @@ inline std::string FormatMatrix(const std::vector<ScenarioTally>& tallies) {
     for (const auto& [code, count] : t.failed_by_code) {
       absl::StrAppend(&failed, failed.empty() ? "" : ", ", code, " ", count);
     }
-    absl::StrAppendFormat(&out, "| %s | %d | %d | %d | %d | %s | %d | %s | %d | %s | %s |\n",
-                          t.scenario, t.faults, t.streams, t.completed_equal, t.completed_different,
-                          failed.empty() ? "-" : failed, t.retried,
-                          t.migrations < 0 ? "n/a" : absl::StrCat(t.migrations),
-                          t.leaked_blocks,
-                          t.canary_violations < 0 ? "skipped" : absl::StrCat(t.canary_violations),
-                          t.problems.empty() ? "pass" : "FAIL");
+    absl::StrAppendFormat(
+        &out, "| %s | %d | %d | %d | %d | %s | %d | %s | %d | %s | %s |\n",
+        t.scenario, t.faults, t.streams, t.completed_equal,
+        t.completed_different, failed.empty() ? "-" : failed, t.retried,
+        t.migrations < 0 ? "n/a" : absl::StrCat(t.migrations), t.leaked_blocks,
+        t.canary_violations < 0 ? "skipped" : absl::StrCat(t.canary_violations),
+        t.problems.empty() ? "pass" : "FAIL");
   }
   return out;
 }

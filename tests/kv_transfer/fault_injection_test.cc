@@ -64,10 +64,13 @@ class FaultInjectionTest : public ::testing::TestWithParam<std::string> {
     auto receiver = CreateKvTransport(GetParam(), options);
     ASSERT_TRUE(sender.ok()) << sender.status();
     ASSERT_TRUE(receiver.ok()) << receiver.status();
-    sender_ = WrapKvTransportWithFaults(*std::move(sender), sender_hook_, kIoTimeout);
-    receiver_ = WrapKvTransportWithFaults(*std::move(receiver), receiver_hook_, kIoTimeout);
+    sender_ =
+        WrapKvTransportWithFaults(*std::move(sender), sender_hook_, kIoTimeout);
+    receiver_ = WrapKvTransportWithFaults(*std::move(receiver), receiver_hook_,
+                                          kIoTimeout);
     std::mt19937 rng(3);
-    for (auto& b : src_) b = static_cast<std::byte>(1 + rng() % 255);  // Never 0.
+    for (auto& b : src_)
+      b = static_cast<std::byte>(1 + rng() % 255);  // Never 0.
     auto local = sender_->RegisterMemory(src_);
     auto remote = receiver_->RegisterMemory(dst_);
     ASSERT_TRUE(local.ok() && remote.ok());
@@ -81,12 +84,14 @@ class FaultInjectionTest : public ::testing::TestWithParam<std::string> {
     return connection.ok() ? *std::move(connection) : nullptr;
   }
 
-  // Two ops of 2 KiB: src [0, 2K) -> dst [2K, 4K) and src [2K, 4K) -> dst [0, 2K).
+  // Two ops of 2 KiB: src [0, 2K) -> dst [2K, 4K) and src [2K, 4K) -> dst [0,
+  // 2K).
   std::vector<WriteOp> TwoOps() const {
     return {{local_, 0, remote_, 2048, 2048}, {local_, 2048, remote_, 0, 2048}};
   }
   bool DestinationUntouched() const {
-    return std::all_of(dst_.begin(), dst_.end(), [](std::byte b) { return b == std::byte{0}; });
+    return std::all_of(dst_.begin(), dst_.end(),
+                       [](std::byte b) { return b == std::byte{0}; });
   }
   // How many bytes of TwoOps' data landed, in write order, before the
   // first untouched byte; -1 if a landed byte differs from its source.
@@ -103,8 +108,10 @@ class FaultInjectionTest : public ::testing::TestWithParam<std::string> {
     return landed;
   }
 
-  std::shared_ptr<ScriptedFaultHook> sender_hook_ = std::make_shared<ScriptedFaultHook>();
-  std::shared_ptr<ScriptedFaultHook> receiver_hook_ = std::make_shared<ScriptedFaultHook>();
+  std::shared_ptr<ScriptedFaultHook> sender_hook_ =
+      std::make_shared<ScriptedFaultHook>();
+  std::shared_ptr<ScriptedFaultHook> receiver_hook_ =
+      std::make_shared<ScriptedFaultHook>();
   std::unique_ptr<KvTransport> sender_, receiver_;
   std::vector<std::byte> src_ = std::vector<std::byte>(4096);
   std::vector<std::byte> dst_ = std::vector<std::byte>(4096, std::byte{0});
@@ -128,7 +135,8 @@ TEST_P(FaultInjectionTest, WithoutFaultsBytesAndNotificationsGoThrough) {
 }
 
 TEST_P(FaultInjectionTest, DelayedWriteWaitsThenLands) {
-  sender_hook_->QueueWrite({.action = KvFaultAction::kDelay, .delay = absl::Milliseconds(200)});
+  sender_hook_->QueueWrite(
+      {.action = KvFaultAction::kDelay, .delay = absl::Milliseconds(200)});
   auto connection = Connect();
   ASSERT_NE(connection, nullptr);
   const absl::Time start = absl::Now();
@@ -142,13 +150,15 @@ TEST_P(FaultInjectionTest, DroppedWriteNeverLandsAndTheSenderTimesOut) {
   auto connection = Connect();
   ASSERT_NE(connection, nullptr);
   const absl::Time start = absl::Now();
-  EXPECT_EQ(connection->Write(TwoOps()).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(connection->Write(TwoOps()).code(),
+            absl::StatusCode::kDeadlineExceeded);
   EXPECT_GE(absl::Now() - start, kIoTimeout);
   // The connection is given up: nothing more goes through it.
   EXPECT_EQ(connection->Write(TwoOps()).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(connection->Notify("late").code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(receiver_->WaitNotification(absl::Milliseconds(100)).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(
+      receiver_->WaitNotification(absl::Milliseconds(100)).status().code(),
+      absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(DestinationUntouched());
 }
 
@@ -157,9 +167,11 @@ TEST_P(FaultInjectionTest, DroppedNotificationIsNeverDelivered) {
   auto connection = Connect();
   ASSERT_NE(connection, nullptr);
   ASSERT_TRUE(connection->Write(TwoOps()).ok());
-  EXPECT_EQ(connection->Notify("done").code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(receiver_->WaitNotification(absl::Milliseconds(200)).status().code(),
+  EXPECT_EQ(connection->Notify("done").code(),
             absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(
+      receiver_->WaitNotification(absl::Milliseconds(200)).status().code(),
+      absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST_P(FaultInjectionTest, NotificationDroppedAtTheReceiverIsSkipped) {
@@ -173,9 +185,11 @@ TEST_P(FaultInjectionTest, NotificationDroppedAtTheReceiverIsSkipped) {
   EXPECT_EQ(notification->message, "second");
 }
 
-TEST_P(FaultInjectionTest, TruncatedWriteLandsOnlyAPrefixAndTheConnectionFails) {
+TEST_P(FaultInjectionTest,
+       TruncatedWriteLandsOnlyAPrefixAndTheConnectionFails) {
   // 3000 of the 4096 bytes: all of the first op, part of the second.
-  sender_hook_->QueueWrite({.action = KvFaultAction::kTruncate, .choice = 4096 * 5 + 3000});
+  sender_hook_->QueueWrite(
+      {.action = KvFaultAction::kTruncate, .choice = 4096 * 5 + 3000});
   auto connection = Connect();
   ASSERT_NE(connection, nullptr);
   EXPECT_EQ(connection->Write(TwoOps()).code(), absl::StatusCode::kUnavailable);
@@ -183,13 +197,15 @@ TEST_P(FaultInjectionTest, TruncatedWriteLandsOnlyAPrefixAndTheConnectionFails) 
   EXPECT_EQ(connection->Write(TwoOps()).code(), absl::StatusCode::kUnavailable);
 }
 
-TEST_P(FaultInjectionTest, CorruptedWriteIsRefusedAndWritesNothingFromTheBadOpOn) {
+TEST_P(FaultInjectionTest,
+       CorruptedWriteIsRefusedAndWritesNothingFromTheBadOpOn) {
   // Each way a target is corrupted ((choice / ops) % 3), on each op
   // (choice % ops).
   for (uint64_t choice = 0; choice < 6; ++choice) {
     SCOPED_TRACE(choice);
     std::fill(dst_.begin(), dst_.end(), std::byte{0});
-    sender_hook_->QueueWrite({.action = KvFaultAction::kCorrupt, .choice = choice});
+    sender_hook_->QueueWrite(
+        {.action = KvFaultAction::kCorrupt, .choice = choice});
     auto connection = Connect();
     ASSERT_NE(connection, nullptr);
     const absl::Status status = connection->Write(TwoOps());
@@ -201,7 +217,8 @@ TEST_P(FaultInjectionTest, CorruptedWriteIsRefusedAndWritesNothingFromTheBadOpOn
     const int64_t good_ops_bytes = choice % 2 == 0 ? 0 : 2048;
     const int64_t landed = LandedPrefix();
     EXPECT_TRUE(landed == 0 || landed == good_ops_bytes) << landed;
-    EXPECT_EQ(std::count_if(dst_.begin(), dst_.end(), [](std::byte b) { return b != std::byte{0}; }),
+    EXPECT_EQ(std::count_if(dst_.begin(), dst_.end(),
+                            [](std::byte b) { return b != std::byte{0}; }),
               landed);
   }
   std::fill(dst_.begin(), dst_.end(), std::byte{0});
@@ -213,7 +230,8 @@ TEST_P(FaultInjectionTest, CorruptedWriteIsRefusedAndWritesNothingFromTheBadOpOn
 }
 
 TEST_P(FaultInjectionTest, CorruptedNotificationArrivesWithOneByteChanged) {
-  sender_hook_->QueueNotify({.action = KvFaultAction::kCorrupt, .choice = 0x1234'0000'0002});
+  sender_hook_->QueueNotify(
+      {.action = KvFaultAction::kCorrupt, .choice = 0x1234'0000'0002});
   auto connection = Connect();
   ASSERT_NE(connection, nullptr);
   const std::string sent = "KvComplete landing 17";
@@ -222,12 +240,14 @@ TEST_P(FaultInjectionTest, CorruptedNotificationArrivesWithOneByteChanged) {
   ASSERT_TRUE(notification.ok()) << notification.status();
   ASSERT_EQ(notification->message.size(), sent.size());
   int changed = 0;
-  for (size_t i = 0; i < sent.size(); ++i) changed += notification->message[i] != sent[i];
+  for (size_t i = 0; i < sent.size(); ++i)
+    changed += notification->message[i] != sent[i];
   EXPECT_EQ(changed, 1);
 }
 
 TEST_P(FaultInjectionTest, TruncatedNotificationDeliversAPrefixAtTheReceiver) {
-  receiver_hook_->QueueNotify({.action = KvFaultAction::kTruncate, .choice = 5});
+  receiver_hook_->QueueNotify(
+      {.action = KvFaultAction::kTruncate, .choice = 5});
   auto connection = Connect();
   ASSERT_NE(connection, nullptr);
   ASSERT_TRUE(connection->Notify("0123456789").ok());
@@ -237,7 +257,8 @@ TEST_P(FaultInjectionTest, TruncatedNotificationDeliversAPrefixAtTheReceiver) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, FaultInjectionTest,
-                         ::testing::ValuesIn(HostMemoryTransports()), TransportTestName);
+                         ::testing::ValuesIn(HostMemoryTransports()),
+                         TransportTestName);
 
 TEST(KvFaultSpecTest, MalformedSpecsAreRefusedNamingTheRule) {
   const std::pair<std::string, std::string> cases[] = {
@@ -265,12 +286,14 @@ TEST(KvFaultSpecTest, MalformedSpecsAreRefusedNamingTheRule) {
     EXPECT_NE(hook.status().message().find(why), std::string::npos)
         << spec << ": " << hook.status().message();
   }
-  EXPECT_EQ(CreateKvTransportWithFaults("tcp", {}, "write:boom").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      CreateKvTransportWithFaults("tcp", {}, "write:boom").status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(KvFaultSpecTest, RulesFireAtTheirProbabilityInOrderAndReplayFromTheSeed) {
-  const std::string spec = "write:delay=200ms:p=0.3,write:drop:p=0.5,notify:corrupt,seed=7";
+  const std::string spec =
+      "write:delay=200ms:p=0.3,write:drop:p=0.5,notify:corrupt,seed=7";
   auto a = ParseKvFaultSpec(spec);
   auto b = ParseKvFaultSpec(spec);
   ASSERT_TRUE(a.ok() && b.ok());
@@ -298,7 +321,8 @@ TEST(KvFaultSpecTest, RulesFireAtTheirProbabilityInOrderAndReplayFromTheSeed) {
   ASSERT_TRUE(other_seed.ok() && same_rules.ok());
   int differ = 0;
   for (int i = 0; i < 100; ++i) {
-    differ += (*other_seed)->OnWrite({}).action != (*same_rules)->OnWrite({}).action;
+    differ +=
+        (*other_seed)->OnWrite({}).action != (*same_rules)->OnWrite({}).action;
   }
   EXPECT_GT(differ, 0);
 }
