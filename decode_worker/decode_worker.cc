@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "engine/kv_layout.h"
+#include "kv_transfer/fault_injection.h"
 #include "kv_transfer/negotiation.h"
 #include "proto/convert.h"
 
@@ -175,7 +176,7 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
   transport_options.listen_address = options.kv_listen_address;
   for (const std::string& name : names) {
     PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvTransport> transport,
-                        kv::CreateKvTransport(name, transport_options));
+                        kv::CreateKvTransportWithFaults(name, transport_options, options.kv_fault));
     w->receivers_.push_back({.transport = std::move(transport)});
   }
   bool every_write_fenced = true;

@@ -84,6 +84,9 @@ struct DecodeWorkerOptions {
   // sender never said it was done: must exceed the prefill workers'
   // --transfer_timeout_ms. Default: 15 s.
   absl::Duration kv_quarantine = absl::Seconds(15);
+  // Faults injected into every KV transport (kv::ParseKvFaultSpec; tests
+  // only). Default: empty, none.
+  std::string kv_fault;
 };
 
 class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {

@@ -48,6 +48,11 @@ ABSL_FLAG(int64_t, kv_quarantine_ms, 15000,
           "prefill worker never said its push was over; must exceed the "
           "prefill workers' --transfer_timeout_ms");
 
+ABSL_FLAG(std::string, kv_fault, "",
+          "Tests only: faults injected into the KV transports, e.g. "
+          "'write:delay=200ms:p=0.2,notify:drop:p=0.1,seed=7' "
+          "(kv_transfer/fault_injection.h); empty: none");
+
 int main(int argc, char** argv) {
   pdserve::BlockTerminationSignals();
   absl::SetProgramUsageMessage("pd-decode [flags]: the pdserve decode worker");
@@ -66,6 +71,7 @@ int main(int argc, char** argv) {
   w.engine = *std::move(engine);
   w.worker_id = absl::GetFlag(FLAGS_worker_id);
   w.kv_transport = absl::GetFlag(FLAGS_kv_transport);
+  w.kv_fault = absl::GetFlag(FLAGS_kv_fault);
   w.kv_listen_address = absl::GetFlag(FLAGS_kv_listen);
   w.reservation_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_reservation_timeout_ms));

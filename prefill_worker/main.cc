@@ -43,6 +43,11 @@ ABSL_FLAG(int64_t, transfer_timeout_ms, 10000,
           "Limit on every wait of a KV transfer; past it the call fails with "
           "DEADLINE_EXCEEDED");
 
+ABSL_FLAG(std::string, kv_fault, "",
+          "Tests only: faults injected into the KV transports, e.g. "
+          "'write:delay=200ms:p=0.2,notify:drop:p=0.1,seed=7' "
+          "(kv_transfer/fault_injection.h); empty: none");
+
 int main(int argc, char** argv) {
   pdserve::BlockTerminationSignals();
   absl::SetProgramUsageMessage(
@@ -62,6 +67,7 @@ int main(int argc, char** argv) {
   w.engine = *std::move(engine);
   w.worker_id = absl::GetFlag(FLAGS_worker_id);
   w.kv_transport = absl::GetFlag(FLAGS_kv_transport);
+  w.kv_fault = absl::GetFlag(FLAGS_kv_fault);
   w.transfer_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
 

@@ -8,6 +8,7 @@
 #include "engine/kv_layout.h"
 #include "engine/model.h"
 #include "engine/model_runner.h"
+#include "kv_transfer/fault_injection.h"
 #include "proto/convert.h"
 
 namespace pdserve {
@@ -78,7 +79,7 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
   for (const std::string& name : names) {
     KvPusherTransport& t = transports.emplace_back();
     PD_ASSIGN_OR_RETURN(t.transport,
-                        kv::CreateKvTransport(name, transport_options));
+                        kv::CreateKvTransportWithFaults(name, transport_options, options.kv_fault));
     const kv::TransportCapabilities& caps = t.transport->capabilities();
     absl::StatusOr<std::span<std::byte>> memory =
         w->loop_->KvMemoryForTransport(caps.host_memory, caps.device_memory,

@@ -54,6 +54,9 @@ struct PrefillWorkerOptions {
   // acknowledgement, the notification's); past it the Prefill call fails
   // with DEADLINE_EXCEEDED. Default: 10 s.
   absl::Duration transfer_timeout = absl::Seconds(10);
+  // Faults injected into every KV transport (kv::ParseKvFaultSpec; tests
+  // only). Default: empty, none.
+  std::string kv_fault;
 };
 
 class PrefillWorker final

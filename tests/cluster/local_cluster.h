@@ -1,7 +1,7 @@
 // LocalCluster: a real pdserve cluster for tests and benchmarks, started and
 // stopped with deploy/local/cluster.sh (the same launcher users run), each
 // process its own OS process on loopback. Gives the router's stub, the
-// workers' internal stubs, and pids to kill.
+// workers' internal stubs, pids to kill, and restarts of killed processes.
 #ifndef PDSERVE_TESTS_CLUSTER_LOCAL_CLUSTER_H_
 #define PDSERVE_TESTS_CLUSTER_LOCAL_CLUSTER_H_
 
@@ -15,7 +15,11 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
@@ -52,6 +56,7 @@ class LocalCluster {
       const std::string& binary_dir = PDSERVE_BINARY_DIR) {
     std::unique_ptr<LocalCluster> c(new LocalCluster(source_dir));
     c->decode_ = spec.decode;
+    c->prefill_ = spec.prefill;
     const std::string cmd = absl::StrCat(
         source_dir, "/deploy/local/cluster.sh up --dir '", c->dir_.string(), "' --bin '",
         binary_dir, "' --prefill ", spec.prefill, " --decode ", spec.decode, " --model '",
@@ -92,6 +97,67 @@ class LocalCluster {
 
   // kill -9: the process vanishes without a word to its peers.
   bool Kill(const std::string& name) { return ::kill(Pid(name), SIGKILL) == 0; }
+  // The port of the process's /metrics (the router's is its HTTP port).
+  int MetricsPort(const std::string& name) const { return std::stoi(Read(name + ".metrics_port")); }
+
+  // kill -9 of `name`, `down_for` later the same process again from its
+  // own command line with its gRPC (and the router's HTTP) port pinned to
+  // the one it had, so that the router's configuration and clients'
+  // channels find it again. Returns once the router serves every worker
+  // again; UNAVAILABLE if that takes over 30 s. FAILED_PRECONDITION when
+  // `name` no longer runs (its command line is gone with it).
+  absl::Status Restart(const std::string& name, absl::Duration down_for = absl::ZeroDuration()) {
+    const pid_t old_pid = Pid(name);
+    std::ifstream cmdline_file(absl::StrCat("/proc/", old_pid, "/cmdline"));
+    const std::string cmdline(std::istreambuf_iterator<char>(cmdline_file), {});
+    if (cmdline.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(name, " is not running"));
+    }
+    const std::string port(absl::StripAsciiWhitespace(Read(name + ".port")));
+    const std::string http_port(absl::StripAsciiWhitespace(Read("router.http_port")));
+    std::string command;
+    for (absl::string_view arg : absl::StrSplit(cmdline, '\0', absl::SkipEmpty())) {
+      std::string pinned(arg);
+      if (absl::StartsWith(arg, "--listen=")) pinned = "--listen=127.0.0.1:" + port;
+      if (name == "router" && absl::StartsWith(arg, "--http_listen=")) {
+        pinned = "--http_listen=127.0.0.1:" + http_port;
+      }
+      absl::StrAppend(&command, "'", pinned, "' ");
+    }
+    ::kill(old_pid, SIGKILL);
+    for (int i = 0; i < 500 && ProcessRunning(old_pid); ++i) absl::SleepFor(absl::Milliseconds(10));
+    absl::SleepFor(down_for);
+    std::filesystem::remove(dir_ / (name + ".port"));
+    const std::string start =
+        absl::StrCat(command, ">>'", (dir_ / (name + ".log")).string(), "' 2>&1 & echo $! >'",
+                     (dir_ / (name + ".pid")).string(), "'");
+    if (std::system(start.c_str()) != 0) {
+      return absl::UnavailableError(absl::StrCat("could not start ", name, ": ", start));
+    }
+    for (int i = 0; i < 300; ++i) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+      pdserve::v1::HealthResponse health;
+      if (!Read(name + ".port").empty() && router_->Health(&context, {}, &health).ok() &&
+          health.serving() && static_cast<int>(health.decode_workers()) == decode_ &&
+          static_cast<int>(health.prefill_workers()) == prefill_) {
+        return absl::OkStatus();
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("the router does not serve every worker after restarting ", name));
+  }
+
+  // True while `pid` runs (a process killed but not yet reaped is not).
+  static bool ProcessRunning(pid_t pid) {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string line;
+    if (!std::getline(stat, line)) return false;
+    const size_t after_name = line.rfind(')');
+    return after_name != std::string::npos && after_name + 2 < line.size() &&
+           line[after_name + 2] != 'Z' && line[after_name + 2] != 'X';
+  }
 
   std::unique_ptr<pdserve::internal::v1::DecodeWorker::Stub> DecodeStub(const std::string& name) {
     return pdserve::internal::v1::DecodeWorker::NewStub(
@@ -145,6 +211,7 @@ class LocalCluster {
   static inline int counter_ = 0;
   const std::string source_dir_;
   int decode_ = 0;
+  int prefill_ = 0;
   std::filesystem::path dir_;
   std::unique_ptr<pdserve::v1::Generation::Stub> router_;
 };

@@ -24,24 +24,28 @@
 
 namespace pdserve::testing_util {
 
-// GET http://127.0.0.1:<port><path>: the body of a 200 answer, else an
-// error with the status line. Connection: close, so the body is what is
-// read until EOF.
-inline absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
+// GET http://<host>:<port><path> (host an IPv4 address): the body of a 200
+// answer, else an error with the status line. Connection: close, so the
+// body is what is read until EOF.
+inline absl::StatusOr<std::string> HttpGet(int port, const std::string& path,
+                                           const std::string& host = "127.0.0.1") {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::InternalError("socket");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("not an IPv4 address: ", host));
+  }
   timeval timeout{.tv_sec = 30, .tv_usec = 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     ::close(fd);
-    return absl::UnavailableError(absl::StrCat("connect to port ", port));
+    return absl::UnavailableError(absl::StrCat("connect to ", host, ":", port));
   }
   const std::string request = absl::StrCat(
-      "GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+      "GET ", path, " HTTP/1.1\r\nHost: ", host, "\r\nConnection: close\r\n\r\n");
   if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(request.size())) {
     ::close(fd);
