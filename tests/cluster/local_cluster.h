@@ -86,6 +86,10 @@ class LocalCluster {
     return absl::StrCat("127.0.0.1:", Read(name + ".port"));
   }
   pid_t Pid(const std::string& name) const { return std::stoi(Read(name + ".pid")); }
+  // The port of the process's Prometheus /metrics (the router's HTTP port).
+  int MetricsPort(const std::string& name) const {
+    return std::stoi(Read(name + ".metrics_port"));
+  }
   std::string Log(const std::string& name) const { return Read(name + ".log"); }
 
   // kill -9: the process vanishes without a word to its peers.
