@@ -9,6 +9,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 #include "engine/kv_layout.h"
 #include "engine/sampler.h"
@@ -622,7 +623,9 @@ void RequestOrchestrator::Choice::PrefillFailed(absl::Status status) {
       decode_, id_,
       [self = shared_from_this(), status](const absl::Status& released) {
         if (absl::IsUnavailable(released) && self->ClientEnded().ok()) {
-          return self->Migrate(status);
+          return self->Migrate(Annotate(
+              status, absl::StrCat("decode worker ", self->decode_->id,
+                                   " is unreachable and")));
         }
         self->End(status);
       });
