@@ -49,6 +49,19 @@ absl::Status Generator::Validate(const GenerationRequest& request) const {
     }
   }
   PD_RETURN_IF_ERROR(ValidateSamplingParams(request.sampling, c.vocab_size));
+  // The last prompt token is the one this run computes logits at, so at
+  // least one token before the resumed ones belongs to the original prompt.
+  if (request.resumed_tokens < 0 ||
+      request.resumed_tokens >= static_cast<int64_t>(request.prompt.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resumed_tokens (", request.resumed_tokens, ") outside [0, ",
+                     request.prompt.size() - 1, "] for a prompt of ", request.prompt.size(),
+                     " tokens"));
+  }
+  if (request.resumed_tokens > 0 && request.sampling.prompt_logprobs) {
+    return absl::InvalidArgumentError(
+        "prompt_logprobs with resumed_tokens: the prompt's logprobs went with the first run");
+  }
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens;
   if (total > c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -69,15 +82,18 @@ bool Generator::Known(RequestId id) const {
 }
 
 std::unique_ptr<Generator::Sequence> Generator::NewSequence(GenerationRequest request,
-                                                            int64_t first_step) {
+                                                            int64_t sampled_elsewhere) {
   auto seq = std::make_unique<Sequence>();
-  seq->sampler = std::make_unique<Sampler>(request.sampling, first_step);
+  // A resumed request draws where its earlier run stopped: the sampler's
+  // step is the request's output position, wherever it runs.
+  seq->sampler = std::make_unique<Sampler>(request.sampling,
+                                           request.resumed_tokens + sampled_elsewhere);
   if (options_.enable_prefix_caching) {
     seq->block_hashes = PromptBlockHashes(request.prompt, runner_->kv_layout().block_size);
   }
   seq->tokens.reserve(request.prompt.size() + request.sampling.max_tokens);
   seq->tokens = request.prompt;
-  if (request.sampling.prompt_logprobs && first_step == 0) {
+  if (request.sampling.prompt_logprobs && sampled_elsewhere == 0) {
     seq->prompt_logprobs.reserve(request.prompt.size() - 1);
   }
   seq->request = std::move(request);
@@ -89,7 +105,7 @@ absl::Status Generator::Add(GenerationRequest request) {
   if (Known(request.id) || reservations_.contains(request.id)) {
     return absl::InvalidArgumentError(absl::StrCat("duplicate request id ", request.id.value));
   }
-  waiting_.push_back(NewSequence(std::move(request), /*first_step=*/0));
+  waiting_.push_back(NewSequence(std::move(request), /*sampled_elsewhere=*/0));
   return absl::OkStatus();
 }
 
@@ -181,7 +197,7 @@ absl::Status Generator::AddPrefilled(GenerationRequest request, int32_t first_to
   const int32_t prompt_len = static_cast<int32_t>(request.prompt.size());
   const int32_t bs = runner_->kv_layout().block_size;
   const size_t shared = reserved.shared_hashes.size();
-  std::unique_ptr<Sequence> seq = NewSequence(std::move(request), /*first_step=*/1);
+  std::unique_ptr<Sequence> seq = NewSequence(std::move(request), /*sampled_elsewhere=*/1);
   // Shared blocks hold another prompt's KV: only the same tokens may use it.
   if (shared > 0 &&
       (static_cast<int64_t>(shared) * bs >= prompt_len || seq->block_hashes.size() < shared ||
@@ -305,7 +321,10 @@ bool Generator::SampleNext(Sequence& s, std::span<const float> logits,
   e.has_token = true;
   const std::span<const int32_t> tokens = s.tokens;
   const size_t prompt_len = s.request.prompt.size();
-  e.token = s.sampler->Sample(logits, tokens.first(prompt_len), tokens.subspan(prompt_len));
+  // The penalties see a resumed request's earlier tokens as output.
+  const size_t original_prompt_len = prompt_len - s.request.resumed_tokens;
+  e.token = s.sampler->Sample(logits, tokens.first(original_prompt_len),
+                              tokens.subspan(original_prompt_len));
   if (s.tokens.size() == prompt_len) e.prompt_logprobs = std::move(s.prompt_logprobs);
   s.tokens.push_back(e.token.token);
   const int32_t generated = static_cast<int32_t>(s.tokens.size() - s.request.prompt.size());

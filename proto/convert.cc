@@ -27,6 +27,8 @@ GenerationRequest FromWire(const wire::EngineRequest& r) {
   if (r.has_prompt_logprobs()) {
     s.prompt_logprobs = static_cast<int32_t>(std::min<uint32_t>(r.prompt_logprobs(), 1000));
   }
+  // Clamped as max_tokens; the Generator rejects more than the prompt.
+  out.resumed_tokens = static_cast<int32_t>(std::min<uint32_t>(r.resumed_tokens(), 1u << 30));
   return out;
 }
 
@@ -48,6 +50,7 @@ void ToWire(const GenerationRequest& r, wire::EngineRequest* out) {
   if (s.repetition_penalty != 1.0f) out->set_repetition_penalty(s.repetition_penalty);
   for (const auto& [id, bias] : s.logit_bias) (*out->mutable_logit_bias())[id] = bias;
   if (s.prompt_logprobs) out->set_prompt_logprobs(static_cast<uint32_t>(*s.prompt_logprobs));
+  out->set_resumed_tokens(static_cast<uint32_t>(r.resumed_tokens));
 }
 
 SampledToken FromWire(const wire::SampledToken& t) {

@@ -9,6 +9,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 #include "engine/kv_layout.h"
 #include "engine/sampler.h"
@@ -75,7 +76,8 @@ class RequestOrchestrator::Choice final
   // Takes one message; false when the choice wants no more (a stop string
   // or a bad token: the call is then cancelled).
   bool OnDecodeMessage(const wire::DecodeResponse& response);
-  void OnDecodeDone(const absl::Status& status);
+  // The stream ended with `status`; `stalled`: the stall watch cancelled it.
+  void OnDecodeDone(const absl::Status& status, bool stalled);
 
   // Admission state: the orchestrator's mu_.
   QueueKey key;
@@ -84,8 +86,8 @@ class RequestOrchestrator::Choice final
   int64_t committed_blocks = 0;
   // Decode workers tried (failed or full), for admission's choice.
   std::vector<const WorkerEndpoint*> tried;
-  // The first decode failure, once retried; ends the choice when no other
-  // worker is left.
+  // The last decode failure, UNAVAILABLE, once the choice migrated; ends
+  // the choice when no other worker is left.
   absl::Status last_failure;
   // The routing policy's choice for the current attempt.
   RouteDecision route;
@@ -118,9 +120,20 @@ class RequestOrchestrator::Choice final
   // try another decode worker when the release says this one is down.
   void PrefillFailed(absl::Status status);
   void StartDecode();
-  // Back to admission for another decode worker: this one was full
-  // (`full`) or failed with `status` before any token.
-  void Retry(const absl::Status& status, bool full);
+  // Adds `token` to `message` for the client and keeps its id, which a
+  // migration resumes from.
+  absl::Status Relay(const wire::SampledToken& token,
+                     v1::GenerateResponse* message);
+  // This decode worker answered that it has no room: another one, or the
+  // queue.
+  void RetryFull();
+  // This decode worker failed with `failure` (naming it): the choice goes
+  // on elsewhere from the tokens relayed so far, or ends UNAVAILABLE when
+  // the migration limit is spent.
+  void Migrate(const absl::Status& failure);
+  // Back to admission, this decode worker excluded; `failure` (when set)
+  // ends the choice if no other worker can take it.
+  void Readmit(absl::Status failure);
   void ReleaseLanding();
 
   RequestOrchestrator* const orchestrator_;
@@ -128,12 +141,21 @@ class RequestOrchestrator::Choice final
   ValidatedRequest validated_;
   ResponseAssembler out_;
 
+  // The request as the client sent it, which a migration extends.
+  const size_t original_prompt_tokens_;
+  const int32_t original_max_tokens_;
+  // The ids of the tokens relayed to the client, in order.
+  std::vector<int32_t> generated_;
+  // Moves to other decode workers so far.
+  int32_t migrations_ = 0;
+  // Sent back to admission by a migration and not placed yet (metrics).
+  bool migrating_ = false;
+
   // The current attempt.
   const WorkerEndpoint* decode_ = nullptr;
   uint64_t id_ = 0;
   wire::EngineRequest engine_;
   bool disaggregated_ = false;
-  bool retried_failure_ = false;
   wire::ReserveRequest reserve_;
   wire::Landing landing_;
   std::vector<const WorkerEndpoint*> tried_prefill_;
@@ -298,19 +320,38 @@ class RequestOrchestrator::Request final
 class RequestOrchestrator::DecodeCall final
     : public grpc::ClientReadReactor<wire::DecodeResponse> {
  public:
-  DecodeCall(std::shared_ptr<Choice> choice,
+  DecodeCall(RequestOrchestrator* orchestrator, std::shared_ptr<Choice> choice,
              std::shared_ptr<grpc::ClientContext> context)
-      : choice_(std::move(choice)), context_(std::move(context)) {}
+      : orchestrator_(orchestrator),
+        choice_(std::move(choice)),
+        context_(std::move(context)) {}
 
   void Start(const WorkerEndpoint* decode, wire::DecodeRequest request) {
     request_ = std::move(request);
+    orchestrator_->WatchStream(this);
     decode->decode->async()->Decode(context_.get(), &request_, this);
     StartRead(&response_);
     StartCall();
   }
 
+  // The stall watch, under its mutex: true (once) when the stream sent a
+  // message and none since `silent_since` (absl::GetCurrentTimeNanos).
+  bool MarkIfStalled(int64_t silent_since) {
+    const int64_t last = last_message_nanos_.load(std::memory_order_relaxed);
+    if (stalled_ || last == 0 || last >= silent_since) return false;
+    stalled_ = true;
+    return true;
+  }
+  // Whether MarkIfStalled said so; under the watch's mutex.
+  bool stalled() const { return stalled_; }
+  const std::shared_ptr<grpc::ClientContext>& context() const {
+    return context_;
+  }
+
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows.
+    last_message_nanos_.store(absl::GetCurrentTimeNanos(),
+                              std::memory_order_relaxed);
     if (!wanted_ || !choice_->OnDecodeMessage(response_)) {
       // A stop string or a bad token ended the choice before the worker
       // would: cancel it (its completion comes after this reaction).
@@ -322,16 +363,23 @@ class RequestOrchestrator::DecodeCall final
   }
 
   void OnDone(const grpc::Status& status) override {
-    choice_->OnDecodeDone(FromGrpcStatus(status));
+    const bool stalled = orchestrator_->UnwatchStream(this);
+    choice_->OnDecodeDone(FromGrpcStatus(status), stalled);
     delete this;
   }
 
  private:
+  RequestOrchestrator* const orchestrator_;
   const std::shared_ptr<Choice> choice_;
   const std::shared_ptr<grpc::ClientContext> context_;
   wire::DecodeRequest request_;
   wire::DecodeResponse response_;
   bool wanted_ = true;
+  // When the last message came; 0 before the first (a stream is watched
+  // only once it runs: a parked decode has the reservation's timeout).
+  std::atomic<int64_t> last_message_nanos_ = 0;
+  // Set by the stall watch under its mutex, read in OnDone under it.
+  bool stalled_ = false;
 };
 
 RequestOrchestrator::Choice::Choice(RequestOrchestrator* orchestrator,
@@ -359,10 +407,14 @@ RequestOrchestrator::Choice::Choice(RequestOrchestrator* orchestrator,
           .prompt_tokens =
               static_cast<uint32_t>(validated.engine.prompt.size()),
           .index = index}),
+      original_prompt_tokens_(validated.engine.prompt.size()),
+      original_max_tokens_(validated.engine.sampling.max_tokens),
       id_(orchestrator->NewId()) {
   SamplingParams& sampling = validated_.engine.sampling;
   sampling.seed = ChoiceSeed(*sampling.seed, index);
   if (index > 0) sampling.prompt_logprobs.reset();  // Choice 0 carries them.
+  // Grown past this only by long generations, a few times each.
+  generated_.reserve(std::min(original_max_tokens_, 1024));
 }
 
 absl::Status RequestOrchestrator::Choice::ClientEnded() const {
@@ -411,6 +463,13 @@ void RequestOrchestrator::Choice::End(absl::Status status) {
     ended_ = true;
     context_.reset();
   }
+  if (migrating_ && orchestrator_->metrics_ != nullptr) {
+    // Admission ended it: no decode worker took it, or its client left.
+    orchestrator_->metrics_->Migrated(
+        absl::IsCancelled(status) || absl::IsDeadlineExceeded(status)
+            ? "abandoned"
+            : "no_worker");
+  }
   orchestrator_->Uncommit(*this);
   request_->ChoiceDone(index, std::move(status));
   orchestrator_->CallEnded();
@@ -418,6 +477,12 @@ void RequestOrchestrator::Choice::End(absl::Status status) {
 
 void RequestOrchestrator::Choice::Run(const WorkerEndpoint* decode) {
   if (absl::Status ended = ClientEnded(); !ended.ok()) return End(ended);
+  if (migrating_) {
+    migrating_ = false;
+    if (orchestrator_->metrics_ != nullptr) {
+      orchestrator_->metrics_->Migrated("continued");
+    }
+  }
   if (decode_ != nullptr) id_ = orchestrator_->NewId();  // A new attempt.
   decode_ = decode;
   validated_.engine.id = RequestId(id_);
@@ -463,15 +528,14 @@ void RequestOrchestrator::Choice::OnReserved(const absl::Status& status) {
     return StartPrefill();
   }
   if (absl::Status ended = ClientEnded(); !ended.ok()) return End(ended);
-  if (absl::IsResourceExhausted(status)) return Retry(status, /*full=*/true);
+  if (absl::IsResourceExhausted(status)) return RetryFull();
   if (absl::IsInvalidArgument(status)) {  // See OnPrefilled().
     return End(absl::InternalError(
         absl::StrCat("decode worker ", decode_->id,
                      " refused the reservation: ", status.message())));
   }
   orchestrator_->registry_->ReportCallFailure(decode_, status);
-  Retry(Annotate(status, absl::StrCat("Reserve on decode worker ", decode_->id)),
-        /*full=*/false);
+  Migrate(Annotate(status, absl::StrCat("Reserve on decode worker ", decode_->id)));
 }
 
 void RequestOrchestrator::Choice::StartPrefill() {
@@ -535,8 +599,7 @@ void RequestOrchestrator::Choice::OnPrefilled(const absl::Status& status) {
   // The first token goes to the client at once: this is the TTFT.
   v1::GenerateResponse message = out_.NewMessage();
   out_.AddPromptLogprobs(prefilled_.prompt_logprobs(), &message);
-  if (absl::Status s = out_.AddToken(prefilled_.first_token(), &message);
-      !s.ok()) {
+  if (absl::Status s = Relay(prefilled_.first_token(), &message); !s.ok()) {
     ReleaseLanding();
     return End(s);
   }
@@ -560,7 +623,9 @@ void RequestOrchestrator::Choice::PrefillFailed(absl::Status status) {
       decode_, id_,
       [self = shared_from_this(), status](const absl::Status& released) {
         if (absl::IsUnavailable(released) && self->ClientEnded().ok()) {
-          return self->Retry(status, /*full=*/false);
+          return self->Migrate(Annotate(
+              status, absl::StrCat("decode worker ", self->decode_->id,
+                                   " is unreachable and")));
         }
         self->End(status);
       });
@@ -581,7 +646,8 @@ void RequestOrchestrator::Choice::StartDecode() {
   if (disaggregated_) *request.mutable_first_token() = first_token_;
   finished_ = false;
   token_error_ = absl::OkStatus();
-  auto* call = new DecodeCall(shared_from_this(), std::move(context));
+  auto* call =
+      new DecodeCall(orchestrator_, shared_from_this(), std::move(context));
   call->Start(decode_, std::move(request));
 }
 
@@ -595,7 +661,7 @@ bool RequestOrchestrator::Choice::OnDecodeMessage(
   v1::GenerateResponse message = out_.NewMessage();
   out_.AddPromptLogprobs(response.prompt_logprobs(), &message);
   for (const wire::SampledToken& token : response.tokens()) {
-    token_error_ = out_.AddToken(token, &message);
+    token_error_ = Relay(token, &message);
     if (!token_error_.ok() || out_.stopped()) break;
   }
   if (!token_error_.ok()) return false;
@@ -611,7 +677,8 @@ bool RequestOrchestrator::Choice::OnDecodeMessage(
   return !out_.stopped();
 }
 
-void RequestOrchestrator::Choice::OnDecodeDone(const absl::Status& status) {
+void RequestOrchestrator::Choice::OnDecodeDone(const absl::Status& status,
+                                               bool stalled) {
   CallDone();
   if (finished_) return End(absl::OkStatus());
   if (!token_error_.ok()) {
@@ -624,45 +691,83 @@ void RequestOrchestrator::Choice::OnDecodeDone(const absl::Status& status) {
     if (disaggregated_) ReleaseLanding();
     return End(ended);
   }
-  const absl::Status failure =
-      status.ok()
-          ? absl::UnavailableError("the stream ended without a finish reason")
-          : status;
+  absl::Status failure = status;
+  if (stalled) {
+    failure = absl::UnavailableError(absl::StrCat(
+        "no token for ",
+        absl::FormatDuration(orchestrator_->options_.decode_stall_timeout),
+        " (stalled; the call was cancelled)"));
+  } else if (status.ok()) {
+    failure = absl::UnavailableError("the stream ended without a finish reason");
+  }
   orchestrator_->registry_->ReportCallFailure(decode_, failure);
   if (disaggregated_ && !absl::IsUnavailable(failure)) ReleaseLanding();
-  const std::string where = absl::StrCat("decode worker ", decode_->id);
-  if (out_.completion_tokens() == 0) {
-    if (absl::IsResourceExhausted(failure)) return Retry(failure, true);
-    if (absl::IsInvalidArgument(failure)) {
-      // As for prefill: the request was checked, so this is internal.
-      return End(absl::InternalError(
-          absl::StrCat(where, " refused the request: ", failure.message())));
-    }
-    return Retry(Annotate(failure, where), /*full=*/false);
+  if (absl::IsInvalidArgument(failure)) {
+    // As for prefill: the request was checked, so this is internal.
+    return End(absl::InternalError(absl::StrCat(
+        "decode worker ", decode_->id, " refused the request: ", failure.message())));
   }
-  PD_LOG(WARNING) << "request " << id_ << ": " << where << " failed after "
-                  << out_.completion_tokens() << " tokens: " << failure;
-  End(absl::UnavailableError(absl::StrCat(where, " failed after ",
-                                          out_.completion_tokens(),
-                                          " tokens: ", failure.message())));
+  if (absl::IsResourceExhausted(failure) && generated_.empty()) return RetryFull();
+  Migrate(Annotate(failure, absl::StrCat("decode worker ", decode_->id, " failed after ",
+                                         generated_.size(), " tokens")));
 }
 
-void RequestOrchestrator::Choice::Retry(const absl::Status& status,
-                                        bool full) {
-  if (!full) {
-    PD_LOG(WARNING) << "request " << id_ << ": decode worker " << decode_->id
-                    << " failed before any token: " << status;
-    if (retried_failure_) return End(status);
-    retried_failure_ = true;
-  }
+absl::Status RequestOrchestrator::Choice::Relay(const wire::SampledToken& token,
+                                                v1::GenerateResponse* message) {
+  if (absl::Status s = out_.AddToken(token, message); !s.ok()) return s;
+  generated_.push_back(token.token_id());
+  return absl::OkStatus();
+}
+
+void RequestOrchestrator::Choice::RetryFull() {
   if (orchestrator_->metrics_ != nullptr) {
     orchestrator_->metrics_->Retried("decode");
   }
+  Readmit(absl::OkStatus());
+}
+
+void RequestOrchestrator::Choice::Migrate(const absl::Status& failure) {
+  const int32_t limit = orchestrator_->options_.migration_limit;
+  const int32_t sent = static_cast<int32_t>(generated_.size());
+  PD_LOG(WARNING) << "request " << id_ << ": " << failure << "; "
+                  << (migrations_ < limit ? "migrating" : "not migrating")
+                  << " (migration " << migrations_ + 1 << ", limit " << limit
+                  << ")";
+  if (migrations_ >= limit) {
+    if (orchestrator_->metrics_ != nullptr) {
+      orchestrator_->metrics_->Migrated("limit_spent");
+    }
+    return End(absl::UnavailableError(absl::StrCat(
+        failure.message(), "; ", migrations_,
+        " migration(s) tried, the limit (migration_limit ", limit, ")")));
+  }
+  const int32_t left = original_max_tokens_ - sent;
+  if (left < 1) {  // The worker sent the last token without its finish.
+    return End(absl::InternalError(absl::StrCat(
+        failure.message(), "; all ", sent, " tokens were sent without a finish reason")));
+  }
+  ++migrations_;
+  migrating_ = true;
+  // Resume from what the client has: the tokens sent become the prompt's
+  // tail, generated again by nobody.
+  GenerationRequest& engine = validated_.engine;
+  engine.prompt.resize(original_prompt_tokens_);
+  engine.prompt.insert(engine.prompt.end(), generated_.begin(), generated_.end());
+  engine.resumed_tokens = sent;
+  engine.sampling.max_tokens = left;
+  // Sent with the first token already.
+  if (sent > 0) engine.sampling.prompt_logprobs.reset();
+  Readmit(absl::UnavailableError(absl::StrCat(
+      failure.message(), "; no other decode worker could take it (",
+      migrations_, " migration(s) tried)")));
+}
+
+void RequestOrchestrator::Choice::Readmit(absl::Status failure) {
   orchestrator_->Uncommit(*this);
   {
     absl::MutexLock lock(&orchestrator_->mu_);
     tried.push_back(decode_);
-    if (!full) last_failure = status;
+    if (!failure.ok()) last_failure = std::move(failure);
   }
   orchestrator_->Admit(shared_from_this());
 }
@@ -678,11 +783,52 @@ RequestOrchestrator::RequestOrchestrator(
       // the workers' leftover state is concerned.
       next_id_((RandomU64() >> 2) + 1),
       decode_workers_(registry->decode_workers()),
-      admission_([this] { AdmissionLoop(); }) {}
+      admission_([this] { AdmissionLoop(); }),
+      stall_watch_([this] { StallWatchLoop(); }) {}
 
 RequestOrchestrator::~RequestOrchestrator() {
   Stop();
   WaitUntilIdle();
+  {
+    absl::MutexLock lock(&streams_mu_);
+    watch_stopping_ = true;
+    watch_cv_.Signal();
+  }
+  stall_watch_.join();
+}
+
+void RequestOrchestrator::WatchStream(DecodeCall* call) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.insert(call);
+}
+
+bool RequestOrchestrator::UnwatchStream(DecodeCall* call) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(call);
+  return call->stalled();
+}
+
+void RequestOrchestrator::StallWatchLoop() {
+  const absl::Duration timeout = options_.decode_stall_timeout;
+  const absl::Duration period = std::clamp(
+      timeout / 4, absl::Milliseconds(10), absl::Seconds(1));
+  std::vector<std::shared_ptr<grpc::ClientContext>> stalled;
+  absl::MutexLock lock(&streams_mu_);
+  while (!watch_stopping_) {
+    watch_cv_.WaitWithTimeout(&streams_mu_, period);
+    const int64_t silent_since =
+        absl::GetCurrentTimeNanos() - absl::ToInt64Nanoseconds(timeout);
+    for (DecodeCall* call : streams_) {
+      if (call->MarkIfStalled(silent_since)) stalled.push_back(call->context());
+    }
+    if (stalled.empty()) continue;
+    // Outside the mutex: a cancellation may complete the call inline, and
+    // its OnDone unwatches it.
+    streams_mu_.Unlock();
+    for (const auto& context : stalled) context->TryCancel();
+    stalled.clear();
+    streams_mu_.Lock();
+  }
 }
 
 std::shared_ptr<RunningRequest> RequestOrchestrator::Start(

@@ -31,13 +31,32 @@
 // Faults: a D that answers RESOURCE_EXHAUSTED (another router filled it)
 // sends the request to the next D with room, or back to its place in the
 // queue; when every D has answered so, the request fails with
-// RESOURCE_EXHAUSTED. A D that
-// fails before any token reached the client is retried once on another D;
-// after that the stream ends with UNAVAILABLE and the tokens sent stand. A
-// worker answering INVALID_ARGUMENT to a request the router checked is
-// INTERNAL to the client (the cluster's fault, not the request's). Every
-// downstream call carries the client's deadline and is cancelled when the
-// client cancels; a reservation that will not be decoded is released.
+// RESOURCE_EXHAUSTED. A worker answering INVALID_ARGUMENT to a request the
+// router checked is INTERNAL to the client (the cluster's fault, not the
+// request's). Every downstream call carries the client's deadline and is
+// cancelled when the client cancels; a reservation that will not be decoded
+// is released.
+//
+// Migration. A D that fails otherwise — its Reserve or Decode call ends
+// with any other code: UNAVAILABLE (gone, the channel broke), INTERNAL or
+// UNKNOWN (a crash), DEADLINE_EXCEEDED (a parked decode whose KV never
+// came), NOT_FOUND (it lost the reservation), ... — or whose
+// running Decode stream sends nothing for decode_stall_timeout (the call is
+// then cancelled, which frees the request there once the worker runs
+// again), loses the choice: its blocks leave the ledger, that D is
+// excluded for this choice (the registry's health checks judge the worker
+// itself), and the choice goes back to admission, keeping its place, to be
+// placed anew. It resumes there from what the client has: the prompt plus
+// every token relayed so far as the new prompt, resumed_tokens their count
+// (the engine samples on at that step and counts them as output, so the
+// continuation equals the uninterrupted run, greedy or seeded), max_tokens
+// what is left; prefilled by a prefill worker into a fresh reservation or
+// locally, as the policy chooses. No token is sent twice or skipped; usage
+// keeps the original prompt length and counts every token. The same holds
+// before the first token. A choice migrates at most migration_limit times;
+// past that, or when no decode worker is left to take it, its stream ends
+// UNAVAILABLE (the tokens sent stand) with a message that says how many
+// migrations were tried.
 //
 // n > 1 choices share the prompt's KV through the prefix caches rather than
 // an engine-level fork (vLLM V1's fan-out): choice 0 runs as a request of
@@ -68,6 +87,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -118,13 +138,20 @@ class RequestOrchestrator {
     // How often waiting requests are checked against the workers' latest
     // load reports when no request ended meanwhile. Default: 50 ms.
     absl::Duration recheck_interval = absl::Milliseconds(50);
+    // Times one choice may move to another decode worker after its own
+    // failed or stalled; 0: never (the stream ends UNAVAILABLE). Default: 3.
+    int32_t migration_limit = 3;
+    // A Decode stream that has sent a message and then sends none for this
+    // long is a stalled worker: the call is cancelled and the choice
+    // migrates. Must be positive. Default: 10 s.
+    absl::Duration decode_stall_timeout = absl::Seconds(10);
   };
 
-  // `metrics` may be null. Starts the admission thread.
+  // `metrics` may be null. Starts the admission thread and the stall watch.
   RequestOrchestrator(std::shared_ptr<const ServedModel> model,
                       WorkerRegistry* registry, RouterMetrics* metrics,
                       const Options& options);
-  // Stop(), then waits for every request to end.
+  // Stop(), then waits for every request to end; then ends the stall watch.
   ~RequestOrchestrator();
 
   // Starts `request`; its messages and its end go to `stream`. Returns the
@@ -173,6 +200,13 @@ class RequestOrchestrator {
   // Removes a queued choice; false when it is not queued.
   bool Dequeue(Choice& choice);
   void AdmissionLoop();
+  // The stall watch: streams are watched from their start to their end.
+  void WatchStream(DecodeCall* call);
+  // Whether the watch cancelled `call` as stalled.
+  bool UnwatchStream(DecodeCall* call);
+  // Every quarter of the stall timeout, cancels the watched streams that
+  // sent a message once and none for decode_stall_timeout since.
+  void StallWatchLoop();
   // Frees `request_id`'s reservation on `decode`; `done` (may be null)
   // hears how it went.
   void Release(const WorkerEndpoint* decode, uint64_t request_id,
@@ -206,6 +240,13 @@ class RequestOrchestrator {
   absl::CondVar wake_cv_;
   absl::CondVar idle_cv_;
   std::thread admission_;
+
+  // The Decode streams in flight, for the stall watch.
+  absl::Mutex streams_mu_;
+  absl::flat_hash_set<DecodeCall*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool watch_stopping_ ABSL_GUARDED_BY(streams_mu_) = false;
+  absl::CondVar watch_cv_;
+  std::thread stall_watch_;
 };
 
 }  // namespace pdserve

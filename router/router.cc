@@ -18,15 +18,20 @@ namespace pdserve {
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Start(
     const RouterOptions& options) {
-  if (options.max_queued < 0 || options.prefill_retries < 0) {
+  if (options.max_queued < 0 || options.prefill_retries < 0 ||
+      options.migration_limit < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bad router options: max_queued ", options.max_queued,
-        " (>= 0), prefill_retries ", options.prefill_retries, " (>= 0)"));
+        " (>= 0), prefill_retries ", options.prefill_retries,
+        " (>= 0), migration_limit ", options.migration_limit, " (>= 0)"));
   }
   if (options.default_deadline <= absl::ZeroDuration() ||
-      options.control_timeout <= absl::ZeroDuration()) {
+      options.control_timeout <= absl::ZeroDuration() ||
+      options.decode_stall_timeout <= absl::ZeroDuration() ||
+      options.decode_stall_timeout == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(
-        "default_deadline and control_timeout must be positive");
+        "default_deadline, control_timeout and decode_stall_timeout must be "
+        "positive (and the stall timeout finite)");
   }
   PD_RETURN_IF_ERROR(ValidateClusterConfig(options.cluster));
 
@@ -58,7 +63,9 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
           .prefill_retries = options.prefill_retries,
           .control_timeout = options.control_timeout,
           .max_queued = options.max_queued,
-          .recheck_interval = options.poll_interval});
+          .recheck_interval = options.poll_interval,
+          .migration_limit = options.migration_limit,
+          .decode_stall_timeout = options.decode_stall_timeout});
   router->AddGauges();
   router->service_ = std::make_unique<RouterService>(
       router->model_, router->registry_.get(), router->orchestrator_.get(),

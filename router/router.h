@@ -52,6 +52,12 @@ struct RouterOptions {
   absl::Duration load_timeout = absl::Seconds(1);
   // Other prefill workers tried after one fails. Default: 2.
   int prefill_retries = 2;
+  // Times one choice may move to another decode worker after its own
+  // failed or stalled (orchestrator.h, "Migration"); 0: never. Default: 3.
+  int migration_limit = 3;
+  // A running Decode stream silent this long is a stalled decode worker:
+  // cancelled, and its choice migrates. Default: 10 s.
+  absl::Duration decode_stall_timeout = absl::Seconds(10);
   // Deadline of a Generate call whose client set none. Default: 10 min.
   absl::Duration default_deadline = absl::Minutes(10);
   // Deadline of Reserve and Release calls. Default: 5 s.

@@ -38,6 +38,14 @@ ABSL_FLAG(int32_t, poll_interval_ms, 100,
           "Period of the workers' load reports, in milliseconds");
 ABSL_FLAG(int32_t, prefill_retries, 2,
           "Other prefill workers to try when a prefill fails");
+ABSL_FLAG(int32_t, migration_limit, 3,
+          "Times one request (choice) may move to another decode worker when "
+          "its own fails or stalls, continuing its stream from the tokens "
+          "sent; 0: never (the stream ends UNAVAILABLE)");
+ABSL_FLAG(absl::Duration, decode_stall_timeout, absl::Seconds(10),
+          "A running decode stream that sends no token for this long is a "
+          "stalled decode worker: the router cancels it there and migrates "
+          "the request (e.g. 10s, 1500ms; positive)");
 ABSL_FLAG(std::string, served_model_name, "",
           "Name clients use for the model (overrides the config's; default: "
           "the model directory's base name)");
@@ -85,6 +93,8 @@ int main(int argc, char** argv) {
   options.poll_interval =
       absl::Milliseconds(absl::GetFlag(FLAGS_poll_interval_ms));
   options.prefill_retries = absl::GetFlag(FLAGS_prefill_retries);
+  options.migration_limit = absl::GetFlag(FLAGS_migration_limit);
+  options.decode_stall_timeout = absl::GetFlag(FLAGS_decode_stall_timeout);
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.http.threads = absl::GetFlag(FLAGS_http_threads);
   options.api_keys = absl::GetFlag(FLAGS_api_key);

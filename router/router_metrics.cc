@@ -8,7 +8,9 @@
 namespace pdserve {
 namespace {
 
-constexpr absl::string_view kRetryKinds[] = {"prefill", "decode", "migration"};
+constexpr absl::string_view kRetryKinds[] = {"prefill", "decode"};
+constexpr absl::string_view kMigrationOutcomes[] = {"continued", "limit_spent",
+                                                    "no_worker", "abandoned"};
 constexpr absl::string_view kRejectReasons[] = {"queue_full", "too_large",
                                                 "stopping"};
 
@@ -73,8 +75,17 @@ RouterMetrics::RouterMetrics(const Options& options)
       retries_(registry_.AddCounterFamily(
           "pdserve_router_retries_total",
           "Retries, by kind: prefill (another prefill worker), decode "
-          "(another decode worker), migration (a running request moved).",
+          "(another decode worker, the first one full).",
           {"kind"})),
+      migrations_(registry_.AddCounterFamily(
+          "pdserve_router_migrations_total",
+          "Choices moved off a failed or stalled decode worker, by outcome: "
+          "continued (another decode worker took it), limit_spent (the "
+          "router's migration_limit was reached: the stream ended "
+          "UNAVAILABLE), no_worker (no decode worker could take it: the "
+          "stream ended UNAVAILABLE), abandoned (the client cancelled or its "
+          "deadline passed before another worker took it).",
+          {"outcome"})),
       rejected_(registry_.AddCounterFamily(
           "pdserve_router_rejected_requests_total",
           "Requests refused at admission, by reason (queue_full, too_large, "
@@ -88,6 +99,10 @@ RouterMetrics::RouterMetrics(const Options& options)
   }
   for (absl::string_view kind : kRetryKinds) {
     retries_by_kind_[kind] = retries_->WithLabels({std::string(kind)});
+  }
+  for (absl::string_view outcome : kMigrationOutcomes) {
+    migrations_by_outcome_[outcome] =
+        migrations_->WithLabels({std::string(outcome)});
   }
   for (absl::string_view reason : kRejectReasons) {
     rejected_by_reason_[reason] = rejected_->WithLabels({std::string(reason)});
@@ -155,6 +170,11 @@ void RouterMetrics::PrefixMatched(uint64_t prompt_tokens,
 
 void RouterMetrics::Retried(absl::string_view kind) {
   Find(retries_by_kind_, retries_, {std::string(kind)}, kind)->Increment();
+}
+
+void RouterMetrics::Migrated(absl::string_view outcome) {
+  Find(migrations_by_outcome_, migrations_, {std::string(outcome)}, outcome)
+      ->Increment();
 }
 
 void RouterMetrics::Rejected(absl::string_view reason) {

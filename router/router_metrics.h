@@ -6,7 +6,8 @@
 //
 // Thread-safety: every method from any thread. Recording is relaxed atomic
 // adds on series created in advance: the per-worker routing counters for
-// the configured worker ids, the retry kinds and rejection reasons listed
+// the configured worker ids, the retry kinds, migration outcomes and
+// rejection reasons listed
 // below. Only a label value seen for the first time (a worker id not in the
 // configuration, an outcome's first request) takes a short lock; nothing
 // allocates per token.
@@ -59,8 +60,12 @@ class RouterMetrics {
   // `prompt_tokens`, as the routing decision estimated it.
   void PrefixMatched(uint64_t prompt_tokens, uint64_t cached_tokens);
   // A retry of `kind`: "prefill" (another prefill worker), "decode"
-  // (another decode worker), "migration" (a running request moved).
+  // (another decode worker, the first one full).
   void Retried(absl::string_view kind);
+  // A choice that lost its decode worker (failed or stalled), by
+  // `outcome`: "continued" (placed on another one), "limit_spent",
+  // "no_worker" (ended UNAVAILABLE), "abandoned" (its client left first).
+  void Migrated(absl::string_view outcome);
   // A request refused at admission, for `reason`: "queue_full",
   // "too_large", "stopping".
   void Rejected(absl::string_view reason);
@@ -94,12 +99,14 @@ class RouterMetrics {
   Counter* const prefix_prompt_tokens_;
   Counter* const prefix_cached_tokens_;
   CounterFamily* const retries_;
+  CounterFamily* const migrations_;
   CounterFamily* const rejected_;
   // Pre-created series, by worker id / kind / reason; const after
   // construction.
   CounterMap routed_prefill_;
   CounterMap routed_decode_;
   CounterMap retries_by_kind_;
+  CounterMap migrations_by_outcome_;
   CounterMap rejected_by_reason_;
   Counter* finish_stop_ = nullptr;
   Counter* finish_length_ = nullptr;

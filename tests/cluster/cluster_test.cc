@@ -531,8 +531,12 @@ TEST(ClusterTest, KilledPrefillWorkerUnderLoadEveryRequestStillCompletes) {
   EXPECT_EQ(Generate(cluster.router(), ToRequest(cases[0])).tokens, want[0]);
 }
 
+// Without migration (migration_test.cc has it): the streams of a killed
+// decode worker end, the others do not.
 TEST(ClusterTest, KilledDecodeWorkerEndsOnlyItsStreamsAndIsNoLongerChosen) {
-  auto started = LocalCluster::Start({.prefill = 1, .decode = 2});
+  ClusterSpec spec{.prefill = 1, .decode = 2};
+  spec.router_args = "--migration_limit=0";
+  auto started = LocalCluster::Start(spec);
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = **started;
   std::vector<Case> cases;

@@ -93,12 +93,14 @@ class LocalCluster {
     return absl::StrCat("127.0.0.1:", Read(name + ".port"));
   }
   pid_t Pid(const std::string& name) const { return std::stoi(Read(name + ".pid")); }
+  // The port of the process's Prometheus /metrics (the router's HTTP port).
+  int MetricsPort(const std::string& name) const {
+    return std::stoi(Read(name + ".metrics_port"));
+  }
   std::string Log(const std::string& name) const { return Read(name + ".log"); }
 
   // kill -9: the process vanishes without a word to its peers.
   bool Kill(const std::string& name) { return ::kill(Pid(name), SIGKILL) == 0; }
-  // The port of the process's /metrics (the router's is its HTTP port).
-  int MetricsPort(const std::string& name) const { return std::stoi(Read(name + ".metrics_port")); }
 
   // kill -9 of `name`, `down_for` later the same process again from its
   // own command line with its gRPC (and the router's HTTP) port pinned to

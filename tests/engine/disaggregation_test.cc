@@ -178,6 +178,38 @@ TEST_F(DisaggregationTest, PenalizedOutputEqualsColocatedGreedyAndSeeded) {
   }
 }
 
+// A request migrated after k tokens (prompt + k tokens, resumed_tokens k,
+// max_tokens what is left) and prefilled remotely goes on, its first token
+// from the prefill side and the rest from the decode side, with exactly the
+// uninterrupted run's tokens, penalties and seeded draws included.
+TEST_F(DisaggregationTest, ResumedRequestGoesOnWithTheUninterruptedTokens) {
+  auto reference_runner = MakeRunner(model_, 64);
+  SamplingParams seeded{.temperature = 0.9f,
+                        .top_p = 0.9f,
+                        .seed = 99,
+                        .max_tokens = 30,
+                        .ignore_eos = true,
+                        .presence_penalty = 0.5f,
+                        .frequency_penalty = 0.3f,
+                        .repetition_penalty = 1.2f};
+  SamplingParams greedy = seeded;
+  greedy.temperature = 0.0f;
+  uint64_t id = 300;
+  for (const SamplingParams& sp : {greedy, seeded}) {
+    const GenerationRequest r{RequestId(id++), RandomPrompt(40, 8), sp};
+    const std::vector<int32_t> want = Colocated(*reference_runner, r);
+    for (int32_t k : {1, 9, 27}) {
+      GenerationRequest resumed{RequestId(id++), r.prompt, sp};
+      resumed.prompt.insert(resumed.prompt.end(), want.begin(), want.begin() + k);
+      resumed.resumed_tokens = k;
+      resumed.sampling.max_tokens -= k;
+      EXPECT_EQ(Disaggregated(resumed), std::vector<int32_t>(want.begin() + k, want.end()))
+          << "T " << sp.temperature << ", cut after " << k;
+    }
+  }
+  EXPECT_EQ(decode_->block_pool().num_free(), decode_->block_pool().num_blocks());
+}
+
 // Prompt logprobs come with the first token wherever the prompt is
 // prefilled, equal on a prefill worker (chunks of 64) and colocated; asking
 // for them bypasses the prefix cache, and a prompt prefilled elsewhere

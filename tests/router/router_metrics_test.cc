@@ -1,5 +1,5 @@
 // RouterMetrics: what each recording method adds to the exposition, the
-// series created up front (configured workers, retry kinds, rejection
+// series created up front (configured workers, retry kinds, migration outcomes, rejection
 // reasons), RequestRecord's per-message recording (inter-token latency,
 // finish reasons), and the real promtool on the whole exposition.
 #include "router/router_metrics.h"
@@ -26,8 +26,13 @@ TEST(RouterMetricsTest, ConfiguredSeriesExistBeforeAnyRequest) {
   const std::string text = metrics.Exposition();
   EXPECT_EQ(SampleValue(text, R"(pdserve_router_routed_total{role="prefill",worker="prefill-0"})"), 0);
   EXPECT_EQ(SampleValue(text, R"(pdserve_router_routed_total{role="decode",worker="decode-0"})"), 0);
-  for (const char* kind : {"prefill", "decode", "migration"}) {
+  for (const char* kind : {"prefill", "decode"}) {
     EXPECT_EQ(SampleValue(text, absl::StrCat(R"(pdserve_router_retries_total{kind=")", kind, "\"}")), 0);
+  }
+  for (const char* outcome : {"continued", "limit_spent", "no_worker", "abandoned"}) {
+    EXPECT_EQ(SampleValue(text, absl::StrCat(R"(pdserve_router_migrations_total{outcome=")",
+                                             outcome, "\"}")),
+              0);
   }
   for (const char* reason : {"queue_full", "too_large", "stopping"}) {
     EXPECT_EQ(SampleValue(text, absl::StrCat(R"(pdserve_router_rejected_requests_total{reason=")",
@@ -47,7 +52,10 @@ TEST(RouterMetricsTest, OrchestratorRecordingMethods) {
   metrics.PrefixMatched(100, 64);
   metrics.PrefixMatched(50, 0);
   metrics.Retried("prefill");
-  metrics.Retried("migration");
+  metrics.Retried("decode");
+  metrics.Migrated("continued");
+  metrics.Migrated("continued");
+  metrics.Migrated("limit_spent");
   metrics.Rejected("queue_full");
   metrics.Rejected("too_large");
   metrics.Rejected("too_large");
@@ -59,8 +67,10 @@ TEST(RouterMetricsTest, OrchestratorRecordingMethods) {
   EXPECT_EQ(SampleValue(text, "pdserve_router_prefix_match_prompt_tokens_total"), 150);
   EXPECT_EQ(SampleValue(text, "pdserve_router_prefix_match_cached_tokens_total"), 64);
   EXPECT_EQ(SampleValue(text, R"(pdserve_router_retries_total{kind="prefill"})"), 1);
-  EXPECT_EQ(SampleValue(text, R"(pdserve_router_retries_total{kind="decode"})"), 0);
-  EXPECT_EQ(SampleValue(text, R"(pdserve_router_retries_total{kind="migration"})"), 1);
+  EXPECT_EQ(SampleValue(text, R"(pdserve_router_retries_total{kind="decode"})"), 1);
+  EXPECT_EQ(SampleValue(text, R"(pdserve_router_migrations_total{outcome="continued"})"), 2);
+  EXPECT_EQ(SampleValue(text, R"(pdserve_router_migrations_total{outcome="limit_spent"})"), 1);
+  EXPECT_EQ(SampleValue(text, R"(pdserve_router_migrations_total{outcome="no_worker"})"), 0);
   EXPECT_EQ(SampleValue(text, R"(pdserve_router_rejected_requests_total{reason="queue_full"})"), 1);
   EXPECT_EQ(SampleValue(text, R"(pdserve_router_rejected_requests_total{reason="too_large"})"), 2);
   EXPECT_EQ(SampleValue(text, "pdserve_router_queue_time_seconds_count"), 1);
