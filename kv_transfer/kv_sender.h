@@ -42,7 +42,8 @@
 // nothing: the receiver sees the connection go and fences by itself.
 //
 // Thread-safety: PushLayer, Finish, Stop, counters(), lane_count() and
-// KvPush::Abort from any thread; connections and the transport's Write and
+// KvPush::Abort from any thread (Stop, which joins the lanes, not from a
+// callback of the sender); connections and the transport's Write and
 // Notify are used only by the lane thread that owns them.
 #ifndef PDSERVE_KV_TRANSFER_KV_SENDER_H_
 #define PDSERVE_KV_TRANSFER_KV_SENDER_H_

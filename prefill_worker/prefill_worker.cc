@@ -17,6 +17,10 @@ namespace wire = ::pdserve::internal::v1;
 
 namespace {
 
+// Longest Landing.decode_worker_id accepted (ids come from the cluster
+// config; a bound costs nothing).
+constexpr size_t kMaxDecodeWorkerIdBytes = 1024;
+
 // The engine's id of the request a push carries.
 RequestId EngineIdOf(const kv::KvPush& push) {
   return RequestId(push.request_id());
@@ -211,6 +215,13 @@ absl::StatusOr<std::vector<kv::KvOffer>> PrefillWorker::CheckRequest(
     return absl::FailedPreconditionError(absl::StrCat(
         "the landing's KV layout {", landing.layout().ShortDebugString(),
         "} differs from this worker's {", want.ShortDebugString(), "}"));
+  }
+  // The id names the KV sender's lane for the decode worker.
+  if (landing.decode_worker_id().size() > kMaxDecodeWorkerIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the landing's decode_worker_id is ",
+                     landing.decode_worker_id().size(), " bytes long; at most ",
+                     kMaxDecodeWorkerIdBytes));
   }
   if (landing.pool_blocks() == 0 || landing.pool_blocks() > (1u << 30)) {
     return absl::InvalidArgumentError(

@@ -487,6 +487,9 @@ TEST_F(PrefillWorkerTest, BadRequestsAreInvalidArgument) {
   EXPECT_EQ(code(ok, outside), kInvalid) << "block id outside the pool";
   outside.set_block_ids(3, -1);
   EXPECT_EQ(code(ok, outside), kInvalid) << "negative block id";
+  Landing long_id = landing;
+  long_id.set_decode_worker_id(std::string(2000, 'd'));
+  EXPECT_EQ(code(ok, long_id), kInvalid) << "decode_worker_id of 2000 bytes";
   Landing no_endpoint = landing;
   no_endpoint.mutable_offers(0)->clear_endpoint();
   EXPECT_EQ(code(ok, no_endpoint), kInvalid);
