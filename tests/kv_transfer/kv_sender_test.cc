@@ -346,6 +346,29 @@ TEST_F(SenderToLocalReceiverTest, DestinationsBeyondTheLaneBoundShareALane) {
   EXPECT_EQ(note->message, "complete 2");
 }
 
+TEST_F(SenderToLocalReceiverTest, EachDestinationHasALaneAndCountersAddUp) {
+  std::unique_ptr<KvSender> sender = MakeSender(absl::Seconds(5));
+  ASSERT_NE(sender, nullptr);
+  std::vector<std::byte> second_landing(landing_.size(), std::byte{0});
+  std::unique_ptr<KvTransport> second = Tcp(absl::Seconds(5));
+  ASSERT_NE(second, nullptr);
+  auto second_region = second->RegisterMemory(second_landing);
+  ASSERT_TRUE(second_region.ok());
+  ASSERT_TRUE(PushAll(*sender, MakeLocalPush(1)).ok());
+  ASSERT_TRUE(
+      PushAll(*sender, MakePush(2, second->endpoint(), *second_region)).ok());
+  EXPECT_EQ(sender->lane_count(), 2u);
+  // Positions [0, 10) of every layer: K and V of 10 slots each.
+  const uint64_t push_bytes =
+      uint64_t{2} * kTokens * layout_.slot_bytes() * layout_.num_layers;
+  const std::vector<KvTransportCounters> counters = sender->counters();
+  ASSERT_EQ(counters.size(), 1u);
+  EXPECT_EQ(counters[0].transport, "tcp");
+  EXPECT_EQ(counters[0].pushes, 2u);
+  EXPECT_EQ(counters[0].bytes, 2 * push_bytes);
+  EXPECT_EQ(counters[0].fallbacks, 0u);
+}
+
 // Receivers in other processes, which can be stopped (SIGSTOP) like a
 // decode worker that stalls.
 class SenderLanesTest : public SenderTest {
