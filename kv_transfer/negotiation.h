@@ -17,7 +17,7 @@
 // Equal ranks keep the decode worker's order. A name this binary does not
 // build never matches. An offer that cannot be reached (cuda_ipc or ucx:shm
 // on another host, a dead endpoint) fails to connect, and the prefill
-// worker moves on to the next (prefill_worker/kv_pusher.h).
+// worker moves on to the next (kv_transfer/kv_sender.h).
 //
 // Thread-safety: plain functions of their arguments.
 #ifndef PDSERVE_KV_TRANSFER_NEGOTIATION_H_

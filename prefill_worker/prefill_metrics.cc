@@ -25,20 +25,20 @@ PrefillMetrics::PrefillMetrics()
           "cancelled: the caller gave up).",
           {"code"})) {}
 
-void PrefillMetrics::WatchPusher(const KvPusher* pusher) {
+void PrefillMetrics::WatchSender(const kv::KvSender* sender) {
   registry_.AddCallbackCounterFamily(
       "pdserve_prefill_kv_pushed_bytes_total",
       "KV bytes written into decode workers' landings, per transport.",
-      {"transport"}, [pusher](std::vector<LabeledValue>* out) {
-        for (const KvTransportCounters& c : pusher->counters()) {
+      {"transport"}, [sender](std::vector<LabeledValue>* out) {
+        for (const kv::KvTransportCounters& c : sender->counters()) {
           out->push_back({{c.transport}, static_cast<double>(c.bytes)});
         }
       });
   registry_.AddCallbackCounterFamily(
       "pdserve_prefill_kv_pushes_total",
       "KV pushes delivered (KvComplete acknowledged), per transport.",
-      {"transport"}, [pusher](std::vector<LabeledValue>* out) {
-        for (const KvTransportCounters& c : pusher->counters()) {
+      {"transport"}, [sender](std::vector<LabeledValue>* out) {
+        for (const kv::KvTransportCounters& c : sender->counters()) {
           out->push_back({{c.transport}, static_cast<double>(c.pushes)});
         }
       });
@@ -46,15 +46,15 @@ void PrefillMetrics::WatchPusher(const KvPusher* pusher) {
       "pdserve_prefill_kv_push_fallbacks_total",
       "Pushes that moved past a transport to their landing's next offer (its "
       "connect failed, now or within the last 10 s), per transport left.",
-      {"transport"}, [pusher](std::vector<LabeledValue>* out) {
-        for (const KvTransportCounters& c : pusher->counters()) {
+      {"transport"}, [sender](std::vector<LabeledValue>* out) {
+        for (const kv::KvTransportCounters& c : sender->counters()) {
           out->push_back({{c.transport}, static_cast<double>(c.fallbacks)});
         }
       });
 }
 
 void PrefillMetrics::PushDone(const absl::Status& status,
-                              const KvPushStats& stats) {
+                              const kv::KvPushStats& stats) {
   if (!status.ok()) {
     push_failures_
         ->WithLabels({absl::AsciiStrToLower(absl::StatusCodeToString(status.code()))})

@@ -4,14 +4,14 @@
 // transport, push time, failures).
 //
 // Thread-safety: every method from any thread.
-// Ownership: the watched pusher must outlive every scrape.
+// Ownership: the watched sender must outlive every scrape.
 #ifndef PDSERVE_PREFILL_WORKER_PREFILL_METRICS_H_
 #define PDSERVE_PREFILL_WORKER_PREFILL_METRICS_H_
 
 #include "absl/status/status.h"
 #include "common/metrics.h"
 #include "engine/engine_metrics.h"
-#include "prefill_worker/kv_pusher.h"
+#include "kv_transfer/kv_sender.h"
 
 namespace pdserve {
 
@@ -19,10 +19,10 @@ class PrefillMetrics {
  public:
   PrefillMetrics();
 
-  // Adds the per-transport counters the pusher keeps, read at scrape.
-  void WatchPusher(const KvPusher* pusher);
-  // One push ended with `status` (stats as KvPusher reports them).
-  void PushDone(const absl::Status& status, const KvPushStats& stats);
+  // Adds the per-transport counters the KV sender keeps, read at scrape.
+  void WatchSender(const kv::KvSender* sender);
+  // One push ended with `status` (stats as the KvSender reports them).
+  void PushDone(const absl::Status& status, const kv::KvPushStats& stats);
 
   MetricsRegistry& registry() { return registry_; }
   EngineMetrics& engine() { return engine_; }

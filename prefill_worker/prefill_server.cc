@@ -51,7 +51,7 @@ void PrefillServer::Shutdown() {
   shut_down_ = true;
   if (metrics_http_) metrics_http_->Stop();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
-  // Cancelled calls end once the engine and the pusher have let go of them
+  // Cancelled calls end once the engine and the KV sender have let go of them
   // (a transfer blocked on a peer takes up to the transfer timeout).
   if (!worker_->WaitUntilIdle(absl::Now() + options_.worker.transfer_timeout +
                               absl::Seconds(5))) {

@@ -1,6 +1,7 @@
 #include "prefill_worker/prefill_worker.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -14,6 +15,19 @@
 namespace pdserve {
 
 namespace wire = ::pdserve::internal::v1;
+
+namespace {
+
+// Longest Landing.decode_worker_id accepted (ids come from the cluster
+// config; a bound costs nothing).
+constexpr size_t kMaxDecodeWorkerIdBytes = 1024;
+
+// The engine's id of the request a push carries.
+RequestId EngineIdOf(const kv::KvPush& push) {
+  return RequestId(push.request_id());
+}
+
+}  // namespace
 
 // The reactor of one Prefill call. Finished exactly once: by Prefill() on a
 // bad request, by Start() when the engine refuses it, or by OnPushDone.
@@ -43,16 +57,16 @@ class PrefillWorker::PrefillCall final : public grpc::ServerUnaryReactor {
   const wire::PrefillRequest& request() const { return *request_; }
   wire::PrefillResponse* response() { return response_; }
   absl::Time arrival() const { return arrival_; }
-  const std::shared_ptr<KvPush>& push() const { return push_; }
+  const std::shared_ptr<kv::KvPush>& push() const { return push_; }
   // Before the reactor is handed to gRPC; constant afterwards.
-  void set_push(std::shared_ptr<KvPush> push) { push_ = std::move(push); }
+  void set_push(std::shared_ptr<kv::KvPush> push) { push_ = std::move(push); }
 
  private:
   PrefillWorker* const worker_;
   const wire::PrefillRequest* const request_;  // Owned by gRPC until OnDone.
   wire::PrefillResponse* const response_;      // Likewise.
   const absl::Time arrival_;
-  std::shared_ptr<KvPush> push_;
+  std::shared_ptr<kv::KvPush> push_;
 };
 
 absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
@@ -74,10 +88,10 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
   std::unique_ptr<PrefillWorker> worker(
       new PrefillWorker(options, std::move(metrics), std::move(loop)));
   PrefillWorker* w = worker.get();
-  std::vector<KvPusherTransport> transports;
+  std::vector<kv::KvSenderTransport> transports;
   std::vector<std::string> staged;
   for (const std::string& name : names) {
-    KvPusherTransport& t = transports.emplace_back();
+    kv::KvSenderTransport& t = transports.emplace_back();
     PD_ASSIGN_OR_RETURN(t.transport,
                         kv::CreateKvTransportWithFaults(name, transport_options, options.kv_fault));
     const kv::TransportCapabilities& caps = t.transport->capabilities();
@@ -92,18 +106,24 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
     t.memory = *memory;
     if (t.staged) staged.push_back(name);
   }
-  PD_ASSIGN_OR_RETURN(worker->pusher_,
-                      KvPusher::Create(
-                          std::move(transports), w->loop_->num_kv_blocks(),
-                          w->loop_->kv_layout(),
-                          [w](std::span<const KvByteRange> ranges) {
-                            return w->loop_->CopyKvToHostStaging(ranges);
-                          },
-                          [w](const std::shared_ptr<KvPush>& push) {
-                            w->CancelInEngine(push);
-                          }));
+  PD_ASSIGN_OR_RETURN(
+      worker->sender_,
+      kv::KvSender::Create(
+          std::move(transports), w->loop_->num_kv_blocks(),
+          w->loop_->kv_layout(),
+          [w](std::span<const kv::WriteOp> writes) {
+            // The sender's writes read the staging at the pool's offsets.
+            std::vector<KvByteRange> ranges;
+            ranges.reserve(writes.size());
+            for (const kv::WriteOp& op : writes)
+              ranges.push_back({.offset = op.local_offset, .length = op.length});
+            return w->loop_->CopyKvToHostStaging(ranges);
+          },
+          [w](const std::shared_ptr<kv::KvPush>& push) {
+            w->CancelInEngine(push);
+          }));
   w->metrics_->engine().WatchLoad(w->loop_.get());
-  w->metrics_->WatchPusher(w->pusher_.get());
+  w->metrics_->WatchSender(w->sender_.get());
   w->loop_->Post([w](Generator& generator) {
     generator.set_kv_layer_observer(
         [w](int32_t layer, std::span<const ComputedKv> computed) {
@@ -113,7 +133,7 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
   PD_LOG(INFO) << "prefill worker: model " << options.engine.model << ", "
                << w->loop_->num_kv_blocks() << " KV blocks of "
                << options.engine.block_size << " tokens, KV pushed over "
-               << kv::FormatKvTransportList(w->pusher_->transport_names())
+               << kv::FormatKvTransportList(w->sender_->transport_names())
                << (staged.empty()
                        ? std::string()
                        : absl::StrCat(" (staged through pinned host memory: ",
@@ -134,12 +154,12 @@ PrefillWorker::~PrefillWorker() {
     absl::MutexLock lock(&mu_);
     loop_gone_ = true;
   }
-  // The pusher stops first: its writes read the pool (and its staging
+  // The sender stops first: its writes read the pool (and its staging
   // copies go through the runner), which go with the loop. Stop() finishes
   // the calls it has queued with UNAVAILABLE; sinks still subscribed then
   // get a cancellation from the loop's destructor, and their push's Finish
   // runs its `done` at once.
-  if (pusher_ != nullptr) pusher_->Stop();
+  if (sender_ != nullptr) sender_->Stop();
   loop_.reset();
 }
 
@@ -197,6 +217,13 @@ absl::StatusOr<std::vector<kv::KvOffer>> PrefillWorker::CheckRequest(
         "the landing's KV layout {", landing.layout().ShortDebugString(),
         "} differs from this worker's {", want.ShortDebugString(), "}"));
   }
+  // The id names the KV sender's lane for the decode worker.
+  if (landing.decode_worker_id().size() > kMaxDecodeWorkerIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the landing's decode_worker_id is ",
+                     landing.decode_worker_id().size(), " bytes long; at most ",
+                     kMaxDecodeWorkerIdBytes));
+  }
   if (landing.pool_blocks() == 0 || landing.pool_blocks() > (1u << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("landing pool of ", landing.pool_blocks(), " blocks"));
@@ -235,7 +262,7 @@ absl::StatusOr<std::vector<kv::KvOffer>> PrefillWorker::CheckRequest(
                        .endpoint = landing.endpoint(),
                        .region = kv::RegionId(landing.region_id())});
   }
-  return kv::ChooseKvOffers(offered, pusher_->transport_names());
+  return kv::ChooseKvOffers(offered, sender_->transport_names());
 }
 
 grpc::ServerUnaryReactor* PrefillWorker::Prefill(
@@ -253,25 +280,35 @@ grpc::ServerUnaryReactor* PrefillWorker::Prefill(
   }
   const wire::Landing& landing = request->landing();
   const int32_t bs = loop_->kv_layout().block_size;
-  KvLandingTarget target{
+  // Sent instead of the KvComplete when the push stops early on a
+  // connection still open: the decode worker frees the landing at once.
+  wire::KvComplete aborted;
+  aborted.set_request_id(request->request().request_id());
+  aborted.set_num_tokens(0);
+  aborted.set_cached_tokens(landing.cached_tokens());
+  aborted.set_landing_id(landing.landing_id());
+  aborted.set_aborted(true);
+  kv::KvLandingTarget target{
+      .destination = landing.decode_worker_id(),
       .offers = *std::move(offers),
       .remote_pool_blocks = static_cast<int32_t>(landing.pool_blocks()),
       .cached_tokens = static_cast<int32_t>(landing.cached_tokens()),
-      .landing_id = landing.landing_id()};
+      .landing_id = landing.landing_id(),
+      .abort_notification = aborted.SerializeAsString()};
   const int32_t needed = static_cast<int32_t>(
       BlocksForTokens(request->request().prompt_size(), bs));
   target.block_ids.reserve(needed);
   for (int i = 0; i < needed; ++i)
     target.block_ids.push_back(BlockId(landing.block_ids(i)));
-  call->set_push(std::make_shared<KvPush>(
-      RequestId(request->request().request_id()), std::move(target)));
+  call->set_push(std::make_shared<kv::KvPush>(request->request().request_id(),
+                                              std::move(target)));
   loop_->Post([this, call](Generator& generator) { Start(call, generator); });
   return call;
 }
 
 void PrefillWorker::Start(PrefillCall* call, Generator& generator) {
-  const std::shared_ptr<KvPush>& push = call->push();
-  const RequestId id = push->id();
+  const std::shared_ptr<kv::KvPush>& push = call->push();
+  const RequestId id = EngineIdOf(*push);
   if (active_.contains(id)) {
     call->Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "request ", id.value, " is already being prefilled here"))));
@@ -282,7 +319,7 @@ void PrefillWorker::Start(PrefillCall* call, Generator& generator) {
     return;
   }
   // The engine's copy ends after its first token and keeps its KV for the
-  // pusher: KV for the prompt + 1 token only, whatever max_tokens says.
+  // sender: KV for the prompt + 1 token only, whatever max_tokens says.
   GenerationRequest engine_request = FromWire(call->request().request());
   engine_request.hold_kv = true;
   engine_request.sampling.max_tokens = 1;
@@ -306,12 +343,12 @@ void PrefillWorker::OnLayer(int32_t layer,
                               .begin = c.begin,
                               .end = c.end});
   }
-  if (!layer_scratch_.empty()) pusher_->PushLayer(layer, layer_scratch_);
+  if (!layer_scratch_.empty()) sender_->PushLayer(layer, layer_scratch_);
   layer_scratch_.clear();  // Drops the shared_ptr copies.
 }
 
 bool PrefillWorker::OnEvent(PrefillCall* call, const GenerationEvent& event) {
-  const std::shared_ptr<KvPush>& push = call->push();
+  const std::shared_ptr<kv::KvPush>& push = call->push();
   std::string notification;
   if (event.has_token) {
     const wire::EngineRequest& r = call->request().request();
@@ -340,21 +377,23 @@ bool PrefillWorker::OnEvent(PrefillCall* call, const GenerationEvent& event) {
     push->Abort(
         absl::UnavailableError("the prefill engine cancelled the request"));
   }
-  pusher_->Finish(push, std::move(notification),
-                  [this, call](absl::Status status, const KvPushStats& stats) {
-                    OnPushDone(call, std::move(status), stats);
-                  });
+  sender_->Finish(
+      push, std::move(notification),
+      [this, call](absl::Status status, const kv::KvPushStats& stats) {
+        OnPushDone(call, std::move(status), stats);
+      });
   return true;
 }
 
 void PrefillWorker::OnPushDone(PrefillCall* call, absl::Status status,
-                               const KvPushStats& stats) {
+                               const kv::KvPushStats& stats) {
   metrics_->PushDone(status, stats);
-  // The pusher is done with the blocks: the engine may have them back.
+  // The sender is done with the blocks: the engine may have them back.
   PostToLoop([this, push = call->push()](Generator& generator) {
-    auto it = active_.find(push->id());
+    const RequestId id = EngineIdOf(*push);
+    auto it = active_.find(id);
     if (it == active_.end() || it->second != push) return;
-    generator.ReleaseKv(push->id());
+    generator.ReleaseKv(id);
     active_.erase(it);
   });
   if (status.ok()) {
@@ -367,10 +406,11 @@ void PrefillWorker::OnPushDone(PrefillCall* call, absl::Status status,
   call->Finish(ToGrpcStatus(status));
 }
 
-void PrefillWorker::CancelInEngine(const std::shared_ptr<KvPush>& push) {
+void PrefillWorker::CancelInEngine(const std::shared_ptr<kv::KvPush>& push) {
   PostToLoop([this, push](Generator& generator) {
-    auto it = active_.find(push->id());
-    if (it != active_.end() && it->second == push) generator.Cancel(push->id());
+    const RequestId id = EngineIdOf(*push);
+    auto it = active_.find(id);
+    if (it != active_.end() && it->second == push) generator.Cancel(id);
   });
 }
 
@@ -387,7 +427,7 @@ grpc::ServerUnaryReactor* PrefillWorker::GetLoad(
   ToWire(loop_->kv_layout(), response->mutable_layout());
   ToWire(load, response);
   ToWire(loop_->kv_events(), *request, response);
-  for (const KvTransportCounters& c : pusher_->counters()) {
+  for (const kv::KvTransportCounters& c : sender_->counters()) {
     wire::KvTransportCounters* out = response->add_kv_transports();
     out->set_transport(c.transport);
     out->set_pushes(c.pushes);

@@ -2,18 +2,21 @@
 // (proto/pdserve/internal/v1/worker.proto). It runs prompts on an EngineLoop
 // — batched under a token budget, long prompts in chunks, prefix caching —
 // and pushes each layer's KV into the decode worker's landing blocks as soon
-// as that layer is computed (KvPusher), then notifies the decode worker
+// as that layer is computed (kv::KvSender), then notifies the decode worker
 // (KvComplete) and answers the first token.
 //
 // One request, across the threads that touch it:
 //   gRPC thread    Prefill(): checks the landing and the request, posts Add.
 //   loop thread    Add (hold_kv, max_tokens 1); layer observer -> PushLayer;
-//                  first-token event -> KvPusher::Finish.
-//   pusher thread  the layer writes, the KvComplete notification, then
+//                  first-token event -> KvSender::Finish.
+//   lane thread    (the sender's thread for the landing's decode worker)
+//                  the layer writes, the KvComplete notification, then
 //                  posts ReleaseKv to the loop and finishes the RPC.
 // A failed transfer or a cancelled call (client cancel, deadline) aborts
-// the push and cancels the engine request; the KV blocks are released only
-// from the push's `done`, after the pusher has stopped reading them.
+// the push and cancels the engine request; the sender then tells the
+// decode worker with an aborted KvComplete when it can. The KV blocks are
+// released only from the push's `done`, after the sender has stopped
+// reading them.
 //
 // Thread-safety: the service methods are called by gRPC on any thread and
 // never block. set_worker_id and in_flight from any thread.
@@ -35,7 +38,7 @@
 #include "absl/time/time.h"
 #include "engine/engine_loop.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
-#include "prefill_worker/kv_pusher.h"
+#include "kv_transfer/kv_sender.h"
 #include "prefill_worker/prefill_metrics.h"
 
 namespace pdserve {
@@ -63,7 +66,7 @@ class PrefillWorker final
     : public internal::v1::PrefillWorker::CallbackService {
  public:
   // Loads the model, allocates the KV pool and starts the engine loop and
-  // the pusher. INVALID_ARGUMENT for bad options; NOT_FOUND for an unknown
+  // the KV sender. INVALID_ARGUMENT for bad options; NOT_FOUND for an unknown
   // backend or transport; model loading errors as they come.
   static absl::StatusOr<std::unique_ptr<PrefillWorker>> Create(
       const PrefillWorkerOptions& options);
@@ -103,31 +106,31 @@ class PrefillWorker final
   void Start(PrefillCall* call, Generator& generator);
   void OnLayer(int32_t layer, std::span<const ComputedKv> computed);
   bool OnEvent(PrefillCall* call, const GenerationEvent& event);
-  // Pusher thread: the push of `call` is over.
+  // A sender lane thread: the push of `call` is over.
   void OnPushDone(PrefillCall* call, absl::Status status,
-                  const KvPushStats& stats);
+                  const kv::KvPushStats& stats);
   // Any thread: stop computing `push`'s request (no-op once it is gone).
-  void CancelInEngine(const std::shared_ptr<KvPush>& push);
+  void CancelInEngine(const std::shared_ptr<kv::KvPush>& push);
   void PostToLoop(EngineLoop::Command command) ABSL_LOCKS_EXCLUDED(mu_);
   void CallDone() ABSL_LOCKS_EXCLUDED(mu_);
 
   const PrefillWorkerOptions options_;
-  // Outlives the loop and the pusher, which record into it.
+  // Outlives the loop and the sender, which record into it.
   const std::unique_ptr<PrefillMetrics> metrics_;
-  std::unique_ptr<KvPusher> pusher_;  // Set once in Create.
-  // Destroyed before pusher_ (the loop's observer and sinks use it). The
-  // pusher thread reaches it only through PostToLoop.
+  std::unique_ptr<kv::KvSender> sender_;  // Set once in Create.
+  // Destroyed before sender_ (the loop's observer and sinks use it). The
+  // sender's lanes reach it only through PostToLoop.
   std::unique_ptr<EngineLoop> loop_;
 
   // Loop thread only. The requests the engine holds (from Add until
   // ReleaseKv) by id: a Prefill call for an id held here is refused.
-  absl::flat_hash_map<RequestId, std::shared_ptr<KvPush>> active_;
-  std::vector<LayerKv> layer_scratch_;  // Scratch of OnLayer.
+  absl::flat_hash_map<RequestId, std::shared_ptr<kv::KvPush>> active_;
+  std::vector<kv::LayerKv> layer_scratch_;  // Scratch of OnLayer.
 
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // Set while the loop is being destroyed: the pusher stops posting to it.
+  // Set while the loop is being destroyed: the sender stops posting to it.
   bool loop_gone_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -487,6 +487,9 @@ TEST_F(PrefillWorkerTest, BadRequestsAreInvalidArgument) {
   EXPECT_EQ(code(ok, outside), kInvalid) << "block id outside the pool";
   outside.set_block_ids(3, -1);
   EXPECT_EQ(code(ok, outside), kInvalid) << "negative block id";
+  Landing long_id = landing;
+  long_id.set_decode_worker_id(std::string(2000, 'd'));
+  EXPECT_EQ(code(ok, long_id), kInvalid) << "decode_worker_id of 2000 bytes";
   Landing no_endpoint = landing;
   no_endpoint.mutable_offers(0)->clear_endpoint();
   EXPECT_EQ(code(ok, no_endpoint), kInvalid);
@@ -554,7 +557,7 @@ TEST_F(PrefillWorkerTest, StalledLandingTimesOutAsDeadlineExceeded) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 }
 
-TEST_F(PrefillWorkerTest, ClientDeadlineReleasesTheBlocksOnceThePusherLetsGo) {
+TEST_F(PrefillWorkerTest, ClientDeadlineReleasesTheBlocksOnceTheSenderLetsGo) {
   StartServer(/*transfer_timeout=*/absl::Seconds(2));
   BlackHole hole;
   Landing landing = ScratchLanding();
@@ -565,7 +568,7 @@ TEST_F(PrefillWorkerTest, ClientDeadlineReleasesTheBlocksOnceThePusherLetsGo) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << s.error_message();
   // (The deadline leaves time to compute the prompt even under sanitizers,
-  // so the push has started.) The pusher is stuck in a write to the
+  // so the push has started.) The sender is stuck in a write to the
   // landing for two seconds: the
   // request's blocks stay held until it gives up, then come back.
   LoadReport load = GetLoad();
@@ -579,15 +582,30 @@ TEST_F(PrefillWorkerTest, DeadlineDuringALongPromptStopsTheEngine) {
   StartServer();
   // 4000 tokens in 64-token chunks: the deadline comes mid-prompt.
   const GenerationRequest r{RequestId(1), RandomPrompt(4000, 8), Greedy(8)};
+  Landing landing = Reserve(r.id, 4008);
+  landing.set_landing_id(77);
   PrefillResponse resp;
-  const grpc::Status s = Prefill(MakeRequest(r, Reserve(r.id, 4008)), &resp,
-                                 absl::Milliseconds(50));
+  const grpc::Status s =
+      Prefill(MakeRequest(r, landing), &resp, absl::Milliseconds(50));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << s.error_message();
   const LoadReport load = WaitForIdle();
   EXPECT_EQ(load.free_blocks(), load.total_blocks());
   // Abandoned before its last layer: the decode worker is never told the
-  // KV is complete.
+  // KV is complete. A push that had connected (the usual case: the first
+  // chunk's layers are out within the 50 ms) tells it instead that no
+  // further byte comes.
+  auto note = receiver_->WaitNotification(absl::Milliseconds(500));
+  if (note.ok()) {
+    KvComplete aborted;
+    ASSERT_TRUE(aborted.ParseFromString(note->message));
+    EXPECT_TRUE(aborted.aborted());
+    EXPECT_EQ(aborted.request_id(), r.id.value);
+    EXPECT_EQ(aborted.landing_id(), 77u);
+    EXPECT_EQ(aborted.num_tokens(), 0u);
+  } else {
+    EXPECT_TRUE(absl::IsDeadlineExceeded(note.status())) << note.status();
+  }
   EXPECT_EQ(
       receiver_->WaitNotification(absl::Milliseconds(200)).status().code(),
       absl::StatusCode::kDeadlineExceeded);
