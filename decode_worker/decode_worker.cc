@@ -168,25 +168,15 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
   if (options.kv_quarantine <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("kv_quarantine must be positive");
   }
-  PD_ASSIGN_OR_RETURN(const std::vector<std::string> names,
-                      kv::ParseKvTransportList(options.kv_transport));
   std::unique_ptr<DecodeWorker> worker(new DecodeWorker(options));
   DecodeWorker* w = worker.get();
-  kv::TransportOptions transport_options;
-  transport_options.listen_address = options.kv_listen_address;
-  for (const std::string& name : names) {
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvTransport> transport,
-                        kv::CreateKvTransportWithFaults(name, transport_options, options.kv_fault));
-    w->receivers_.push_back({.transport = std::move(transport)});
-  }
-  bool every_write_fenced = true;
-  for (const Receiver& r : w->receivers_) {
-    every_write_fenced &= r.transport->capabilities().fences_writes;
-  }
-  w->fence_ = std::make_unique<kv::LandingFence>(every_write_fenced,
-                                                 options.kv_quarantine);
-  for (Receiver& r : w->receivers_) r.transport->SetWriteFence(w->fence_.get());
-  w->metrics_.WatchFence(w->fence_.get());
+  PD_ASSIGN_OR_RETURN(
+      w->receiver_, kv::KvReceiver::Create(
+                        {.transports = options.kv_transport,
+                         .listen_address = options.kv_listen_address,
+                         .quarantine = options.kv_quarantine,
+                         .fault_spec = options.kv_fault}));
+  w->metrics_.WatchFence(&w->receiver_->fence());
   PD_ASSIGN_OR_RETURN(worker->loop_,
                       EngineLoop::Start(
                           options.engine,
@@ -206,24 +196,21 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
                             w->metrics_.engine().OnStep(stats);
                           }));
   w->metrics_.WatchLoop(w->loop_.get());
+  PD_RETURN_IF_ERROR(w->receiver_->Start(
+      [w](const kv::TransportCapabilities& caps,
+          bool* staged) -> absl::StatusOr<std::span<std::byte>> {
+        w->received_bytes_.push_back(w->metrics_.AddReceiver(caps.name));
+        return w->loop_->KvMemoryForTransport(caps.host_memory,
+                                              caps.device_memory, staged);
+      },
+      [w](size_t offer, kv::Notification n) {
+        w->OnNotification(offer, std::move(n));
+      }));
   std::vector<std::string> offered;
-  for (Receiver& r : w->receivers_) {
-    const kv::TransportCapabilities& caps = r.transport->capabilities();
-    absl::StatusOr<std::span<std::byte>> memory =
-        w->loop_->KvMemoryForTransport(caps.host_memory, caps.device_memory,
-                                       &r.staged);
-    if (!memory.ok()) {
-      return absl::Status(memory.status().code(),
-                          absl::StrCat("KV transport ", caps.name, ": ",
-                                       memory.status().message()));
-    }
-    PD_ASSIGN_OR_RETURN(r.region, r.transport->RegisterMemory(*memory));
-    r.received_bytes = w->metrics_.AddReceiver(caps.name);
-    r.notification_thread =
-        std::thread([w, &r] { w->ReceiveNotifications(r); });
+  for (const kv::KvReceiverOffer& o : w->receiver_->offers()) {
     offered.push_back(
-        absl::StrCat(caps.name, " at ", r.transport->endpoint(),
-                     r.staged ? " (staged through pinned host memory)" : ""));
+        absl::StrCat(o.transport, " at ", o.endpoint,
+                     o.staged ? " (staged through pinned host memory)" : ""));
   }
   PD_LOG(INFO) << "decode worker: model " << options.engine.model << ", "
                << worker->loop_->num_kv_blocks() << " KV blocks of "
@@ -236,19 +223,9 @@ DecodeWorker::DecodeWorker(const DecodeWorkerOptions& options)
     : options_(options), worker_id_(options.worker_id) {}
 
 DecodeWorker::~DecodeWorker() {
-  stopping_ = true;
-  for (Receiver& r : receivers_) {
-    if (r.notification_thread.joinable()) r.notification_thread.join();
-  }
   // No peer may write into the pool once it is freed: wait for writes in
   // progress and refuse later ones before the loop (and its runner) goes.
-  for (Receiver& r : receivers_) {
-    if (!r.region) continue;
-    if (absl::Status s = r.transport->DeregisterMemory(*r.region); !s.ok()) {
-      PD_LOG(WARNING) << "deregistering the KV pool from "
-                      << r.transport->capabilities().name << ": " << s;
-    }
-  }
+  if (receiver_ != nullptr) receiver_->Stop();
   // Streams still subscribed get a cancellation from the loop's destructor.
   loop_.reset();
   for (auto& [id, r] : reservations_) {
@@ -270,32 +247,20 @@ std::string DecodeWorker::worker_id() const {
   return worker_id_;
 }
 
-void DecodeWorker::ReceiveNotifications(const Receiver& receiver) {
-  while (!stopping_) {
-    absl::StatusOr<kv::Notification> n =
-        receiver.transport->WaitNotification(absl::Milliseconds(100));
-    if (!n.ok()) {
-      if (!absl::IsDeadlineExceeded(n.status())) {
-        PD_LOG(WARNING) << "KV notification: " << n.status();
-      }
-      continue;
-    }
-    wire::KvComplete complete;
-    if (!complete.ParseFromString(n->message)) {
-      PD_LOG(WARNING) << "ignoring a KV notification that is not a KvComplete ("
-                      << n->message.size() << " bytes)";
-      continue;
-    }
-    // Every write of the push came before this on its connection.
-    fence_->SenderDone(complete.landing_id());
-    const KvBlockLayout& layout = loop_->kv_layout();
-    receiver.received_bytes->Increment(uint64_t{complete.num_tokens()} *
-                                       layout.block_bytes() /
-                                       layout.block_size);
-    loop_->Post([this, complete, staged = receiver.staged](Generator& g) {
-      OnKvComplete(complete, staged, g);
-    });
+void DecodeWorker::OnNotification(size_t offer, kv::Notification n) {
+  wire::KvComplete complete;
+  if (!complete.ParseFromString(n.message)) {
+    PD_LOG(WARNING) << "ignoring a KV notification that is not a KvComplete ("
+                    << n.message.size() << " bytes)";
+    return;
   }
+  // Every write of the push came before this on its connection.
+  receiver_->fence().SenderDone(complete.landing_id());
+  const KvBlockLayout& layout = loop_->kv_layout();
+  received_bytes_[offer]->Increment(uint64_t{complete.num_tokens()} *
+                                    layout.block_bytes() / layout.block_size);
+  loop_->Post([this, complete, staged = receiver_->offers()[offer].staged](
+                  Generator& g) { OnKvComplete(complete, staged, g); });
 }
 
 void DecodeWorker::OnKvComplete(const wire::KvComplete& complete, bool staged,
@@ -360,8 +325,8 @@ void DecodeWorker::DropReservation(ReservationMap::iterator it,
   const RequestId id = it->first;
   const uint64_t landing = it->second.landing_id;
   reservations_.erase(it);
-  fence_->Close(landing, absl::Now());
-  if (fence_->Fenced(landing, absl::Now())) {
+  receiver_->fence().Close(landing, absl::Now());
+  if (receiver_->fence().Fenced(landing, absl::Now())) {
     generator.ReleaseReservation(id);
     return;
   }
@@ -372,7 +337,7 @@ void DecodeWorker::DropReservation(ReservationMap::iterator it,
 void DecodeWorker::FreeFencedBlocks(Generator& generator) {
   const absl::Time now = absl::Now();
   std::erase_if(quarantined_, [&](const Quarantined& q) {
-    if (!fence_->Fenced(q.landing_id, now)) return false;
+    if (!receiver_->fence().Fenced(q.landing_id, now)) return false;
     generator.ReleaseBlocks(q.blocks);
     return true;
   });
@@ -432,8 +397,8 @@ void DecodeWorker::ContinuePrefilled(const std::shared_ptr<DecodeCall>& call,
     }
   }
   // KvComplete came: its sender writes no more, the landing is fenced.
-  fence_->Close(it->second.landing_id, absl::Now());
-  fence_->Fenced(it->second.landing_id, absl::Now());
+  receiver_->fence().Close(it->second.landing_id, absl::Now());
+  receiver_->fence().Fenced(it->second.landing_id, absl::Now());
   if (!status.ok()) generator.ReleaseReservation(id);
   reservations_.erase(it);
   Begin(call, std::move(status));
@@ -515,11 +480,11 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(
   const int32_t num_tokens =
       static_cast<int32_t>(std::min<uint32_t>(request->num_tokens(), 1u << 30));
   response->set_decode_worker_id(worker_id());
-  for (const Receiver& r : receivers_) {
+  for (const kv::KvReceiverOffer& o : receiver_->offers()) {
     wire::KvOffer* offer = response->add_offers();
-    offer->set_transport(r.transport->capabilities().name);
-    offer->set_endpoint(r.transport->endpoint());
-    offer->set_region_id(r.region->value);
+    offer->set_transport(o.transport);
+    offer->set_endpoint(o.endpoint);
+    offer->set_region_id(o.region.value);
   }
   response->set_pool_blocks(static_cast<uint32_t>(loop_->num_kv_blocks()));
   ToWire(loop_->kv_layout(), response->mutable_layout());
@@ -539,7 +504,7 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(
     response->mutable_block_ids()->Reserve(static_cast<int>(blocks.size()));
     for (BlockId b : blocks) response->add_block_ids(b.value);
     response->set_cached_tokens(static_cast<uint32_t>(reserved->cached_tokens));
-    const uint64_t landing_id = fence_->Open();
+    const uint64_t landing_id = receiver_->fence().Open();
     response->set_landing_id(landing_id);
     reservations_[id] = Reservation{
         .expires = absl::Now() + options_.reservation_timeout,

@@ -1,7 +1,8 @@
 // DecodeWorker: the pdserve.internal.v1.DecodeWorker service
 // (proto/pdserve/internal/v1/worker.proto) over an EngineLoop. It owns the
-// big paged KV pool, registered once with each receiving kv_transfer
-// transport it runs: Reserve() holds blocks for a request and answers a
+// big paged KV pool, registered once with each transport of its
+// kv::KvReceiver (the receiving half of the hand-off, kv_transfer/
+// kv_receiver.h): Reserve() holds blocks for a request and answers a
 // Landing that offers every one of those transports,
 // prefill workers write the prompt's KV straight into those blocks and send
 // a KvComplete notification, and Decode() then continues the request from
@@ -54,7 +55,7 @@
 #include "absl/time/time.h"
 #include "decode_worker/decode_metrics.h"
 #include "engine/engine_loop.h"
-#include "kv_transfer/landing_fence.h"
+#include "kv_transfer/kv_receiver.h"
 #include "kv_transfer/transport.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 
@@ -164,23 +165,10 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
     std::vector<BlockId> blocks;
   };
 
-  // A transport KV arrives on, the pool's region in it, and the thread
-  // that receives its notifications.
-  struct Receiver {
-    std::unique_ptr<kv::KvTransport> transport;
-    std::optional<kv::RegionId> region;  // Set once in Create.
-    // The region is the pool's host staging (a device pool over a
-    // transport of host memory): KV landing through it is copied into the
-    // pool before the request decodes.
-    bool staged = false;
-    // KV bytes its KvComplete notifications announced.
-    Counter* received_bytes = nullptr;
-    std::thread notification_thread;
-  };
-
   explicit DecodeWorker(const DecodeWorkerOptions& options);
   std::string worker_id() const ABSL_LOCKS_EXCLUDED(mu_);
-  void ReceiveNotifications(const Receiver& receiver);
+  // A notification over the receiver's offer `offer` (its thread).
+  void OnNotification(size_t offer, kv::Notification notification);
 
   // Loop thread.
   void StartDecode(const std::shared_ptr<DecodeCall>& call,
@@ -207,11 +195,12 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   void FreeFencedBlocks(Generator& generator);
 
   const DecodeWorkerOptions options_;
-  // Which landings may be written; set once in Create. Outlives the
-  // transports, which consult it.
-  std::unique_ptr<kv::LandingFence> fence_;
-  // In preference order; filled in Create.
-  std::vector<Receiver> receivers_;
+  // The receiving half of the hand-off: transports, landings, fence. Set
+  // once in Create.
+  std::unique_ptr<kv::KvReceiver> receiver_;
+  // Per offer of the receiver: KV bytes its KvCompletes announced. Filled
+  // in Create.
+  std::vector<Counter*> received_bytes_;
   // Loop thread only.
   ReservationMap reservations_;
   std::vector<Quarantined> quarantined_;
@@ -219,8 +208,6 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   DecodeMetrics metrics_;
   // Set once in Create; stopped first (its thread uses the fields above).
   std::unique_ptr<EngineLoop> loop_;
-
-  std::atomic<bool> stopping_ = false;
 
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);

@@ -39,7 +39,9 @@
 // abort_notification in place of the KvComplete, after its last write
 // returned, so the decode worker knows no further byte comes and frees the
 // landing at once. When its connection was closed by an error, it sends
-// nothing: the receiver sees the connection go and fences by itself.
+// nothing: the decode worker fences the landing by itself (tcp drops the
+// late frames; a one-sided transport's landing waits out the quarantine,
+// kv_transfer/landing_fence.h).
 //
 // Thread-safety: PushLayer, Finish, Stop, counters(), lane_count() and
 // KvPush::Abort from any thread (Stop, which joins the lanes, not from a
