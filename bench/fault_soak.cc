@@ -71,13 +71,11 @@ int Run() {
     return 1;
   }
 
-  const bool canary = DecodeHasKvCanary(PDSERVE_BINARY_DIR);
   testing_util::ClusterSpec spec{.prefill = kPrefill, .decode = kDecode};
   // A restarted router leaves the reservations it made behind; the decode
   // workers free them after this timeout (default 60 s), which the final
   // check waits out.
   spec.decode_args += " --reservation_timeout_ms=10000";
-  if (canary) spec.decode_args += " --kv_canary";
   auto started = testing_util::LocalCluster::Start(spec);
   if (!started.ok()) {
     std::cerr << "pd-fault-soak: " << started.status() << "\n";
@@ -88,8 +86,7 @@ int Run() {
             << "D builtin:tiny, " << streams
             << " concurrent streams, a fault every "
             << absl::FormatDuration(fault_every) << " for "
-            << absl::FormatDuration(duration)
-            << (canary ? "" : "; no --kv_canary in this build") << std::endl;
+            << absl::FormatDuration(duration) << std::endl;
 
   ScenarioTally tally;
   tally.scenario =
@@ -176,7 +173,7 @@ int Run() {
   faulter.join();
   progress.join();
 
-  CheckProcesses(Processes(cluster, kPrefill, kDecode), {}, canary, tally,
+  CheckProcesses(Processes(cluster, kPrefill, kDecode), {}, tally,
                  absl::Seconds(20));
   const int migrations_now = RouterMigrations(cluster);
   tally.migrations =

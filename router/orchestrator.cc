@@ -622,7 +622,11 @@ void RequestOrchestrator::Choice::PrefillFailed(absl::Status status) {
   orchestrator_->Release(
       decode_, id_,
       [self = shared_from_this(), status](const absl::Status& released) {
-        if (absl::IsUnavailable(released) && self->ClientEnded().ok()) {
+        // Unanswered (down, or cut off by the network): another decode
+        // worker may do. The Release goes on being retried meanwhile.
+        if ((absl::IsUnavailable(released) ||
+             absl::IsDeadlineExceeded(released)) &&
+            self->ClientEnded().ok()) {
           return self->Migrate(Annotate(
               status, absl::StrCat("decode worker ", self->decode_->id,
                                    " is unreachable and")));
@@ -795,6 +799,8 @@ RequestOrchestrator::~RequestOrchestrator() {
     watch_cv_.Signal();
   }
   stall_watch_.join();
+  // The Release retries the watch sent before it stopped.
+  WaitUntilIdle();
 }
 
 void RequestOrchestrator::WatchStream(DecodeCall* call) {
@@ -821,12 +827,19 @@ void RequestOrchestrator::StallWatchLoop() {
     for (DecodeCall* call : streams_) {
       if (call->MarkIfStalled(silent_since)) stalled.push_back(call->context());
     }
-    if (stalled.empty()) continue;
+    const absl::Time now = absl::Now();
+    auto due = std::partition(
+        release_retries_.begin(), release_retries_.end(),
+        [now](const ReleaseRetry& r) { return r.due > now; });
+    std::vector<ReleaseRetry> releases(due, release_retries_.end());
+    release_retries_.erase(due, release_retries_.end());
+    if (stalled.empty() && releases.empty()) continue;
     // Outside the mutex: a cancellation may complete the call inline, and
-    // its OnDone unwatches it.
+    // its OnDone unwatches it; a failed Release adds its retry.
     streams_mu_.Unlock();
     for (const auto& context : stalled) context->TryCancel();
     stalled.clear();
+    for (const ReleaseRetry& r : releases) SendRelease(r, nullptr);
     streams_mu_.Lock();
   }
 }
@@ -1106,6 +1119,19 @@ void RequestOrchestrator::CallEnded() {
 void RequestOrchestrator::Release(
     const WorkerEndpoint* decode, uint64_t request_id,
     std::function<void(const absl::Status&)> done) {
+  const absl::Time now = absl::Now();
+  SendRelease({.decode = decode,
+               .request_id = request_id,
+               .due = now,
+               .backoff = absl::Seconds(1),
+               .give_up = now + options_.release_retry_window},
+              std::move(done));
+}
+
+void RequestOrchestrator::SendRelease(
+    ReleaseRetry retry, std::function<void(const absl::Status&)> done) {
+  const WorkerEndpoint* const decode = retry.decode;
+  const uint64_t request_id = retry.request_id;
   struct Call {
     grpc::ClientContext context;
     wire::ReleaseRequest request;
@@ -1118,14 +1144,24 @@ void RequestOrchestrator::Release(
   CallStarted();
   decode->decode->async()->Release(
       &call->context, &call->request, &call->response,
-      [this, call, decode, request_id,
-       done = std::move(done)](grpc::Status grpc_status) {
+      [this, call, decode, request_id, retry,
+       done = std::move(done)](grpc::Status grpc_status) mutable {
         const absl::Status status = FromGrpcStatus(grpc_status);
         if (!status.ok()) {
           PD_LOG(WARNING) << "request " << request_id
                           << ": Release on decode worker " << decode->id
                           << " failed: " << status;
           registry_->ReportCallFailure(decode, status);
+        }
+        // Unanswered: the worker may be cut off rather than gone, and its
+        // blocks held until it hears the Release.
+        const bool unanswered =
+            absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status);
+        retry.due = absl::Now() + retry.backoff;
+        retry.backoff *= 2;
+        if (unanswered && retry.due < retry.give_up) {
+          absl::MutexLock lock(&streams_mu_);
+          release_retries_.push_back(retry);
         }
         if (done) done(status);
         CallEnded();

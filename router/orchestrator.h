@@ -132,6 +132,12 @@ class RequestOrchestrator {
     // Deadline of Reserve and Release calls (capped by the client's).
     // Default: 5 s.
     absl::Duration control_timeout = absl::Seconds(5);
+    // A Release the decode worker did not answer (down, or cut off by the
+    // network) is sent again after 1, 2, 4, ... s for this long, so the
+    // blocks of a worker that comes back are not held until its own
+    // reservation timeout frees them. Default: 60 s (that timeout's
+    // default).
+    absl::Duration release_retry_window = absl::Seconds(60);
     // Requests waiting for KV capacity; more are refused with
     // RESOURCE_EXHAUSTED. Default: 4096.
     int32_t max_queued = 4096;
@@ -204,13 +210,27 @@ class RequestOrchestrator {
   void WatchStream(DecodeCall* call);
   // Whether the watch cancelled `call` as stalled.
   bool UnwatchStream(DecodeCall* call);
-  // Every quarter of the stall timeout, cancels the watched streams that
-  // sent a message once and none for decode_stall_timeout since.
+  // Every quarter of the stall timeout (at most a second), cancels the
+  // watched streams that sent a message once and none for
+  // decode_stall_timeout since, and sends the Release retries that are due.
   void StallWatchLoop();
+  // A Release to send again (release_retry_window).
+  struct ReleaseRetry {
+    const WorkerEndpoint* decode = nullptr;
+    uint64_t request_id = 0;
+    absl::Time due;
+    absl::Duration backoff;
+    absl::Time give_up;
+  };
   // Frees `request_id`'s reservation on `decode`; `done` (may be null)
-  // hears how it went.
+  // hears how the first attempt went. Unanswered attempts are retried in
+  // the background.
   void Release(const WorkerEndpoint* decode, uint64_t request_id,
                std::function<void(const absl::Status&)> done);
+  // One attempt of `retry`'s Release; `done` (may be null) hears how it
+  // went.
+  void SendRelease(ReleaseRetry retry,
+                   std::function<void(const absl::Status&)> done);
   void CallStarted() { calls_.fetch_add(1, std::memory_order_relaxed); }
   void CallEnded();
   uint64_t NewId() { return next_id_.fetch_add(1); }
@@ -244,6 +264,7 @@ class RequestOrchestrator {
   // The Decode streams in flight, for the stall watch.
   absl::Mutex streams_mu_;
   absl::flat_hash_set<DecodeCall*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  std::vector<ReleaseRetry> release_retries_ ABSL_GUARDED_BY(streams_mu_);
   bool watch_stopping_ ABSL_GUARDED_BY(streams_mu_) = false;
   absl::CondVar watch_cv_;
   std::thread stall_watch_;

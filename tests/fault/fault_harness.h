@@ -212,7 +212,7 @@ struct ScenarioTally {
   int retried = 0;              // Streams that needed more than one attempt.
   std::map<std::string, int> failed_by_code;
   int64_t leaked_blocks = 0;          // Must be 0.
-  int canary_violations = 0;          // Must be 0 (-1: not checked).
+  int canary_violations = 0;          // Must be 0.
   int migrations = -1;                // The router's count (-1: not reported).
   std::vector<std::string> problems;  // Each a broken expectation.
 };
@@ -328,25 +328,15 @@ inline std::vector<ClusterProcess> Processes(
   return out;
 }
 
-// Whether the pd-decode of this build has the KV canary (--kv_canary,
-// counted in pdserve_kv_canary_violations_total).
-inline bool DecodeHasKvCanary(const std::string& binary_dir) {
-  const std::string command =
-      absl::StrCat("'", binary_dir,
-                   "/decode_worker/pd-decode' --helpfull 2>/dev/null | grep -q "
-                   "-- '-kv_canary'");
-  return std::system(command.c_str()) == 0;
-}
-
 // After a scenario: every process not in `killed` still runs; every such
-// decode worker has all its KV blocks free again within `settle` and (when
-// `check_canary`) counts no canary violation; the router's migrations are
-// read when it reports them.
+// decode worker has all its KV blocks free again within `settle` and
+// counts no canary violation (the clusters run --kv_canary); the router's
+// migrations are read when it reports them.
 inline void CheckProcesses(const std::vector<ClusterProcess>& processes,
                            const std::set<std::string>& killed,
-                           bool check_canary, ScenarioTally& tally,
+                           ScenarioTally& tally,
                            absl::Duration settle = absl::Seconds(15)) {
-  tally.canary_violations = check_canary ? 0 : -1;
+  tally.canary_violations = 0;
   for (const ClusterProcess& p : processes) {
     if (killed.contains(p.name)) continue;
     if (!testing_util::LocalCluster::ProcessRunning(p.pid)) {
@@ -389,24 +379,11 @@ inline void CheckProcesses(const std::vector<ClusterProcess>& processes,
           load.reservations(), " reservations, ", load.running(), " running, ",
           load.waiting(), " waiting)"));
     }
-    if (check_canary) {
-      metrics =
-          testing_util::HttpGet(p.metrics_port, "/metrics", p.metrics_host);
-      const double violations =
-          metrics.ok()
-              ? MetricSum(*metrics, "pdserve_kv_canary_violations_total")
-              : -1;
-      if (violations < 0) {
-        tally.problems.push_back(
-            absl::StrCat(p.name,
-                         " runs --kv_canary but its /metrics has no "
-                         "pdserve_kv_canary_violations_total"));
-      } else if (violations > 0) {
-        tally.canary_violations += static_cast<int>(violations);
-        tally.problems.push_back(
-            absl::StrCat(p.name, " found ", violations,
-                         " writes into KV blocks its requests did not own"));
-      }
+    if (answered && load.kv_canary_violations() > 0) {
+      tally.canary_violations += static_cast<int>(load.kv_canary_violations());
+      tally.problems.push_back(absl::StrCat(
+          p.name, " found ", load.kv_canary_violations(),
+          " free KV blocks written while nobody owned them (canary)"));
     }
   }
 }
@@ -428,7 +405,7 @@ inline std::string FormatMatrix(const std::vector<ScenarioTally>& tallies) {
         t.scenario, t.faults, t.streams, t.completed_equal,
         t.completed_different, failed.empty() ? "-" : failed, t.retried,
         t.migrations < 0 ? "n/a" : absl::StrCat(t.migrations), t.leaked_blocks,
-        t.canary_violations < 0 ? "skipped" : absl::StrCat(t.canary_violations),
+        absl::StrCat(t.canary_violations),
         t.problems.empty() ? "pass" : "FAIL");
   }
   return out;

@@ -66,50 +66,15 @@ uint32_t Seed() {
   return seed;
 }
 
-bool BinaryHasFlag(const std::string& binary, const std::string& flag) {
-  return std::system(absl::StrCat("'", PDSERVE_BINARY_DIR, "/", binary,
-                                  "' --helpfull 2>/dev/null | grep -q -- '-",
-                                  flag, "'")
-                         .c_str()) == 0;
-}
-
-// What the build under test has of the features the expectations
-// lean on; said once in the output.
-struct Features {
-  bool canary = false;     // pd-decode --kv_canary
-  bool migration = false;  // pd-router --migration_limit
-};
-const Features& BuiltFeatures() {
-  static const Features features = [] {
-    Features f{
-        .canary = DecodeHasKvCanary(PDSERVE_BINARY_DIR),
-        .migration = BinaryHasFlag("router/pd-router", "migration_limit")};
-    if (!f.canary) {
-      std::cout << "SKIPPED canary check: pd-decode has no --kv_canary in this "
-                   "build (KV "
-                   "fencing not merged); every other check runs\n";
-    }
-    if (!f.migration) {
-      std::cout << "pd-router has no --migration_limit in this build: streams "
-                   "of a killed "
-                   "decode worker may end UNAVAILABLE (a clear status)\n";
-    }
-    return f;
-  }();
-  return features;
-}
-
 // The cluster every scenario starts from: 2P2D, small pools and prefill
-// chunks (the cluster tests' sizes), the canary on when built, migration
-// when built.
+// chunks and the KV canary on the decode workers (ClusterSpec's defaults),
+// and migration.
 ClusterSpec FaultCluster(const std::string& extra_prefill = "",
                          const std::string& extra_decode = "") {
   ClusterSpec spec{.prefill = 2, .decode = 2};
   absl::StrAppend(&spec.prefill_args, " ", extra_prefill);
-  absl::StrAppend(&spec.decode_args,
-                  BuiltFeatures().canary ? " --kv_canary" : "", " ",
-                  extra_decode);
-  if (BuiltFeatures().migration) spec.router_args = "--migration_limit=2";
+  absl::StrAppend(&spec.decode_args, " ", extra_decode);
+  spec.router_args = "--migration_limit=2";
   return spec;
 }
 
@@ -132,7 +97,7 @@ class Scenario {
               absl::Duration settle = absl::Seconds(15),
               const std::function<void(ScenarioTally&)>& also = nullptr) {
     JudgeStreams(reference_, outcomes, tally_);
-    CheckProcesses(processes, killed, BuiltFeatures().canary, tally_, settle);
+    CheckProcesses(processes, killed, tally_, settle);
     if (also) also(tally_);
     AllTallies().push_back(tally_);
     std::cout << FormatMatrix({tally_});
@@ -150,7 +115,6 @@ class Scenario {
 class FaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    (void)BuiltFeatures();
     cases_ = MixedLoad(kStreams, Seed());
     auto reference = ReferenceOutputs(cases_);
     ASSERT_TRUE(reference.ok()) << reference.status();
@@ -273,7 +237,7 @@ void KillAt(const std::vector<std::string>& victims, Moment moment,
   scenario.Finish(
       load.Join(), processes, {victims.begin(), victims.end()},
       absl::Seconds(15), [&](ScenarioTally& tally) {
-        if (!BuiltFeatures().migration || !decode_killed) return;
+        if (!decode_killed) return;
         if (tally.failed_by_code.contains("UNAVAILABLE")) {
           tally.problems.push_back(
               absl::StrCat(tally.failed_by_code["UNAVAILABLE"],
@@ -409,7 +373,7 @@ TEST_F(FaultTest, NetworkFaultsBetweenWorkers) {
       PDSERVE_BINARY_DIR,
       "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16",
       absl::StrCat("--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=16",
-                   BuiltFeatures().canary ? " --kv_canary" : ""));
+                   " --kv_canary"));
   if (started.status().code() == absl::StatusCode::kFailedPrecondition) {
     GTEST_SKIP() << started.status().message();
   }
