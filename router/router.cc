@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
       return http_server.status();
     }
     router->http_ = *std::move(http_server);
+    router->http_for_gauges_.store(router->http_.get());
   }
 
   auto started = StartGrpcServer(options.listen, {router->service_.get()});
@@ -144,7 +145,10 @@ void Router::AddGauges() {
                      [this] { return double(orchestrator_->queued()); });
   r.AddCallbackGauge("pdserve_router_http_connections",
                      "Open HTTP connections.",
-                     [this] { return http_ ? http_->connections() : 0; });
+                     [this] {
+                       const HttpServer* http = http_for_gauges_.load();
+                       return http != nullptr ? http->connections() : 0;
+                     });
   r.AddCallbackGaugeFamily(
       "pdserve_router_healthy_workers",
       "Workers answering load reports, by role.", {"role"},

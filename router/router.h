@@ -15,6 +15,7 @@
 #ifndef PDSERVE_ROUTER_ROUTER_H_
 #define PDSERVE_ROUTER_ROUTER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,6 +118,9 @@ class Router {
   std::unique_ptr<RouterService> service_;
   std::unique_ptr<OpenAiService> openai_;
   std::unique_ptr<HttpServer> http_;
+  // http_ as the connections gauge reads it: a scrape can come in through
+  // http_ before Start has stored it.
+  std::atomic<const HttpServer*> http_for_gauges_{nullptr};
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;
