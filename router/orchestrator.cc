@@ -831,7 +831,13 @@ void RequestOrchestrator::StallWatchLoop() {
     auto due = std::partition(
         release_retries_.begin(), release_retries_.end(),
         [now](const ReleaseRetry& r) { return r.due > now; });
-    std::vector<ReleaseRetry> releases(due, release_retries_.end());
+    std::vector<ReleaseRetry> releases;
+    if (!releases_stopped_) {
+      releases.assign(due, release_retries_.end());
+      // Counted as a call until they are sent, so that a WaitUntilIdle
+      // after Stop() waits for them.
+      if (!releases.empty()) CallStarted();
+    }
     release_retries_.erase(due, release_retries_.end());
     if (stalled.empty() && releases.empty()) continue;
     // Outside the mutex: a cancellation may complete the call inline, and
@@ -840,6 +846,7 @@ void RequestOrchestrator::StallWatchLoop() {
     for (const auto& context : stalled) context->TryCancel();
     stalled.clear();
     for (const ReleaseRetry& r : releases) SendRelease(r, nullptr);
+    if (!releases.empty()) CallEnded();
     streams_mu_.Lock();
   }
 }
@@ -1090,6 +1097,10 @@ void RequestOrchestrator::AdmissionLoop() {
 
 void RequestOrchestrator::Stop() {
   absl::btree_map<QueueKey, std::shared_ptr<Choice>> queued;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    releases_stopped_ = true;
+  }
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;

@@ -265,6 +265,9 @@ class RequestOrchestrator {
   absl::Mutex streams_mu_;
   absl::flat_hash_set<DecodeCall*> streams_ ABSL_GUARDED_BY(streams_mu_);
   std::vector<ReleaseRetry> release_retries_ ABSL_GUARDED_BY(streams_mu_);
+  // Set by Stop(): no retry is sent after it (the registry, whose workers
+  // they name, may go once Stop and WaitUntilIdle have returned).
+  bool releases_stopped_ ABSL_GUARDED_BY(streams_mu_) = false;
   bool watch_stopping_ ABSL_GUARDED_BY(streams_mu_) = false;
   absl::CondVar watch_cv_;
   std::thread stall_watch_;
