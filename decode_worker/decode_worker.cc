@@ -325,8 +325,7 @@ void DecodeWorker::DropReservation(ReservationMap::iterator it,
   const RequestId id = it->first;
   const uint64_t landing = it->second.landing_id;
   reservations_.erase(it);
-  receiver_->fence().Close(landing, absl::Now());
-  if (receiver_->fence().Fenced(landing, absl::Now())) {
+  if (receiver_->fence().Close(landing, absl::Now())) {
     generator.ReleaseReservation(id);
     return;
   }
@@ -396,9 +395,9 @@ void DecodeWorker::ContinuePrefilled(const std::shared_ptr<DecodeCall>& call,
                                       request.first_token().token_id());
     }
   }
-  // KvComplete came: its sender writes no more, the landing is fenced.
+  // KvComplete came: its sender writes no more, so the close fences (and
+  // forgets) the landing at once.
   receiver_->fence().Close(it->second.landing_id, absl::Now());
-  receiver_->fence().Fenced(it->second.landing_id, absl::Now());
   if (!status.ok()) generator.ReleaseReservation(id);
   reservations_.erase(it);
   Begin(call, std::move(status));

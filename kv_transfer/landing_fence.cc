@@ -24,16 +24,21 @@ void LandingFence::SenderDone(uint64_t landing) {
   }
 }
 
-void LandingFence::Close(uint64_t landing, absl::Time now) {
+bool LandingFence::Close(uint64_t landing, absl::Time now) {
   absl::MutexLock lock(&mu_);
   if (auto it = landings_.find(landing); it != landings_.end() && it->second.open) {
     it->second.open = false;
     it->second.closed = now;
   }
+  return FencedLocked(landing, now);
 }
 
 bool LandingFence::Fenced(uint64_t landing, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  return FencedLocked(landing, now);
+}
+
+bool LandingFence::FencedLocked(uint64_t landing, absl::Time now) {
   auto it = landings_.find(landing);
   if (it == landings_.end()) return true;
   const Landing& l = it->second;

@@ -45,7 +45,8 @@ class LandingFence final : public WriteFence {
   // Its sender will write no more. Unknown landings are ignored.
   void SenderDone(uint64_t landing) ABSL_LOCKS_EXCLUDED(mu_);
   // No write into it lands from now on (where the transport fences).
-  void Close(uint64_t landing, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns Fenced(landing, now): true when its blocks are safe at once.
+  bool Close(uint64_t landing, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // A closed landing: true once no write can land in its blocks any more
   // (the header's three ways); the landing is then forgotten. True for an
   // unknown landing.
@@ -61,6 +62,9 @@ class LandingFence final : public WriteFence {
   size_t tracked() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  bool FencedLocked(uint64_t landing, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   struct Landing {
     bool open = true;
     bool sender_done = false;
