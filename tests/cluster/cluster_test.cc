@@ -25,6 +25,7 @@
 #include "kv_transfer/transport.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster/local_cluster.h"
+#include "tests/cluster/stream_case.h"
 #include "tests/engine/test_util.h"
 #if PDSERVE_HAVE_CUDA
 #include "engine/cuda/cuda_model_runner.h"
@@ -75,23 +76,8 @@ StreamResult Generate(v1::Generation::Stub& stub,
   return out;
 }
 
-struct Case {
-  std::vector<int32_t> prompt;
-  SamplingParams sampling;
-};
-
-v1::GenerateRequest ToRequest(const Case& c) {
-  v1::GenerateRequest r;
-  r.mutable_token_ids()->mutable_ids()->Assign(c.prompt.begin(),
-                                               c.prompt.end());
-  r.mutable_sampling()->set_temperature(c.sampling.temperature);
-  r.mutable_sampling()->set_top_p(c.sampling.top_p);
-  r.mutable_sampling()->set_top_k(c.sampling.top_k);
-  if (c.sampling.seed) r.mutable_sampling()->set_seed(*c.sampling.seed);
-  r.set_max_tokens(c.sampling.max_tokens);
-  r.set_ignore_eos(c.sampling.ignore_eos);
-  return r;
-}
+using Case = testing_util::StreamCase;
+using testing_util::ToRequest;
 
 // The colocated engine's tokens for each case, computed in this process.
 std::vector<std::vector<int32_t>> Colocated(const std::vector<Case>& cases) {

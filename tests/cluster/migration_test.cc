@@ -31,6 +31,7 @@
 #include "engine/generator.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/local_cluster.h"
+#include "tests/cluster/stream_case.h"
 #include "tests/common/metrics_test_util.h"
 #include "tests/engine/test_util.h"
 
@@ -46,10 +47,8 @@ using testing_util::SampleValue;
 // Tokens a stream has when its decode worker is frozen.
 constexpr int kTokensBeforeFailure = 20;
 
-struct Case {
-  std::vector<int32_t> prompt;
-  SamplingParams sampling;
-};
+using Case = testing_util::StreamCase;
+using testing_util::ToRequest;
 
 struct StreamResult {
   grpc::Status status;
@@ -68,17 +67,6 @@ SamplingParams Seeded(int32_t max_tokens, uint64_t seed) {
           .seed = seed,
           .max_tokens = max_tokens,
           .ignore_eos = true};
-}
-
-v1::GenerateRequest ToRequest(const Case& c) {
-  v1::GenerateRequest r;
-  r.mutable_token_ids()->mutable_ids()->Assign(c.prompt.begin(), c.prompt.end());
-  r.mutable_sampling()->set_temperature(c.sampling.temperature);
-  r.mutable_sampling()->set_top_p(c.sampling.top_p);
-  if (c.sampling.seed) r.mutable_sampling()->set_seed(*c.sampling.seed);
-  r.set_max_tokens(c.sampling.max_tokens);
-  r.set_ignore_eos(c.sampling.ignore_eos);
-  return r;
 }
 
 // The engine's own tokens for `c`, run alone in this process.

@@ -38,6 +38,7 @@
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 #include "pdserve/v1/generation.grpc.pb.h"
 #include "tests/cluster/local_cluster.h"
+#include "tests/cluster/stream_case.h"
 #include "tests/common/metrics_test_util.h"
 
 namespace pdserve::fault {
@@ -45,10 +46,8 @@ namespace pdserve::fault {
 namespace v1 = ::pdserve::v1;
 namespace internal_v1 = ::pdserve::internal::v1;
 
-struct StreamCase {
-  std::vector<int32_t> prompt;
-  SamplingParams sampling;
-};
+using testing_util::StreamCase;
+using testing_util::ToRequest;
 
 // `n` streams of builtin:tiny drawn from `seed`: prompts of 1 to 60 tokens
 // and, one in four, 150 to 300 (several prefill chunks of the test
@@ -74,18 +73,6 @@ inline std::vector<StreamCase> MixedLoad(int n, uint32_t seed) {
     cases.push_back({std::move(prompt), sampling});
   }
   return cases;
-}
-
-inline v1::GenerateRequest ToRequest(const StreamCase& c) {
-  v1::GenerateRequest r;
-  r.mutable_token_ids()->mutable_ids()->Assign(c.prompt.begin(),
-                                               c.prompt.end());
-  r.mutable_sampling()->set_temperature(c.sampling.temperature);
-  r.mutable_sampling()->set_top_p(c.sampling.top_p);
-  if (c.sampling.seed) r.mutable_sampling()->set_seed(*c.sampling.seed);
-  r.set_max_tokens(c.sampling.max_tokens);
-  r.set_ignore_eos(c.sampling.ignore_eos);
-  return r;
 }
 
 // The fault-free output of every case: the colocated engine in this
