@@ -1,0 +1,90 @@
+// Profile: what pd-plan knows about the workers of one machine, measured by
+// `pd-plan profile` (planner/profiler.h) and read by the simulator. Saved as
+// JSON; every field below by name.
+//
+// The engine's cost is one model of a Generator step (engine/generator.h:
+// the decode token of every running sequence, then prefill chunks, up to
+// max_batch_tokens), fitted by least squares to steps of the real engine:
+//
+//   step seconds = base_s + per_token_s * tokens + per_sequence_s * sequences
+//                  + per_attention_s * sum over sequences of
+//                    (its tokens in the step * its context after the step)
+//
+// `tokens` counts prompt and decode tokens alike; the attention term is the
+// work of attending each new token to the sequence's whole context.
+// Thread-safety: values.
+#ifndef PDSERVE_PLANNER_PROFILE_H_
+#define PDSERVE_PLANNER_PROFILE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace pdserve::planner {
+
+struct StepCost {
+  double base_s = 0;
+  double per_token_s = 0;
+  double per_sequence_s = 0;
+  double per_attention_s = 0;
+
+  double Seconds(int64_t tokens, int64_t sequences, double attention) const {
+    return base_s + per_token_s * tokens + per_sequence_s * sequences +
+           per_attention_s * attention;
+  }
+};
+
+// One KV transport: moving n bytes takes latency_s + n / bytes_per_s.
+struct TransferCost {
+  std::string transport;
+  double latency_s = 0;
+  double bytes_per_s = 0;
+};
+
+struct Profile {
+  // What was measured, for every report: model spec, CPU model and flags,
+  // how each worker's CPU share was set, the date.
+  std::string model;
+  std::string machine;
+  std::string cpu_share;
+  // Each worker's engine, as profiled (engine/engine_flags.h).
+  int32_t threads = 1;
+  int32_t block_size = 16;
+  int32_t max_batch_tokens = 512;
+  int32_t max_running = 64;
+  // KV pool of each prefill and each decode worker, in blocks.
+  int64_t prefill_kv_blocks = 0;
+  int64_t decode_kv_blocks = 0;
+  // The largest prompt + output the model takes.
+  int32_t max_context = 0;
+  StepCost step;
+  // KV bytes of one token (all layers, K and V).
+  double kv_bytes_per_token = 0;
+  std::vector<TransferCost> transfers;
+  // Fixed costs of the serving path beyond the engine, from single
+  // requests through a real cluster: what a colocated request's TTFT adds
+  // to its prefill steps (router, gRPC, tokenizing, streaming), what a
+  // disaggregated one's adds to its prefill steps and transfer (Reserve,
+  // Prefill, the KvComplete hand-off), and what each later token adds to
+  // its decode step on the way to the client.
+  double colocated_first_token_s = 0;
+  double disaggregated_first_token_s = 0;
+  double decode_start_s = 0;
+  double token_delivery_s = 0;
+  // The router's load-report poll (router --poll_interval_ms).
+  double poll_interval_s = 0.1;
+};
+
+nlohmann::json ToJson(const Profile& profile);
+// INVALID_ARGUMENT naming the missing or bad field.
+absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& json);
+// NOT_FOUND / INVALID_ARGUMENT.
+absl::StatusOr<Profile> ReadProfile(const std::string& path);
+absl::Status WriteProfile(const std::string& path, const Profile& profile);
+
+}  // namespace pdserve::planner
+
+#endif  // PDSERVE_PLANNER_PROFILE_H_
