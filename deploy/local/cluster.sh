@@ -24,6 +24,9 @@
 #   --routing-policy NAME
 #                      shorthand for --routing '{"policy": "NAME"}':
 #                      round_robin, least_loaded or kv_aware
+#   --cpu-share S      hold every worker to S CPUs of time (e.g. 0.5), each in
+#                      its own cgroup (deploy/local/cpu_share.sh; needs root);
+#                      the router is not limited (default: no limit)
 #   --prefill-args A, --decode-args A, --router-args A
 #                      extra flags for every worker of that kind, e.g.
 #                      --decode-args "--kv_transport=ucx:shm,tcp" (KV
@@ -41,7 +44,7 @@ cmd="${1:-}"
 shift || true
 prefill=1 decode=1 model=builtin:tiny dir="$root/build/local-cluster" bin="$root/build"
 router_port=0 http_port=0 prefill_args="" decode_args="" router_args="" routing=""
-routing_policy=""
+routing_policy="" cpu_share=""
 while (($#)); do
   case "$1" in
     --prefill) prefill="$2"; shift 2 ;;
@@ -56,6 +59,7 @@ while (($#)); do
     --router-args) router_args="$2"; shift 2 ;;
     --routing) routing="$2"; shift 2 ;;
     --routing-policy) routing_policy="$2"; shift 2 ;;
+    --cpu-share) cpu_share="$2"; shift 2 ;;
     *) echo "cluster.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -74,31 +78,44 @@ wait_port() {
   die "$name did not start within 60 s; see $dir/$name.log"
 }
 
+# The cgroup of a worker under --cpu-share: one per run directory and name.
+cgroup_of() { echo "pdserve.$(printf %s "$dir" | cksum | cut -d' ' -f1).$1"; }
+
 start() {  # start NAME BINARY ARGS...
   local name="$1" binary="$2"
   shift 2
   rm -f "$dir/$name.port"
-  "$binary" --port_file="$dir/$name.port" "$@" >"$dir/$name.log" 2>&1 &
+  local limit=()
+  if [[ -n "$cpu_share" && "$name" != router ]]; then
+    limit=("$root/deploy/local/cpu_share.sh" run "$cpu_share" "$(cgroup_of "$name")")
+  fi
+  "${limit[@]}" "$binary" --port_file="$dir/$name.port" "$@" >"$dir/$name.log" 2>&1 &
   echo $! >"$dir/$name.pid"
 }
 
 down() {
   [[ -d "$dir" ]] || return 0
-  local pids=()
+  local pids=() groups=()
   for f in "$dir"/*.pid; do
     [[ -e "$f" ]] || continue
     local pid
     pid="$(cat "$f")"
     kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+    groups+=("$(cgroup_of "$(basename "$f" .pid)")")
     rm -f "$f"
   done
+  local stopped=0
   for _ in $(seq 1 100); do
     local alive=0
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    ((alive)) || return 0
+    ((alive)) || { stopped=1; break; }
     sleep 0.1
   done
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  if ((!stopped)); then
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    sleep 0.2
+  fi
+  "$root/deploy/local/cpu_share.sh" remove "${groups[@]}"
 }
 
 up() {
@@ -106,6 +123,9 @@ up() {
     [[ -x "$bin/$(dirname_of "$b")/$b" ]] || die "$bin/$(dirname_of "$b")/$b is missing; build first"
   done
   [[ "$decode" -ge 1 ]] || die "--decode must be at least 1"
+  if [[ -n "$cpu_share" ]]; then
+    "$root/deploy/local/cpu_share.sh" how >/dev/null || die "--cpu-share needs a cgroup cpu controller (see above)"
+  fi
   mkdir -p "$dir"
   down  # A cluster left over in this directory.
   local workers=()
