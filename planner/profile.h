@@ -50,6 +50,9 @@ struct Profile {
   std::string model;
   std::string machine;
   std::string cpu_share;
+  // CPUs of time each worker was held to (deploy/local/cpu_share.sh); 0:
+  // no limit. Validation runs its clusters under the same.
+  double worker_cpus = 0;
   // Each worker's engine, as profiled (engine/engine_flags.h).
   int32_t threads = 1;
   int32_t block_size = 16;
@@ -64,16 +67,25 @@ struct Profile {
   // KV bytes of one token (all layers, K and V).
   double kv_bytes_per_token = 0;
   std::vector<TransferCost> transfers;
-  // Fixed costs of the serving path beyond the engine, from single
-  // requests through a real cluster: what a colocated request's TTFT adds
-  // to its prefill steps (router, gRPC, tokenizing, streaming), what a
-  // disaggregated one's adds to its prefill steps and transfer (Reserve,
-  // Prefill, the KvComplete hand-off), and what each later token adds to
-  // its decode step on the way to the client.
+  // Costs of the serving path beyond Generator::Step, measured through a
+  // real cluster (planner/profiler.h MeasureServingCosts):
+  //  - colocated_first_token_s: what a colocated request's TTFT adds to
+  //    its prefill steps (router, gRPC, tokenizing, streaming);
+  //  - disaggregated_first_token_s: what a disaggregated one's adds to its
+  //    prefill steps and the push's tail (Reserve, Prefill, KvComplete:
+  //    the prefill worker answers the first token once its push is done);
+  //  - decode_start_s: from the first token at the client to the decode
+  //    worker's first step of the request (the Decode call, the landing);
+  //  - decode_step_overhead_s + decode_sequence_overhead_s * sequences:
+  //    what each step of a serving worker takes beyond Generator::Step
+  //    (its loop, and streaming each token through gRPC, which under a
+  //    CPU share spends the same quota), fitted to the inter-token gaps of
+  //    closed-loop batches.
   double colocated_first_token_s = 0;
   double disaggregated_first_token_s = 0;
   double decode_start_s = 0;
-  double token_delivery_s = 0;
+  double decode_step_overhead_s = 0;
+  double decode_sequence_overhead_s = 0;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
 };

@@ -1,0 +1,88 @@
+#include "planner/cluster_launcher.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+
+namespace pdserve::planner {
+namespace {
+
+// Single-quoted for /bin/sh.
+std::string Quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// Runs `command` through the shell; its exit status and the tail of its
+// output.
+int RunShell(const std::string& command, std::string* output) {
+  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  std::string all;
+  while (fgets(buffer, sizeof buffer, pipe) != nullptr) all += buffer;
+  const int status = pclose(pipe);
+  if (output != nullptr) *output = all.size() > 2000 ? all.substr(all.size() - 2000) : all;
+  return status;
+}
+
+std::string ReadPort(const std::string& path) {
+  std::ifstream in(path);
+  std::string port;
+  std::getline(in, port);
+  return std::string(absl::StripAsciiWhitespace(port));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ClusterLauncher>> ClusterLauncher::Start(
+    const LaunchOptions& options) {
+  if (options.dir.empty() || options.source_dir.empty() || options.binary_dir.empty()) {
+    return absl::InvalidArgumentError("ClusterLauncher needs dir, source_dir and binary_dir");
+  }
+  if (options.decode < 1 || options.prefill < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a cluster needs at least one decode worker and no negative count, not ",
+                     options.prefill, "P", options.decode, "D"));
+  }
+  const std::string launcher = absl::StrCat(options.source_dir, "/deploy/local/cluster.sh");
+  std::string command = absl::StrCat(
+      Quote(launcher), " up --prefill ", options.prefill, " --decode ", options.decode,
+      " --model ", Quote(options.model), " --dir ", Quote(options.dir), " --bin ",
+      Quote(options.binary_dir), " --prefill-args ",
+      Quote(absl::StrCat(options.worker_args, " ", options.prefill_args)), " --decode-args ",
+      Quote(absl::StrCat(options.worker_args, " ", options.decode_args)), " --router-args ",
+      Quote(options.router_args));
+  if (options.cpu_share > 0) {
+    absl::StrAppend(&command, " --cpu-share ", absl::StrFormat("%g", options.cpu_share));
+  }
+  if (!options.routing.empty()) absl::StrAppend(&command, " --routing ", Quote(options.routing));
+  std::unique_ptr<ClusterLauncher> cluster(new ClusterLauncher(launcher, options.dir));
+  std::string output;
+  if (RunShell(command, &output) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("the cluster did not start (", command, "): ", output));
+  }
+  cluster->grpc_address_ = absl::StrCat("127.0.0.1:", ReadPort(options.dir + "/router.port"));
+  cluster->http_address_ =
+      absl::StrCat("127.0.0.1:", ReadPort(options.dir + "/router.http_port"));
+  return cluster;
+}
+
+ClusterLauncher::~ClusterLauncher() {
+  RunShell(absl::StrCat(Quote(launcher_), " down --dir ", Quote(dir_)), nullptr);
+}
+
+}  // namespace pdserve::planner

@@ -1,0 +1,582 @@
+// pd-plan: capacity planning on the prefill:decode ratio.
+//
+//   pd-plan profile   --out=profile.json [--worker_cpus=0.5 --model=...]
+//       measures this machine's workers (planner/profiler.h)
+//   pd-plan simulate  --profile=profile.json --prefill=X --decode=Y <workload> <load>
+//       the summary pd-bench would print, from the simulator
+//   pd-plan search    --profile=profile.json --workers=N <workload> <slo>
+//       the xPyD (x + y <= N, colocated 0PyD included) with the highest
+//       goodput per worker, and why
+//   pd-plan validate  --profile=profile.json --configs=1P1D,0P2D <workload> <load>
+//       pd-bench on real clusters next to the simulation; the error of every
+//       figure (exit 1 past --max_error)
+//
+// <workload> <load> <slo>: the flags of planner/workload_flags.h, the same
+// as pd-bench's. docs/capacity_planning.md walks through a plan.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_process.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "planner/simulator.h"
+#include "planner/workload_flags.h"
+#include "engine/model.h"
+#include "planner/loadgen.h"
+#include "planner/profiler.h"
+
+ABSL_FLAG(std::string, out, "profile.json", "profile: where the profile goes");
+ABSL_FLAG(std::string, profile, "", "simulate, search, validate: the profile to read");
+ABSL_FLAG(std::string, model, "builtin:tiny", "profile: the model every worker serves");
+ABSL_FLAG(double, worker_cpus, 0,
+          "profile: CPUs of time each worker is held to (cgroup cpu quota; needs root); "
+          "0: no limit");
+ABSL_FLAG(int32_t, threads, 1, "profile: engine threads of each worker");
+ABSL_FLAG(int32_t, block_size, 16, "profile: tokens per KV block");
+ABSL_FLAG(int32_t, max_batch_tokens, 512, "profile: token budget of an engine step");
+ABSL_FLAG(int32_t, max_running, 64, "profile: most sequences in a batch");
+ABSL_FLAG(int32_t, prefill_kv_cache_mb, 64, "profile: KV pool of each prefill worker, MiB");
+ABSL_FLAG(int32_t, decode_kv_cache_mb, 64, "profile: KV pool of each decode worker, MiB");
+ABSL_FLAG(int32_t, max_context, 1024, "profile: longest decode context measured");
+ABSL_FLAG(std::vector<std::string>, transports, {"tcp"},
+          "profile: KV transports to measure (the first is the clusters')");
+ABSL_FLAG(int32_t, reps, 5, "profile: repetitions of each measured step");
+ABSL_FLAG(std::string, samples_out, "", "(internal) profile_engine: where the samples go");
+ABSL_FLAG(std::string, bin, "", "The build directory with the pdserve binaries "
+          "(default: the one this pd-plan was built in)");
+ABSL_FLAG(std::string, run_dir, "", "Where clusters keep ports and logs (default: a temporary "
+          "directory)");
+ABSL_FLAG(int32_t, prefill, 1, "simulate: prefill workers (0: colocated)");
+ABSL_FLAG(int32_t, decode, 1, "simulate: decode workers");
+ABSL_FLAG(std::string, routing, "",
+          "The cluster config's routing section as JSON (docs/routing.md); default kv_aware");
+ABSL_FLAG(std::string, records, "", "simulate: per-request records (JSONL) of the last level");
+ABSL_FLAG(std::string, summary_json, "", "Write the summary (JSON) here");
+ABSL_FLAG(int32_t, workers, 4, "search: the worker budget (x + y <= workers)");
+ABSL_FLAG(std::vector<std::string>, configs, {"1P1D"},
+          "validate: the xPyD configurations to run, e.g. 0P2D,1P1D");
+ABSL_FLAG(double, max_error, 0.10,
+          "validate: largest relative error of the P90 TTFT and P90 TPOT predictions that passes");
+ABSL_FLAG(double, max_attainment_error, 0.03,
+          "validate: largest attainment error (as a share, 0.03 = 3 points) that passes");
+
+namespace pdserve::planner {
+namespace {
+
+std::string SelfPath() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+std::string BinaryDir() {
+  const std::string flag = absl::GetFlag(FLAGS_bin);
+  return flag.empty() ? PDSERVE_BINARY_DIR : flag;
+}
+
+std::string RunDir(const std::string& name) {
+  std::string dir = absl::GetFlag(FLAGS_run_dir);
+  if (dir.empty()) dir = absl::StrCat(std::filesystem::temp_directory_path().string(), "/pd-plan-",
+                                      getpid());
+  return absl::StrCat(dir, "/", name);
+}
+
+std::string Quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+void Progress(std::string_view line) { std::cerr << "pd-plan: " << line << "\n"; }
+
+EngineProfileOptions EngineOptionsFromFlags() {
+  EngineProfileOptions o;
+  o.model = absl::GetFlag(FLAGS_model);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.block_size = absl::GetFlag(FLAGS_block_size);
+  o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  o.max_running = absl::GetFlag(FLAGS_max_running);
+  o.max_context = absl::GetFlag(FLAGS_max_context);
+  o.reps = absl::GetFlag(FLAGS_reps);
+  o.progress = Progress;
+  return o;
+}
+
+// The child of `profile` that runs under the workers' CPU share.
+absl::Status ProfileEngine() {
+  PD_ASSIGN_OR_RETURN(std::vector<StepSample> samples,
+                      MeasureEngineSteps(EngineOptionsFromFlags()));
+  Progress("transfers");
+  PD_ASSIGN_OR_RETURN(std::vector<TransferCost> transfers,
+                      MeasureTransfers(absl::GetFlag(FLAGS_transports), absl::GetFlag(FLAGS_reps)));
+  nlohmann::json out = {{"samples", nlohmann::json::array()},
+                        {"transfers", nlohmann::json::array()}};
+  for (const StepSample& s : samples) {
+    out["samples"].push_back({{"tokens", s.tokens}, {"sequences", s.sequences},
+                              {"attention", s.attention}, {"seconds", s.seconds},
+                              {"kind", s.kind}});
+  }
+  for (const TransferCost& t : transfers) {
+    out["transfers"].push_back(
+        {{"transport", t.transport}, {"latency_s", t.latency_s}, {"bytes_per_s", t.bytes_per_s}});
+  }
+  std::ofstream(absl::GetFlag(FLAGS_samples_out)) << out.dump() << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunProfile() {
+  const double cpus = absl::GetFlag(FLAGS_worker_cpus);
+  const std::string dir = RunDir("profile");
+  std::filesystem::create_directories(dir);
+  const std::string samples_path = dir + "/engine_samples.json";
+  // The engine and the transfers in a child under the workers' share.
+  std::string command;
+  if (cpus > 0) {
+    command = absl::StrCat(Quote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh"),
+                           " run ", absl::StrFormat("%g", cpus), " pdserve.profile.", getpid(),
+                           " ");
+  }
+  absl::StrAppend(
+      &command, Quote(SelfPath()), " profile_engine --model=", Quote(absl::GetFlag(FLAGS_model)),
+      " --threads=", absl::GetFlag(FLAGS_threads), " --block_size=", absl::GetFlag(FLAGS_block_size),
+      " --max_batch_tokens=", absl::GetFlag(FLAGS_max_batch_tokens),
+      " --max_running=", absl::GetFlag(FLAGS_max_running),
+      " --max_context=", absl::GetFlag(FLAGS_max_context), " --reps=", absl::GetFlag(FLAGS_reps),
+      " --transports=", Quote(absl::StrJoin(absl::GetFlag(FLAGS_transports), ",")),
+      " --samples_out=", Quote(samples_path));
+  Progress(absl::StrCat("engine steps and transfers",
+                        cpus > 0 ? absl::StrFormat(" under a %g-CPU share", cpus) : ""));
+  if (std::system(command.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("the engine profile failed: ", command));
+  }
+  if (cpus > 0) {
+    std::system(absl::StrCat(Quote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh"),
+                             " remove pdserve.profile.", getpid()).c_str());
+  }
+  std::ifstream in(samples_path);
+  const nlohmann::json measured = nlohmann::json::parse(in, nullptr, false);
+  if (measured.is_discarded()) return absl::InternalError("unreadable " + samples_path);
+  std::vector<StepSample> samples;
+  for (const auto& s : measured["samples"]) {
+    samples.push_back({.tokens = s["tokens"], .sequences = s["sequences"],
+                       .attention = s["attention"], .seconds = s["seconds"], .kind = s["kind"]});
+  }
+  PD_ASSIGN_OR_RETURN(StepFit fit, FitStepCost(samples));
+
+  Profile p;
+  p.model = absl::GetFlag(FLAGS_model);
+  p.machine = bench::MachineDescription();
+  p.worker_cpus = cpus;
+  if (cpus > 0) {
+    std::string how;
+    FILE* pipe = popen(
+        (Quote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh") + " how").c_str(),
+        "r");
+    char line[512];
+    if (pipe != nullptr && fgets(line, sizeof line, pipe) != nullptr) how = line;
+    if (pipe != nullptr) pclose(pipe);
+    while (!how.empty() && how.back() == '\n') how.pop_back();
+    p.cpu_share = absl::StrFormat("%g CPU per worker: %s", cpus, how);
+  } else {
+    p.cpu_share = "no limit";
+  }
+  p.threads = absl::GetFlag(FLAGS_threads);
+  p.block_size = absl::GetFlag(FLAGS_block_size);
+  p.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  p.max_running = absl::GetFlag(FLAGS_max_running);
+  p.step = fit.cost;
+  PD_ASSIGN_OR_RETURN(p.kv_bytes_per_token, KvBytesPerToken(p.model));
+  const double block_bytes = p.kv_bytes_per_token * p.block_size;
+  p.prefill_kv_blocks =
+      static_cast<int64_t>((int64_t{absl::GetFlag(FLAGS_prefill_kv_cache_mb)} << 20) / block_bytes);
+  p.decode_kv_blocks =
+      static_cast<int64_t>((int64_t{absl::GetFlag(FLAGS_decode_kv_cache_mb)} << 20) / block_bytes);
+  {
+    PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(p.model));
+    p.max_context = model->config().max_position_embeddings;
+  }
+  for (const auto& t : measured["transfers"]) {
+    p.transfers.push_back(
+        {.transport = t["transport"], .latency_s = t["latency_s"], .bytes_per_s = t["bytes_per_s"]});
+  }
+  ServingCostOptions serving;
+  serving.launch = LaunchOptionsFor(p);
+  serving.launch.dir = RunDir("profile-cluster");
+  serving.launch.source_dir = PDSERVE_SOURCE_DIR;
+  serving.launch.binary_dir = BinaryDir();
+  serving.progress = Progress;
+  PD_RETURN_IF_ERROR(MeasureServingCosts(serving, p));
+  PD_RETURN_IF_ERROR(WriteProfile(absl::GetFlag(FLAGS_out), p));
+
+  std::cout << absl::StrFormat(
+      "Profile of %s on %s (%s), written to %s\n\n"
+      "| engine step cost | value |\n|---|---|\n"
+      "| base | %.1f us |\n| per token | %.2f us |\n| per sequence | %.2f us |\n"
+      "| per token x context | %.4f us |\n",
+      p.model, p.machine, p.cpu_share, absl::GetFlag(FLAGS_out), p.step.base_s * 1e6,
+      p.step.per_token_s * 1e6, p.step.per_sequence_s * 1e6, p.step.per_attention_s * 1e6);
+  std::cout << "\n| step kind | fit error p50 | fit error p90 |\n|---|---|---|\n";
+  for (const auto& [kind, e] : fit.relative_error) {
+    std::cout << absl::StrFormat("| %s | %.1f%% | %.1f%% |\n", kind, e.first * 100, e.second * 100);
+  }
+  std::cout << "\n| serving cost | value |\n|---|---|\n";
+  for (const TransferCost& t : p.transfers) {
+    std::cout << absl::StrFormat("| KV transfer %s | %.1f us + %.2f GB/s |\n", t.transport,
+                                 t.latency_s * 1e6, t.bytes_per_s / 1e9);
+  }
+  std::cout << absl::StrFormat(
+      "| colocated first token | +%.2f ms |\n| disaggregated first token | +%.2f ms |\n"
+      "| decode start after the first token | %.2f ms |\n"
+      "| decode step overhead | %.1f us + %.1f us per sequence |\n",
+      p.colocated_first_token_s * 1e3, p.disaggregated_first_token_s * 1e3,
+      p.decode_start_s * 1e3, p.decode_step_overhead_s * 1e6, p.decode_sequence_overhead_s * 1e6);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RoutingOptions> RoutingFromFlag() {
+  internal::v1::RoutingConfig config;
+  const std::string json = absl::GetFlag(FLAGS_routing);
+  if (!json.empty()) {
+    const auto status = google::protobuf::util::JsonStringToMessage(json, &config);
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--routing: not a routing section (docs/routing.md): ", status.ToString()));
+    }
+  }
+  return RoutingOptionsFromConfig(config);
+}
+
+// Simulates `shape` at every level of the flags; one sweep point each.
+absl::StatusOr<std::vector<SweepPoint>> SimulateLevels(const Profile& profile,
+                                                       const ClusterShape& shape,
+                                                       const Workload& workload,
+                                                       const std::vector<LoadLevel>& levels,
+                                                       std::vector<RequestRecord>* last) {
+  std::vector<SweepPoint> points;
+  for (const LoadLevel& level : levels) {
+    PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, level));
+    PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> records,
+                        Simulate(profile, shape, at, {.concurrency = level.concurrency}));
+    points.push_back({.rate = level.rate,
+                      .concurrency = level.concurrency,
+                      .summary = Summarize(records, SummaryOptionsFromFlags(records))});
+    if (last != nullptr) *last = std::move(records);
+  }
+  return points;
+}
+
+absl::Status WriteSummaryJson(const nlohmann::json& json) {
+  const std::string path = absl::GetFlag(FLAGS_summary_json);
+  if (path.empty()) return absl::OkStatus();
+  std::ofstream out(path);
+  out << json.dump(2) << "\n";
+  return out ? absl::OkStatus() : absl::UnavailableError("cannot write " + path);
+}
+
+absl::Status RunSimulate() {
+  PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
+  PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
+  PD_ASSIGN_OR_RETURN(std::vector<LoadLevel> levels, LoadLevelsFromFlags());
+  ClusterShape shape;
+  shape.prefill = absl::GetFlag(FLAGS_prefill);
+  shape.decode = absl::GetFlag(FLAGS_decode);
+  PD_ASSIGN_OR_RETURN(shape.routing, RoutingFromFlag());
+  std::vector<RequestRecord> records;
+  const auto t0 = std::chrono::steady_clock::now();
+  PD_ASSIGN_OR_RETURN(std::vector<SweepPoint> points,
+                      SimulateLevels(profile, shape, workload, levels, &records));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double target = AttainmentTargetFromFlags();
+  std::cout << absl::StrFormat("Simulated %s on %s (profile: %s, %s), %s; took %.2f s\n\n",
+                               shape.Name(), workload.description, profile.machine,
+                               profile.cpu_share, profile.model, took)
+            << SweepTable(points, target);
+  if (!absl::GetFlag(FLAGS_records).empty()) {
+    PD_RETURN_IF_ERROR(WriteRecords(absl::GetFlag(FLAGS_records), records));
+  }
+  return WriteSummaryJson(SweepToJson(points, target));
+}
+
+// The highest rate at which `shape` meets the attainment target: doubling
+// from `start` until it misses, then bisecting to 2%.
+absl::StatusOr<double> SimulatedGoodput(const Profile& profile, const ClusterShape& shape,
+                                        const Workload& workload, double start) {
+  const double target = AttainmentTargetFromFlags();
+  auto meets = [&](double rate) -> absl::StatusOr<bool> {
+    PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, {.rate = rate}));
+    PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> records, Simulate(profile, shape, at));
+    return Summarize(records, SummaryOptionsFromFlags(records)).slo_attainment >= target;
+  };
+  double lo = 0, hi = start;
+  for (int i = 0; i < 20; ++i) {
+    PD_ASSIGN_OR_RETURN(bool ok, meets(hi));
+    if (!ok) break;
+    lo = hi;
+    hi *= 2;
+  }
+  if (lo == hi) return lo;
+  while (hi - lo > 0.02 * hi) {
+    const double mid = (lo + hi) / 2;
+    PD_ASSIGN_OR_RETURN(bool ok, meets(mid));
+    (ok ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+// Why a shape stops meeting the SLO just past its goodput: the share of
+// the misses there that are TTFT misses (queueing for or computing the
+// prompt: the prefill side, or KV capacity) and TPOT misses (the decode
+// side).
+absl::StatusOr<std::string> Bottleneck(const Profile& profile, const ClusterShape& shape,
+                                       const Workload& workload, double rate) {
+  PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, {.rate = rate}));
+  PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> records, Simulate(profile, shape, at));
+  const SummaryOptions options = SummaryOptionsFromFlags(records);
+  int64_t ttft_misses = 0, tpot_misses = 0, failed = 0, counted = 0;
+  for (const RequestRecord& r : records) {
+    if (r.send_s < options.window_begin_s || r.send_s >= options.window_end_s) continue;
+    ++counted;
+    if (!r.ok() || r.token_s.empty()) {
+      ++failed;
+      continue;
+    }
+    const double ttft = r.token_s.front() - r.send_s;
+    const double tpot = r.token_s.size() > 1 ? (r.token_s.back() - r.token_s.front()) /
+                                                   (r.token_s.size() - 1)
+                                             : 0;
+    ttft_misses += ttft > options.slo.ttft_s;
+    tpot_misses += tpot > options.slo.tpot_s;
+  }
+  const std::string side = ttft_misses >= tpot_misses
+                               ? (shape.prefill > 0 ? "prefill-bound" : "prompt-bound")
+                               : "decode-bound";
+  return absl::StrFormat("%s at %.3g req/s: %d of %d requests miss TTFT, %d miss TPOT, %d fail",
+                         side, rate, ttft_misses, counted, tpot_misses, failed);
+}
+
+absl::Status RunSearch() {
+  PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
+  PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
+  PD_ASSIGN_OR_RETURN(RoutingOptions routing, RoutingFromFlag());
+  const int32_t budget = absl::GetFlag(FLAGS_workers);
+  if (budget < 1) return absl::InvalidArgumentError("--workers must be at least 1");
+  struct Row {
+    ClusterShape shape;
+    double goodput = 0;
+    std::string why;
+  };
+  std::vector<Row> rows;
+  for (int32_t total = 1; total <= budget; ++total) {
+    for (int32_t x = 0; x < total; ++x) {
+      Row row;
+      row.shape.prefill = x;
+      row.shape.decode = total - x;
+      row.shape.routing = routing;
+      Progress(absl::StrCat("search: ", row.shape.Name()));
+      PD_ASSIGN_OR_RETURN(row.goodput, SimulatedGoodput(profile, row.shape, workload, 0.25));
+      PD_ASSIGN_OR_RETURN(row.why, Bottleneck(profile, row.shape, workload,
+                                              std::max(row.goodput, 0.05) * 1.1));
+      rows.push_back(row);
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    const double pa = a.goodput / (a.shape.prefill + a.shape.decode);
+    const double pb = b.goodput / (b.shape.prefill + b.shape.decode);
+    return pa != pb ? pa > pb : a.goodput > b.goodput;
+  });
+  const SummaryOptions slo = SummaryOptionsFromFlags({});
+  std::cout << absl::StrFormat(
+      "Search on %s, SLO TTFT <= %g ms and TPOT <= %g ms for %.0f%% of requests, at most %d "
+      "workers (profile: %s on %s, %s)\n\n"
+      "| xPyD | goodput (req/s) | per worker | past the goodput |\n|---|---|---|---|\n",
+      workload.description, slo.slo.ttft_s * 1e3, slo.slo.tpot_s * 1e3,
+      AttainmentTargetFromFlags() * 100, budget, profile.model, profile.machine,
+      profile.cpu_share);
+  nlohmann::json json = nlohmann::json::array();
+  for (const Row& r : rows) {
+    const int32_t n = r.shape.prefill + r.shape.decode;
+    std::cout << absl::StrFormat("| %s | %.3g | %.3g | %s |\n", r.shape.Name(), r.goodput,
+                                 r.goodput / n, r.why);
+    json.push_back({{"config", r.shape.Name()}, {"prefill", r.shape.prefill},
+                    {"decode", r.shape.decode}, {"goodput", r.goodput},
+                    {"goodput_per_worker", r.goodput / n}, {"bottleneck", r.why}});
+  }
+  const Row& best = rows.front();
+  std::cout << absl::StrFormat(
+      "\nRecommended: %s, %.3g req/s per worker (%.3g req/s in all). Past that rate it is %s.\n",
+      best.shape.Name(), best.goodput / (best.shape.prefill + best.shape.decode), best.goodput,
+      best.why);
+  return WriteSummaryJson(json);
+}
+
+absl::StatusOr<ClusterShape> ParseShape(const std::string& name) {
+  ClusterShape shape;
+  std::vector<std::string> parts = absl::StrSplit(name, absl::ByAnyChar("PD"));
+  if (parts.size() != 3 || !parts[2].empty() || !absl::SimpleAtoi(parts[0], &shape.prefill) ||
+      !absl::SimpleAtoi(parts[1], &shape.decode) || shape.prefill < 0 || shape.decode < 1 ||
+      name.find('P') > name.find('D')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", name, "' is not a configuration like 1P2D (x prefill, y >= 1 decode workers)"));
+  }
+  return shape;
+}
+
+// One predicted figure next to its measurement.
+struct Comparison {
+  std::string figure;
+  double predicted = 0;
+  double measured = 0;
+  // Relative error (predicted - measured) / measured; for attainment the
+  // difference in points.
+  double error = 0;
+  bool checked = false;  // Against --max_error / --max_attainment_error.
+  bool passed = true;
+};
+
+std::vector<Comparison> Compare(const Summary& p, const Summary& m) {
+  std::vector<Comparison> out;
+  auto relative = [&](std::string name, double pv, double mv, bool checked) {
+    Comparison c{.figure = std::move(name), .predicted = pv, .measured = mv,
+                 .error = mv != 0 ? (pv - mv) / mv : 0, .checked = checked};
+    c.passed = !checked || std::abs(c.error) <= absl::GetFlag(FLAGS_max_error);
+    out.push_back(c);
+  };
+  relative("TTFT p50 (ms)", p.ttft_s.p50 * 1e3, m.ttft_s.p50 * 1e3, false);
+  relative("TTFT p90 (ms)", p.ttft_s.p90 * 1e3, m.ttft_s.p90 * 1e3, true);
+  relative("TPOT p50 (ms)", p.tpot_s.p50 * 1e3, m.tpot_s.p50 * 1e3, false);
+  relative("TPOT p90 (ms)", p.tpot_s.p90 * 1e3, m.tpot_s.p90 * 1e3, true);
+  relative("ITL p50 (ms)", p.itl_s.p50 * 1e3, m.itl_s.p50 * 1e3, false);
+  relative("E2E p50 (ms)", p.e2e_s.p50 * 1e3, m.e2e_s.p50 * 1e3, false);
+  relative("output tok/s", p.output_token_throughput, m.output_token_throughput, false);
+  Comparison a{.figure = "attainment (%)", .predicted = p.slo_attainment * 100,
+               .measured = m.slo_attainment * 100,
+               .error = p.slo_attainment - m.slo_attainment, .checked = true};
+  a.passed = std::abs(a.error) <= absl::GetFlag(FLAGS_max_attainment_error) + 1e-9;
+  out.push_back(a);
+  return out;
+}
+
+absl::Status RunValidate() {
+  PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
+  PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
+  PD_ASSIGN_OR_RETURN(std::vector<LoadLevel> levels, LoadLevelsFromFlags());
+  PD_ASSIGN_OR_RETURN(RoutingOptions routing, RoutingFromFlag());
+  const double target = AttainmentTargetFromFlags();
+  std::cout << absl::StrFormat("Validation on %s (profile: %s on %s, %s)\n", workload.description,
+                               profile.model, profile.machine, profile.cpu_share);
+  nlohmann::json json = nlohmann::json::array();
+  bool all_passed = true;
+  for (const std::string& name : absl::GetFlag(FLAGS_configs)) {
+    PD_ASSIGN_OR_RETURN(ClusterShape shape, ParseShape(name));
+    shape.routing = routing;
+    LaunchOptions launch = LaunchOptionsFor(profile);
+    launch.prefill = shape.prefill;
+    launch.decode = shape.decode;
+    launch.routing = absl::GetFlag(FLAGS_routing);
+    launch.dir = RunDir(absl::StrCat("validate-", name));
+    launch.source_dir = PDSERVE_SOURCE_DIR;
+    launch.binary_dir = BinaryDir();
+    Progress(absl::StrCat("validate: starting ", name));
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<ClusterLauncher> cluster, ClusterLauncher::Start(launch));
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<LoadTarget> load_target,
+                        MakeLoadTarget("grpc", {.address = cluster->grpc_address()}));
+    std::vector<SweepPoint> predicted_points, measured_points;
+    std::cout << absl::StrFormat(
+        "\n%s\n\n| load | figure | predicted | measured | error |\n|---|---|---|---|---|\n",
+        shape.Name());
+    for (const LoadLevel& level : levels) {
+      PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, level));
+      PD_ASSIGN_OR_RETURN(LoadResult measured,
+                          RunLoad(at, *load_target,
+                                  {.concurrency = level.concurrency,
+                                   .label = absl::StrCat(name, " ", level.Name())}));
+      PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> predicted,
+                          Simulate(profile, shape, at, {.concurrency = level.concurrency}));
+      const Summary m = Summarize(measured.records, SummaryOptionsFromFlags(measured.records));
+      const Summary p = Summarize(predicted, SummaryOptionsFromFlags(predicted));
+      measured_points.push_back({.rate = level.rate, .concurrency = level.concurrency, .summary = m});
+      predicted_points.push_back({.rate = level.rate, .concurrency = level.concurrency, .summary = p});
+      nlohmann::json figures = nlohmann::json::array();
+      for (const Comparison& c : Compare(p, m)) {
+        all_passed &= c.passed;
+        const std::string error =
+            c.figure == "attainment (%)"
+                ? absl::StrFormat("%+.1f points", c.error * 100)
+                : absl::StrFormat("%+.1f%%", c.error * 100);
+        std::cout << absl::StrFormat("| %s | %s | %.3g | %.3g | %s%s |\n", level.Name(), c.figure,
+                                     c.predicted, c.measured, error,
+                                     c.passed ? "" : " **over the bound**");
+        figures.push_back({{"figure", c.figure}, {"predicted", c.predicted},
+                           {"measured", c.measured}, {"error", c.error},
+                           {"checked", c.checked}, {"passed", c.passed}});
+      }
+      json.push_back({{"config", shape.Name()}, {"rate", level.rate},
+                      {"concurrency", level.concurrency}, {"figures", figures},
+                      {"predicted", ToJson(p)}, {"measured", ToJson(m)}});
+    }
+    if (levels.size() > 1) {
+      std::cout << absl::StrFormat("| sweep | goodput (req/s) | %.3g | %.3g | |\n",
+                                   Goodput(predicted_points, target),
+                                   Goodput(measured_points, target));
+    }
+  }
+  PD_RETURN_IF_ERROR(WriteSummaryJson(json));
+  if (!all_passed) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "a prediction is off by more than the bound (P90 TTFT/TPOT %.0f%%, attainment %.0f "
+        "points): see the rows marked above",
+        absl::GetFlag(FLAGS_max_error) * 100, absl::GetFlag(FLAGS_max_attainment_error) * 100));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace pdserve::planner
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "pd-plan profile|simulate|search|validate [flags]; see docs/capacity_planning.md");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::cerr << "usage: pd-plan profile|simulate|search|validate [flags] "
+                 "(pd-plan --help lists the flags; docs/capacity_planning.md walks through "
+                 "a plan)\n";
+    return 2;
+  }
+  const std::string command = args[1];
+  absl::Status status;
+  if (command == "profile") {
+    status = pdserve::planner::RunProfile();
+  } else if (command == "profile_engine") {
+    status = pdserve::planner::ProfileEngine();
+  } else if (command == "simulate") {
+    status = pdserve::planner::RunSimulate();
+  } else if (command == "search") {
+    status = pdserve::planner::RunSearch();
+  } else if (command == "validate") {
+    status = pdserve::planner::RunValidate();
+  } else {
+    std::cerr << "pd-plan: unknown command '" << command
+              << "'; use profile, simulate, search or validate\n";
+    return 2;
+  }
+  if (!status.ok()) {
+    std::cerr << "pd-plan " << command << ": " << status << "\n";
+    return 1;
+  }
+  return 0;
+}

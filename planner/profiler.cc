@@ -1,0 +1,465 @@
+#include "planner/profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/pdserve_client.h"
+#include "common/status_macros.h"
+#include "engine/generator.h"
+#include "engine/model.h"
+#include "engine/model_runner.h"
+#include "kv_transfer/transport.h"
+#include "planner/cluster_launcher.h"
+#include "planner/summary.h"
+
+namespace pdserve::planner {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Prompt tokens no earlier prompt of the run shares: lower-case letters
+// from a counter (a byte-level tokenizer reads them as text).
+std::vector<int32_t> FreshPrompt(int32_t length, uint64_t& counter) {
+  std::vector<int32_t> prompt(length);
+  uint64_t x = ++counter * 0x9E3779B97F4A7C15ull;
+  for (int32_t& t : prompt) {
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 32;
+    t = 'a' + static_cast<int32_t>(x % 26);
+  }
+  return prompt;
+}
+
+// The engine of one worker, as EngineLoop::Start builds it.
+struct Engine {
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<Generator> generator;
+  uint64_t next_id = 1;
+  uint64_t prompts = 0;
+};
+
+absl::StatusOr<Engine> MakeEngine(const EngineProfileOptions& o, int32_t blocks) {
+  Engine e;
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(o.model));
+  PD_ASSIGN_OR_RETURN(e.runner, CreateModelRunner(model, {.num_kv_blocks = blocks,
+                                                          .block_size = o.block_size,
+                                                          .num_threads = o.threads}));
+  PD_ASSIGN_OR_RETURN(e.generator,
+                      Generator::Create(e.runner.get(), {.max_batch_tokens = o.max_batch_tokens,
+                                                         .max_running = o.max_running,
+                                                         .enable_prefix_caching = false}));
+  return e;
+}
+
+absl::Status AddRequest(Engine& e, int32_t prompt_len, int32_t max_tokens) {
+  GenerationRequest r;
+  r.id = RequestId(e.next_id++);
+  r.prompt = FreshPrompt(prompt_len, e.prompts);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return e.generator->Add(std::move(r));
+}
+
+// Runs one step; its wall time.
+absl::StatusOr<double> TimedStep(Engine& e, std::vector<GenerationEvent>& events) {
+  events.clear();
+  const auto t0 = Clock::now();
+  PD_RETURN_IF_ERROR(e.generator->Step(events));
+  return SecondsSince(t0);
+}
+
+absl::Status Drain(Engine& e) {
+  std::vector<GenerationEvent> events;
+  while (e.generator->HasWork()) PD_RETURN_IF_ERROR(e.generator->Step(events));
+  return absl::OkStatus();
+}
+
+// Solves the normal equations of min |A x - b|^2 over the columns in
+// `active` (Gaussian elimination; 4 columns at most).
+std::vector<double> LeastSquares(const std::vector<std::array<double, 4>>& a,
+                                 const std::vector<double>& b, const std::vector<int>& active) {
+  const size_t n = active.size();
+  std::vector<std::vector<double>> m(n, std::vector<double>(n + 1, 0.0));
+  for (size_t r = 0; r < a.size(); ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < n; ++j) m[i][j] += a[r][active[i]] * a[r][active[j]];
+      m[i][n] += a[r][active[i]] * b[r];
+    }
+  }
+  for (size_t c = 0; c < n; ++c) {
+    size_t pivot = c;
+    for (size_t r = c + 1; r < n; ++r) {
+      if (std::abs(m[r][c]) > std::abs(m[pivot][c])) pivot = r;
+    }
+    std::swap(m[c], m[pivot]);
+    if (std::abs(m[c][c]) < 1e-300) continue;
+    for (size_t r = 0; r < n; ++r) {
+      if (r == c) continue;
+      const double f = m[r][c] / m[c][c];
+      for (size_t k = c; k <= n; ++k) m[r][k] -= f * m[c][k];
+    }
+  }
+  std::vector<double> x(4, 0.0);
+  for (size_t i = 0; i < n; ++i) x[active[i]] = std::abs(m[i][i]) < 1e-300 ? 0 : m[i][n] / m[i][i];
+  return x;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOptions& o) {
+  if (o.max_batch_tokens < 16 || o.max_running < 1 || o.reps < 1 || o.max_context < 64) {
+    return absl::InvalidArgumentError(
+        "engine profile needs max_batch_tokens >= 16, max_running >= 1, reps >= 1, "
+        "max_context >= 64");
+  }
+  const int32_t decode_tokens = 8;  // Timed decode steps per batch.
+  const int32_t blocks = (o.max_running * (o.max_context + 2 * decode_tokens + 64) +
+                          4 * o.max_batch_tokens) / o.block_size + 64;
+  PD_ASSIGN_OR_RETURN(Engine e, MakeEngine(o, blocks));
+  std::vector<StepSample> samples;
+  std::vector<GenerationEvent> events;
+  auto progress = [&](const std::string& line) {
+    if (o.progress) o.progress(line);
+  };
+
+  // Prefill: one prompt of 4 chunks of n tokens; every chunk is a step of
+  // n tokens at context (k + 1) n.
+  for (int32_t n = 16; n <= o.max_batch_tokens; n *= 2) {
+    progress(absl::StrFormat("engine: prefill chunks of %d tokens", n));
+    const int32_t chunks = std::min<int32_t>(4, std::max<int32_t>(1, o.max_context / n));
+    // An engine whose budget is n cuts the prompt into chunks of n (the
+    // budget changes which tokens share a step, not what a step costs).
+    EngineProfileOptions chunked = o;
+    chunked.max_batch_tokens = n;
+    chunked.max_running = std::min(o.max_running, n);
+    PD_ASSIGN_OR_RETURN(Engine c, MakeEngine(chunked, (chunks * n) / o.block_size + 8));
+    for (int32_t r = 0; r < o.reps + 1; ++r) {
+      PD_RETURN_IF_ERROR(AddRequest(c, chunks * n, 1));
+      for (int32_t k = 0; k < chunks; ++k) {
+        PD_ASSIGN_OR_RETURN(double t, TimedStep(c, events));
+        if (r == 0) continue;  // Warm-up.
+        samples.push_back({.tokens = n,
+                           .sequences = 1,
+                           .attention = static_cast<double>(n) * (k + 1) * n,
+                           .seconds = t,
+                           .kind = "prefill"});
+      }
+      PD_RETURN_IF_ERROR(Drain(c));
+    }
+  }
+
+  // Decode: b sequences at context about L; the timed steps start once
+  // every prompt is computed.
+  for (int32_t b = 1; b <= o.max_running; b *= 2) {
+    for (int32_t context : {64, o.max_context / 4, o.max_context}) {
+      if (context < 16) continue;
+      progress(absl::StrFormat("engine: decode batches of %d at context %d", b, context));
+      for (int32_t r = 0; r < std::max(1, o.reps / 2); ++r) {
+        for (int32_t i = 0; i < b; ++i) {
+          PD_RETURN_IF_ERROR(AddRequest(e, context, decode_tokens + 2));
+        }
+        int32_t first_tokens = 0;
+        while (first_tokens < b) {
+          events.clear();
+          PD_RETURN_IF_ERROR(e.generator->Step(events));
+          for (const GenerationEvent& ev : events) first_tokens += ev.has_token ? 1 : 0;
+          first_tokens = std::min(first_tokens, b);
+        }
+        // Each sequence now holds context + 1 tokens; step j computes the
+        // token at position context + j.
+        for (int32_t j = 0; j < decode_tokens; ++j) {
+          PD_ASSIGN_OR_RETURN(double t, TimedStep(e, events));
+          samples.push_back({.tokens = b,
+                             .sequences = b,
+                             .attention = static_cast<double>(b) * (context + j + 1),
+                             .seconds = t,
+                             .kind = "decode"});
+        }
+        PD_RETURN_IF_ERROR(Drain(e));
+      }
+    }
+  }
+
+  // Mixed: b decodes at context 256 plus a new prompt of n tokens.
+  for (int32_t b : {1, 8, 32}) {
+    if (b > o.max_running - 1) continue;
+    for (int32_t n : {64, o.max_batch_tokens - b}) {
+      if (n < 1 || n > o.max_batch_tokens - b) continue;
+      progress(absl::StrFormat("engine: mixed steps, %d decodes and a %d-token chunk", b, n));
+      for (int32_t r = 0; r < std::max(1, o.reps / 2); ++r) {
+        for (int32_t i = 0; i < b; ++i) PD_RETURN_IF_ERROR(AddRequest(e, 256, 8));
+        int32_t first_tokens = 0;
+        while (first_tokens < b) {
+          events.clear();
+          PD_RETURN_IF_ERROR(e.generator->Step(events));
+          for (const GenerationEvent& ev : events) first_tokens += ev.has_token ? 1 : 0;
+        }
+        PD_RETURN_IF_ERROR(AddRequest(e, n, 1));
+        PD_ASSIGN_OR_RETURN(double t, TimedStep(e, events));
+        samples.push_back({.tokens = b + n,
+                           .sequences = b + 1,
+                           .attention = static_cast<double>(b) * 257 + static_cast<double>(n) * n,
+                           .seconds = t,
+                           .kind = "mixed"});
+        PD_RETURN_IF_ERROR(Drain(e));
+      }
+    }
+  }
+  return samples;
+}
+
+absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples) {
+  if (samples.size() < 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fitting the step cost needs at least 4 samples, not ", samples.size()));
+  }
+  // Relative least squares (rows scaled by 1 / measured), so that short
+  // decode steps weigh as much as long prefills; columns that come out
+  // negative are dropped and the rest refitted (non-negative least squares
+  // by elimination, enough for 4 columns).
+  std::vector<std::array<double, 4>> a;
+  std::vector<double> b;
+  for (const StepSample& s : samples) {
+    const double w = 1.0 / std::max(s.seconds, 1e-7);
+    a.push_back({w, w * s.tokens, w * s.sequences, w * s.attention});
+    b.push_back(1.0);
+  }
+  std::vector<int> active = {0, 1, 2, 3};
+  std::vector<double> x;
+  while (true) {
+    x = LeastSquares(a, b, active);
+    auto negative = std::find_if(active.begin(), active.end(), [&](int c) { return x[c] < 0; });
+    if (negative == active.end()) break;
+    active.erase(negative);
+    if (active.empty()) break;
+  }
+  StepFit fit;
+  fit.cost = {.base_s = x[0], .per_token_s = x[1], .per_sequence_s = x[2], .per_attention_s = x[3]};
+  std::map<std::string, std::vector<double>> errors;
+  for (const StepSample& s : samples) {
+    const double predicted = fit.cost.Seconds(s.tokens, s.sequences, s.attention);
+    errors[s.kind].push_back(std::abs(predicted - s.seconds) / s.seconds);
+  }
+  for (auto& [kind, e] : errors) {
+    fit.relative_error.push_back({kind, {Percentile(e, 50), Percentile(e, 90)}});
+  }
+  return fit;
+}
+
+absl::StatusOr<double> KvBytesPerToken(const std::string& model_spec) {
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(model_spec));
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                      CreateModelRunner(model, {.num_kv_blocks = 1, .block_size = 16,
+                                                .num_threads = 1}));
+  return static_cast<double>(runner->kv_layout().block_bytes()) / 16.0;
+}
+
+absl::StatusOr<std::vector<TransferCost>> MeasureTransfers(const std::vector<std::string>& names,
+                                                           int32_t reps) {
+  const size_t max_bytes = size_t{4} << 20;
+  std::vector<std::byte> src(max_bytes, std::byte{1}), dst(max_bytes);
+  std::vector<TransferCost> out;
+  for (const std::string& name : names) {
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvTransport> sender, kv::CreateKvTransport(name, {}));
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvTransport> receiver,
+                        kv::CreateKvTransport(name, {}));
+    PD_ASSIGN_OR_RETURN(kv::RegionId local, sender->RegisterMemory(src));
+    PD_ASSIGN_OR_RETURN(kv::RegionId remote, receiver->RegisterMemory(dst));
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvConnection> conn,
+                        sender->Connect(receiver->endpoint()));
+    // Median post time per size, then a least-squares line through them.
+    std::vector<std::array<double, 4>> a;
+    std::vector<double> b;
+    for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+      std::vector<double> secs;
+      for (int32_t r = 0; r < reps + 1; ++r) {
+        const auto t0 = Clock::now();
+        const std::vector<kv::WriteOp> ops = {{local, 0, remote, 0, bytes}};
+        PD_RETURN_IF_ERROR(conn->Write(ops));
+        if (r > 0) secs.push_back(SecondsSince(t0));
+      }
+      const double t = Percentile(secs, 50);
+      const double w = 1.0 / t;  // Relative error, as for the step cost.
+      a.push_back({w, w * static_cast<double>(bytes), 0, 0});
+      b.push_back(1.0);
+    }
+    const std::vector<double> x = LeastSquares(a, b, {0, 1});
+    out.push_back({.transport = name,
+                   .latency_s = std::max(0.0, x[0]),
+                   .bytes_per_s = x[1] > 0 ? 1.0 / x[1] : 0});
+  }
+  return out;
+}
+
+namespace {
+
+// One request's token arrival times, seconds from its send.
+struct Timed {
+  std::vector<double> tokens;
+};
+
+absl::StatusOr<Timed> TimedRequest(GenerationClient& client, std::vector<int32_t> prompt,
+                                   int32_t output_tokens) {
+  v1::GenerateRequest request;
+  request.mutable_token_ids()->mutable_ids()->Assign(prompt.begin(), prompt.end());
+  request.mutable_sampling()->set_temperature(0);
+  request.set_max_tokens(output_tokens);
+  request.set_ignore_eos(true);
+  Timed out;
+  const auto t0 = Clock::now();
+  PD_RETURN_IF_ERROR(client.Generate(request, [&](const v1::GenerateResponse& r) {
+    const double t = SecondsSince(t0);
+    for (int i = 0; i < r.token_ids_size(); ++i) out.tokens.push_back(t);
+    return true;
+  }));
+  if (static_cast<int32_t>(out.tokens.size()) != output_tokens) {
+    return absl::InternalError(absl::StrCat("asked for ", output_tokens, " tokens, got ",
+                                            out.tokens.size()));
+  }
+  return out;
+}
+
+// Seconds of the prefill steps of one prompt alone on a worker.
+double PrefillSeconds(const Profile& p, int32_t prompt) {
+  double t = 0;
+  for (int32_t done = 0; done < prompt;) {
+    const int32_t n = std::min(p.max_batch_tokens, prompt - done);
+    done += n;
+    t += p.step.Seconds(n, 1, static_cast<double>(n) * done);
+  }
+  return t;
+}
+
+}  // namespace
+
+LaunchOptions LaunchOptionsFor(const Profile& p) {
+  LaunchOptions o;
+  o.model = p.model;
+  o.cpu_share = p.worker_cpus;
+  o.worker_args = absl::StrFormat("--num_threads=%d --block_size=%d --max_batch_tokens=%d "
+                                  "--max_running=%d",
+                                  p.threads, p.block_size, p.max_batch_tokens, p.max_running);
+  o.prefill_args = absl::StrCat("--kv_blocks=", p.prefill_kv_blocks);
+  o.decode_args = absl::StrCat("--kv_blocks=", p.decode_kv_blocks);
+  return o;
+}
+
+absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) {
+  if (profile.transfers.empty()) {
+    return absl::FailedPreconditionError("measure the transfers before the serving costs");
+  }
+  if (o.requests < 2 || o.output_tokens < 4 || o.prompt_tokens < 1) {
+    return absl::InvalidArgumentError(
+        "serving costs need at least 2 requests of at least 4 output tokens");
+  }
+  auto progress = [&](const std::string& line) {
+    if (o.progress) o.progress(line);
+  };
+  LaunchOptions launch = o.launch;
+  uint64_t prompts = 1000;
+  const double prefill = PrefillSeconds(profile, o.prompt_tokens);
+  const TransferCost& link = profile.transfers.front();
+  const int32_t last_chunk =
+      o.prompt_tokens - (o.prompt_tokens - 1) / profile.max_batch_tokens * profile.max_batch_tokens;
+  const double push_tail =
+      link.latency_s + last_chunk * profile.kv_bytes_per_token / std::max(link.bytes_per_s, 1.0);
+  auto decode_step = [&](int64_t b, double context) {
+    return profile.step.Seconds(b, b, b * context) + profile.decode_step_overhead_s +
+           profile.decode_sequence_overhead_s * b;
+  };
+
+  // Colocated first: the decode overheads, then its first-token cost.
+  {
+    progress("serving costs: colocated cluster (0P1D)");
+    launch.prefill = 0;
+    launch.routing = R"({"localPrefillMaxTokens": 1000000000})";
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<ClusterLauncher> cluster, ClusterLauncher::Start(launch));
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
+                        GenerationClient::Create(cluster->grpc_address()));
+    // Closed-loop batches: each gap between a request's consecutive tokens
+    // is one step of batch b at its context.
+    std::vector<std::array<double, 4>> a;
+    std::vector<double> y;
+    for (int32_t b : o.batches) {
+      progress(absl::StrFormat("serving costs: %d concurrent streams", b));
+      std::vector<std::vector<double>> gaps(b);
+      std::vector<std::thread> threads;
+      std::vector<absl::Status> status(b);
+      std::vector<std::vector<int32_t>> my_prompts;
+      for (int32_t i = 0; i < b; ++i) my_prompts.push_back(FreshPrompt(o.prompt_tokens, prompts));
+      for (int32_t i = 0; i < b; ++i) {
+        threads.emplace_back([&, i] {
+          for (int r = 0; r < 3; ++r) {
+            std::vector<int32_t> prompt = my_prompts[i];
+            prompt[0] = 'a' + r;  // No prefix-cache hit.
+            auto t = TimedRequest(*client, prompt, o.output_tokens * 2);
+            if (!t.ok()) {
+              status[i] = t.status();
+              return;
+            }
+            // Gaps in the middle half: every stream is in the batch then.
+            const size_t n = t->tokens.size();
+            for (size_t k = n / 4 + 1; k < 3 * n / 4; ++k) {
+              if (r > 0) gaps[i].push_back(t->tokens[k] - t->tokens[k - 1]);
+            }
+          }
+        });
+      }
+      for (std::thread& t : threads) t.join();
+      for (const absl::Status& s : status) PD_RETURN_IF_ERROR(s);
+      std::vector<double> all;
+      for (const auto& g : gaps) all.insert(all.end(), g.begin(), g.end());
+      const double gap = Percentile(all, 50);
+      const double context = o.prompt_tokens + o.output_tokens;  // The middle.
+      const double engine = profile.step.Seconds(b, b, static_cast<double>(b) * context);
+      a.push_back({1.0, static_cast<double>(b), 0, 0});
+      y.push_back(gap - engine);
+    }
+    std::vector<double> x = LeastSquares(a, y, {0, 1});
+    profile.decode_step_overhead_s = std::max(0.0, x[0]);
+    profile.decode_sequence_overhead_s = std::max(0.0, x[1]);
+
+    std::vector<double> first;
+    for (int32_t r = 0; r < o.requests; ++r) {
+      PD_ASSIGN_OR_RETURN(Timed t,
+                          TimedRequest(*client, FreshPrompt(o.prompt_tokens, prompts),
+                                       o.output_tokens));
+      if (r > 0) first.push_back(t.tokens.front() - prefill);
+    }
+    profile.colocated_first_token_s = std::max(0.0, Percentile(first, 50));
+  }
+  {
+    progress("serving costs: disaggregated cluster (1P1D)");
+    launch.prefill = 1;
+    launch.routing = R"({"localPrefillMaxTokens": 0})";
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<ClusterLauncher> cluster, ClusterLauncher::Start(launch));
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
+                        GenerationClient::Create(cluster->grpc_address()));
+    std::vector<double> first, start;
+    for (int32_t r = 0; r < o.requests; ++r) {
+      PD_ASSIGN_OR_RETURN(Timed t,
+                          TimedRequest(*client, FreshPrompt(o.prompt_tokens, prompts),
+                                       o.output_tokens));
+      if (r == 0) continue;
+      first.push_back(t.tokens[0] - prefill - push_tail);
+      start.push_back(t.tokens[1] - t.tokens[0] - decode_step(1, o.prompt_tokens + 1));
+    }
+    profile.disaggregated_first_token_s = std::max(0.0, Percentile(first, 50));
+    profile.decode_start_s = std::max(0.0, Percentile(start, 50));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pdserve::planner

@@ -1,0 +1,117 @@
+// Profiler: measures what planner/profile.h's Profile holds, on this
+// machine, with the real components:
+//
+//   MeasureEngineSteps  the engine (a Generator over the model's runner,
+//                       the objects every worker runs) through designed
+//                       steps: prefill chunks of 16 .. max_batch_tokens
+//                       tokens at contexts up to 4 chunks, decode batches of
+//                       1 .. max_running sequences at short and long
+//                       contexts, and mixed steps (decodes plus a chunk);
+//                       each step's composition is known by construction.
+//   FitStepCost         least squares (non-negative) of the step model on
+//                       those samples, with its error on them.
+//   MeasureTransfers    one KV transport pair in this process: writes of
+//                       one block up to 4 MiB, fitted to latency + size /
+//                       bandwidth.
+//   MeasureServingCosts requests through a real disaggregated (1P1D) and
+//                       colocated (0P1D) cluster: single requests for what
+//                       TTFT and the hand-off add to the engine's steps,
+//                       closed-loop batches for what streaming adds to
+//                       each decode step (router, gRPC, hand-off).
+//
+// The engine and transfer figures are only meaningful under the CPU share
+// the workers will run with: pd-plan runs them in a child process placed
+// in such a cgroup (deploy/local/cpu_share.sh), and the clusters with
+// cluster.sh --cpu-share.
+// Thread-safety: functions; each call owns what it creates.
+#ifndef PDSERVE_PLANNER_PROFILER_H_
+#define PDSERVE_PLANNER_PROFILER_H_
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/cluster_launcher.h"
+#include "planner/profile.h"
+
+namespace pdserve::planner {
+
+// One measured engine step.
+struct StepSample {
+  int64_t tokens = 0;
+  int64_t sequences = 0;
+  double attention = 0;
+  double seconds = 0;
+  // "prefill", "decode" or "mixed".
+  std::string kind;
+};
+
+struct EngineProfileOptions {
+  // Default: "builtin:tiny".
+  std::string model = "builtin:tiny";
+  // Engine threads (--num_threads of the workers). Default: 1.
+  int32_t threads = 1;
+  // Default: 16.
+  int32_t block_size = 16;
+  // Default: 512.
+  int32_t max_batch_tokens = 512;
+  // Default: 64.
+  int32_t max_running = 64;
+  // Largest context the decode steps are measured at. Default: 1024.
+  int32_t max_context = 1024;
+  // Repetitions of each designed step. Default: 5.
+  int32_t reps = 5;
+  // Called with a line of progress now and then. Default: none.
+  std::function<void(std::string_view)> progress;
+};
+
+absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOptions& options);
+
+struct StepFit {
+  StepCost cost;
+  // Median and 90th percentile of |predicted - measured| / measured over
+  // the samples, per kind.
+  std::vector<std::pair<std::string, std::pair<double, double>>> relative_error;
+};
+// INVALID_ARGUMENT with fewer samples than coefficients.
+absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples);
+
+// The KV bytes of one token of `model` (K and V of every layer, in the
+// cache's dtype). NOT_FOUND / INVALID_ARGUMENT as Model::Load.
+absl::StatusOr<double> KvBytesPerToken(const std::string& model);
+
+// One transport per name (kv_transfer registry), `reps` posts per size.
+absl::StatusOr<std::vector<TransferCost>> MeasureTransfers(const std::vector<std::string>& names,
+                                                           int32_t reps);
+
+// How a cluster of `profile`'s workers is launched: the model, the engine
+// flags it was profiled with, each role's KV pool (--kv_blocks), its CPU
+// share. The caller sets the counts and the directories.
+LaunchOptions LaunchOptionsFor(const Profile& profile);
+
+struct ServingCostOptions {
+  // Prompt tokens and output tokens of each request. Default: 256, 32.
+  int32_t prompt_tokens = 256;
+  int32_t output_tokens = 32;
+  // Single requests per cluster (the first is a warm-up). Default: 12.
+  int32_t requests = 12;
+  // Closed-loop batch sizes on the colocated cluster, for the decode step
+  // overheads. Default: 1, 4, 16.
+  std::vector<int32_t> batches = {1, 4, 16};
+  // How the clusters are started (LaunchOptionsFor, with the
+  // directories); the counts and routing are set here (0P1D, then 1P1D).
+  LaunchOptions launch;
+  std::function<void(std::string_view)> progress;
+};
+
+// Fills profile's colocated_first_token_s, disaggregated_first_token_s,
+// decode_start_s (medians) and the decode step overheads (least squares),
+// given its engine fields, step cost, kv_bytes_per_token and transfers
+// (the first is the clusters' transport, tcp).
+absl::Status MeasureServingCosts(const ServingCostOptions& options, Profile& profile);
+
+}  // namespace pdserve::planner
+
+#endif  // PDSERVE_PLANNER_PROFILER_H_
