@@ -1,0 +1,111 @@
+// planner/profiler.h: the step-cost fit recovers known coefficients, the
+// engine profile measures every kind of step on the real engine, and the
+// transfer fit sees a real transport.
+#include "planner/profiler.h"
+
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace pdserve::planner {
+namespace {
+
+TEST(FitStepCostTest, RecoversTheCoefficientsOfExactSamples) {
+  // seconds = 100 us + 2 us * tokens + 5 us * sequences + 0.001 us * attention.
+  const StepCost truth{.base_s = 100e-6, .per_token_s = 2e-6, .per_sequence_s = 5e-6,
+                       .per_attention_s = 1e-9};
+  std::vector<StepSample> samples;
+  for (int tokens : {1, 8, 64, 512}) {
+    for (int sequences : {1, 4, 16}) {
+      if (sequences > tokens) continue;
+      for (double attention : {10.0, 1e4, 3e5}) {
+        samples.push_back({.tokens = tokens, .sequences = sequences, .attention = attention,
+                           .seconds = truth.Seconds(tokens, sequences, attention),
+                           .kind = "prefill"});
+      }
+    }
+  }
+  auto fit = FitStepCost(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->cost.base_s, 100e-6, 1e-9);
+  EXPECT_NEAR(fit->cost.per_token_s, 2e-6, 1e-11);
+  EXPECT_NEAR(fit->cost.per_sequence_s, 5e-6, 1e-10);
+  EXPECT_NEAR(fit->cost.per_attention_s, 1e-9, 1e-14);
+  ASSERT_EQ(fit->relative_error.size(), 1u);
+  EXPECT_LT(fit->relative_error[0].second.second, 1e-6);
+}
+
+TEST(FitStepCostTest, NoCoefficientComesOutNegative) {
+  // Steps that get cheaper with more sequences: the fit drops that term
+  // rather than predict negative costs.
+  std::vector<StepSample> samples;
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 40; ++i) {
+    const int tokens = 1 + static_cast<int>(rng() % 256);
+    const int sequences = 1 + static_cast<int>(rng() % 8);
+    samples.push_back({.tokens = tokens, .sequences = sequences, .attention = 0,
+                       .seconds = 1e-4 + 1e-6 * tokens - 1e-6 * sequences, .kind = "mixed"});
+  }
+  auto fit = FitStepCost(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_GE(fit->cost.base_s, 0);
+  EXPECT_GE(fit->cost.per_token_s, 0);
+  EXPECT_GE(fit->cost.per_sequence_s, 0);
+  EXPECT_GE(fit->cost.per_attention_s, 0);
+}
+
+TEST(FitStepCostTest, TooFewSamplesIsAnError) {
+  EXPECT_EQ(FitStepCost({{.tokens = 1, .sequences = 1, .seconds = 1}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MeasureEngineStepsTest, MeasuresEveryKindOfStepOnTheRealEngine) {
+  auto samples = MeasureEngineSteps({.model = "builtin:tiny", .max_batch_tokens = 64,
+                                     .max_running = 8, .max_context = 128, .reps = 1});
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  int prefill = 0, decode = 0, mixed = 0;
+  for (const StepSample& s : *samples) {
+    EXPECT_GT(s.seconds, 0);
+    EXPECT_GE(s.tokens, s.sequences);
+    prefill += s.kind == "prefill";
+    decode += s.kind == "decode";
+    mixed += s.kind == "mixed";
+  }
+  EXPECT_GT(prefill, 0);
+  EXPECT_GT(decode, 0);
+  EXPECT_GT(mixed, 0);
+  // A 64-token chunk costs more than a 16-token one (the engine's work
+  // grows with the tokens).
+  double t16 = 0, t64 = 0;
+  for (const StepSample& s : *samples) {
+    if (s.kind != "prefill" || s.attention != s.tokens * s.tokens) continue;
+    (s.tokens == 16 ? t16 : t64) += s.tokens == 16 || s.tokens == 64 ? s.seconds : 0;
+  }
+  EXPECT_GT(t64, t16);
+  auto fit = FitStepCost(*samples);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_GT(fit->cost.Seconds(64, 1, 64 * 64), 0);
+}
+
+TEST(MeasureEngineStepsTest, BadOptionsAreRefused) {
+  EXPECT_EQ(MeasureEngineSteps({.max_batch_tokens = 8}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvBytesPerTokenTest, TinyModel) {
+  // builtin:tiny: 4 layers, 2 KV heads of 32 dims, fp32 cache: K and V.
+  auto bytes = KvBytesPerToken("builtin:tiny");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(*bytes, 2.0 * 4 * 2 * 32 * 4);
+}
+
+TEST(MeasureTransfersTest, TcpHasALatencyAndABandwidth) {
+  auto t = MeasureTransfers({"tcp"}, 2);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 1u);
+  EXPECT_EQ((*t)[0].transport, "tcp");
+  EXPECT_GT((*t)[0].bytes_per_s, 1e7);  // Loopback moves more than 10 MB/s.
+}
+
+}  // namespace
+}  // namespace pdserve::planner
