@@ -72,14 +72,28 @@ struct Profile {
   // its decode step on the way to the client.
   double colocated_first_token_s = 0;
   double disaggregated_first_token_s = 0;
+  // From the end of a disaggregated request's KV push (its KvComplete on
+  // the decode worker) to the request joining the decode worker's waiting
+  // queue: the Prefill answer to the router and its Decode call.
   double decode_start_s = 0;
   double token_delivery_s = 0;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
 };
 
+// The bounds every reader of a profile relies on: counts at least 1
+// (max_batch_tokens at least max_running, as the engine demands; prefill
+// pool at least 0), costs finite and non-negative, transfer bandwidths and
+// the poll interval positive, transports named once each.
+// INVALID_ARGUMENT naming the bad field.
+absl::Status ValidateProfile(const Profile& profile);
+
+// JSON: an object with every field above by name; `step` an object of its
+// four coefficients, `transfers` an array of {transport, latency_s,
+// bytes_per_s}.
 nlohmann::json ToJson(const Profile& profile);
-// INVALID_ARGUMENT naming the missing or bad field.
+// INVALID_ARGUMENT naming the missing or bad field (every field is
+// required, and the result must pass ValidateProfile).
 absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& json);
 // NOT_FOUND / INVALID_ARGUMENT.
 absl::StatusOr<Profile> ReadProfile(const std::string& path);
