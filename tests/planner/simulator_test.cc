@@ -296,6 +296,173 @@ TEST(SimulatorTest, ClosedLoopOnBatchOneServerCompletesOneRequestPerServiceTime)
   EXPECT_NEAR(throughput, 1 / service, 1e-9);
 }
 
+// --- Queueing theory: a batch-1 server (max_running 1) fed Poisson arrivals
+// is an M/G/1 queue. Pollaczek-Khinchine: mean wait Wq = lambda E[S^2] /
+// (2 (1 - rho)), rho = lambda E[S].
+
+struct QueueCase {
+  std::string name;
+  // Cost of every step: base_s only (M/D/1 below) or per_token_s only
+  // (each step computes one token: the 1-token prompt, then one decode
+  // token), so a request of L output tokens takes S = L * step_s.
+  bool per_token = false;
+  double step_s = 0;
+  // Output lengths and their weights.
+  std::vector<std::pair<int32_t, double>> outputs;
+  double rho = 0;
+  int32_t requests = 0;
+};
+
+class PollaczekKhinchineTest : public testing::TestWithParam<QueueCase> {};
+
+TEST_P(PollaczekKhinchineTest, MeanWaitMatchesTheFormula) {
+  const QueueCase& c = GetParam();
+  std::string spec = "hist:";
+  double mean_l = 0, weights = 0;
+  for (const auto& [l, w] : c.outputs) {
+    absl::StrAppend(&spec, spec.size() > 5 ? "," : "", l, "=", w);
+    mean_l += w * l;
+    weights += w;
+  }
+  const double lambda = c.rho / (c.step_s * mean_l / weights);
+
+  SyntheticOptions synthetic;
+  synthetic.input = *LengthDistribution::Parse("1");
+  synthetic.output = *LengthDistribution::Parse(spec);
+  synthetic.num_requests = c.requests;
+  synthetic.seed = 1007;  // Not the arrivals' seed: the two streams would correlate.
+  absl::StatusOr<Workload> workload = MakeSyntheticWorkload(synthetic);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  ASSERT_TRUE(AssignArrivals({.rate = lambda, .burstiness = 1, .seed = 11}, *workload).ok());
+  // The formula at the sample's own rate and moments of S, each request's S
+  // exactly what the profile gives it (the sample's mix of lengths and
+  // arrivals is off the nominal by about 0.3%, which moves Wq at rho 0.8 by
+  // 1-2%).
+  double es = 0, es2 = 0;
+  for (const WorkloadRequest& r : workload->requests) {
+    const double s = c.step_s * r.output_tokens;
+    es += s / c.requests;
+    es2 += s * s / c.requests;
+  }
+  const double rate = c.requests / workload->requests.back().arrival_s;
+  const double rho = rate * es;
+  ASSERT_NEAR(rho, c.rho, 0.01);
+  const double wq = rate * es2 / (2 * (1 - rho));
+
+  Profile p = TestProfile();
+  p.max_running = 1;
+  p.step = c.per_token ? StepCost{.per_token_s = c.step_s} : StepCost{.base_s = c.step_s};
+  const std::vector<RequestRecord> records = SimulateOk(p, Shape(0, 1), *workload);
+  ASSERT_EQ(records.size(), static_cast<size_t>(c.requests));
+  double wait = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const RequestRecord& r = records[i];
+    ASSERT_TRUE(r.ok()) << r.error;
+    // Service starts with the step that computes the prompt and samples
+    // the first token, and takes exactly S.
+    ASSERT_NEAR(r.end_s - r.token_s.front() + c.step_s,
+                c.step_s * workload->requests[i].output_tokens, 1e-9);
+    wait += (Ttft(r) - c.step_s) / c.requests;
+  }
+  // Over seeds the error spreads about +-1% (rho 0.5, 200k requests) and
+  // +-1.5% (rho 0.8, 400k).
+  EXPECT_NEAR(wait, wq, 0.03 * wq) << "rho " << rho << ", E[S] " << es << " s";
+}
+
+INSTANTIATE_TEST_SUITE_P(Queues, PollaczekKhinchineTest,
+                         testing::Values(QueueCase{.name = "MD1_rho50",
+                                                   .step_s = 0.01,
+                                                   .outputs = {{4, 1}},
+                                                   .rho = 0.5,
+                                                   .requests = 200000},
+                                         QueueCase{.name = "MD1_rho80",
+                                                   .step_s = 0.01,
+                                                   .outputs = {{4, 1}},
+                                                   .rho = 0.8,
+                                                   .requests = 400000},
+                                         QueueCase{.name = "MG1_rho50",
+                                                   .per_token = true,
+                                                   .step_s = 0.005,
+                                                   .outputs = {{2, 0.5}, {10, 0.5}},
+                                                   .rho = 0.5,
+                                                   .requests = 200000},
+                                         QueueCase{.name = "MG1_rho80",
+                                                   .per_token = true,
+                                                   .step_s = 0.005,
+                                                   .outputs = {{2, 0.5}, {10, 0.5}},
+                                                   .rho = 0.8,
+                                                   .requests = 400000}),
+                         [](const testing::TestParamInfo<QueueCase>& info) {
+                           return info.param.name;
+                         });
+
+// A plausible CPU profile, for runs that only need realistic shapes.
+Profile PlausibleProfile() {
+  Profile p = TestProfile();
+  p.step = {.base_s = 0.005, .per_token_s = 1e-4, .per_sequence_s = 2e-4, .per_attention_s = 1e-9};
+  p.prefill_kv_blocks = 8192;
+  p.decode_kv_blocks = 16384;
+  p.kv_bytes_per_token = 32768;
+  p.transfers = {{.transport = "tcp", .latency_s = 2e-4, .bytes_per_s = 1e9}};
+  p.colocated_first_token_s = 0.002;
+  p.disaggregated_first_token_s = 0.004;
+  p.decode_start_s = 0.003;
+  p.token_delivery_s = 0.001;
+  return p;
+}
+
+TEST(SimulatorTest, SameInputsSameRecords) {
+  SyntheticOptions synthetic;
+  synthetic.input = *LengthDistribution::Parse("uniform:64:1024");
+  synthetic.output = *LengthDistribution::Parse("uniform:1:64");
+  synthetic.num_requests = 2000;
+  synthetic.shared_prefix_tokens = 256;
+  synthetic.num_prefixes = 4;
+  absl::StatusOr<Workload> workload = MakeSyntheticWorkload(synthetic);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  ASSERT_TRUE(AssignArrivals({.rate = 20, .burstiness = 0.5, .seed = 3}, *workload).ok());
+  for (const char* policy : {"kv_aware", "least_loaded", "round_robin"}) {
+    ClusterShape shape = Shape(2, 2);
+    shape.routing.policy = policy;
+    const std::vector<RequestRecord> a = SimulateOk(PlausibleProfile(), shape, *workload);
+    const std::vector<RequestRecord> b = SimulateOk(PlausibleProfile(), shape, *workload);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(a[i].ok()) << policy << " " << i << ": " << a[i].error;
+      ASSERT_EQ(ToJson(a[i]), ToJson(b[i])) << policy << " " << i;
+    }
+  }
+}
+
+// One hour of the Mooncake conversation trace (12,031 requests, mean prompt
+// 12k tokens, 343 output), lengths / 16, on 2P2D: 0.11-0.12 s in Release on
+// the development machine (2 cores shared with other builds), as are 1P1D
+// and the trace at 10x its rate; 4P4D 0.18 s. The test asserts a generous
+// 30 s.
+TEST(SimulatorTest, AnHourOfTheMooncakeTraceSimulatesInSeconds) {
+  const std::string path =
+      std::string(PDSERVE_SHARED_DIR) + "/traces/mooncake_conversation_trace.jsonl";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing";
+  absl::StatusOr<Workload> workload =
+      LoadTraceWorkload({.path = path, .length_scale = 16, .duration_s = 3600});
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  ASSERT_EQ(workload->requests.size(), 12031u);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<RequestRecord> records = SimulateOk(PlausibleProfile(), Shape(2, 2), *workload);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const Summary summary = Summarize(records, {});
+  std::printf(
+      "simulated %zu requests (%.0f s of trace) in %.3f s; TTFT p50 %.3f s p99 %.3f s, "
+      "TPOT p50 %.4f s\n",
+      records.size(), summary.duration_s, seconds, summary.ttft_s.p50, summary.ttft_s.p99,
+      summary.tpot_s.p50);
+  EXPECT_EQ(summary.completed, 12031);
+#ifdef NDEBUG
+  EXPECT_LT(seconds, 30);
+#endif
+}
+
 TEST(SimulatorTest, RejectsBadShapes) {
   const Workload w = MakeWorkload({Req(0, 1, 1)});
   EXPECT_EQ(Simulate(TestProfile(), Shape(1, 0), w).status().code(),
