@@ -3,16 +3,16 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <limits>
 #include <memory>
-#include <optional>
 #include <queue>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/kv_cache.h"
+#include "engine/kv_layout.h"
 #include "planner/sim/simulated_generator.h"
 
 namespace pdserve::planner {
@@ -119,7 +119,6 @@ struct RequestState {
   int32_t landing_cached_tokens = 0;
   // A reservation on the decode worker not yet taken by AddPrefilled.
   bool reserved = false;
-  bool queued = false;
   bool ended = false;
 };
 
@@ -277,7 +276,6 @@ class ClusterSimulation {
                          "retry later")));
     }
     queue_.push_back(r);
-    requests_[r].queued = true;
   }
 
   // Places request `r` on a decode worker with room in the ledger and
@@ -412,7 +410,6 @@ class ClusterSimulation {
       const int32_t d = Place(r, &why);
       if (d < 0 && why.ok()) return;
       queue_.pop_front();
-      requests_[r].queued = false;
       if (d >= 0) {
         Start(r);
       } else {
