@@ -226,10 +226,15 @@ class ClusterSimulation {
         }
       }
     }
-    if (ended_ < static_cast<int64_t>(records_.size())) {
-      ++polls_;
-      Schedule(static_cast<double>(polls_) * profile_.poll_interval_s, EventKind::kPoll);
+    if (ended_ == static_cast<int64_t>(records_.size())) return;
+    ++polls_;
+    if (sent_ == ended_ && !events_.empty()) {
+      // Idle until the next send: the polls before it would all report
+      // this; skip to the last one.
+      polls_ = std::max(
+          polls_, static_cast<int64_t>(std::floor(events_.top().time / profile_.poll_interval_s)));
     }
+    Schedule(static_cast<double>(polls_) * profile_.poll_interval_s, EventKind::kPoll);
   }
 
   // KvIndex::LeadingBlocks.
@@ -251,6 +256,7 @@ class ClusterSimulation {
   void Send(int64_t r) {
     RequestRecord& rec = records_[r];
     const WorkloadRequest& spec = Spec(r);
+    ++sent_;
     rec.index = r;
     rec.send_s = now_;
     rec.input_tokens = spec.input_tokens;
@@ -532,6 +538,7 @@ class ClusterSimulation {
   std::vector<RequestState> requests_;
   std::vector<RequestRecord> records_;
   int64_t next_send_ = 0;
+  int64_t sent_ = 0;
   int64_t ended_ = 0;
   int64_t polls_ = 0;
 

@@ -463,6 +463,19 @@ TEST(SimulatorTest, AnHourOfTheMooncakeTraceSimulatesInSeconds) {
 #endif
 }
 
+TEST(SimulatorTest, IdleTimeCostsNothing) {
+  // A request, then another a year later: no simulated poll every 0.1 s in
+  // between (the test would time out), and the same result for both.
+  Profile p = PlausibleProfile();
+  ClusterShape shape = Shape(1, 1);
+  shape.routing.local_prefill_max_tokens = 0;
+  const std::vector<RequestRecord> records =
+      SimulateOk(p, shape, MakeWorkload({Req(0, 1000, 10), Req(3.15e7, 1000, 10)}));
+  ASSERT_EQ(records.size(), 2u);
+  ASSERT_TRUE(records[0].ok() && records[1].ok());
+  EXPECT_NEAR(records[1].end_s - records[1].send_s, records[0].end_s - records[0].send_s, 1e-6);
+}
+
 TEST(SimulatorTest, RejectsBadShapes) {
   const Workload w = MakeWorkload({Req(0, 1, 1)});
   EXPECT_EQ(Simulate(TestProfile(), Shape(1, 0), w).status().code(),
