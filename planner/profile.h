@@ -74,8 +74,9 @@ struct Profile {
   //  - disaggregated_first_token_s: what a disaggregated one's adds to its
   //    prefill steps and the push's tail (Reserve, Prefill, KvComplete:
   //    the prefill worker answers the first token once its push is done);
-  //  - decode_start_s: from the first token at the client to the decode
-  //    worker's first step of the request (the Decode call, the landing);
+  //  - decode_start_s: see the field;
+  //  - token_delivery_s: from the end of the step that computed a later
+  //    token to its arrival at the client;
   //  - decode_step_overhead_s + decode_sequence_overhead_s * sequences:
   //    what each step of a serving worker takes beyond Generator::Step
   //    (its loop, and streaming each token through gRPC, which under a
@@ -83,15 +84,30 @@ struct Profile {
   //    closed-loop batches.
   double colocated_first_token_s = 0;
   double disaggregated_first_token_s = 0;
+  // From the end of a disaggregated request's KV push (its KvComplete on
+  // the decode worker) to the request joining the decode worker's waiting
+  // queue: the Prefill answer to the router and its Decode call.
   double decode_start_s = 0;
+  double token_delivery_s = 0;
   double decode_step_overhead_s = 0;
   double decode_sequence_overhead_s = 0;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
 };
 
+// The bounds every reader of a profile relies on: counts at least 1
+// (max_batch_tokens at least max_running, as the engine demands; prefill
+// pool at least 0), costs finite and non-negative, transfer bandwidths and
+// the poll interval positive, transports named once each.
+// INVALID_ARGUMENT naming the bad field.
+absl::Status ValidateProfile(const Profile& profile);
+
+// JSON: an object with every field above by name; `step` an object of its
+// four coefficients, `transfers` an array of {transport, latency_s,
+// bytes_per_s}.
 nlohmann::json ToJson(const Profile& profile);
-// INVALID_ARGUMENT naming the missing or bad field.
+// INVALID_ARGUMENT naming the missing or bad field (every field is
+// required, and the result must pass ValidateProfile).
 absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& json);
 // NOT_FOUND / INVALID_ARGUMENT.
 absl::StatusOr<Profile> ReadProfile(const std::string& path);

@@ -431,14 +431,20 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     profile.decode_step_overhead_s = std::max(0.0, x[0]);
     profile.decode_sequence_overhead_s = std::max(0.0, x[1]);
 
-    std::vector<double> first;
+    // First token at prefill end + colocated_first_token_s; the second at
+    // the next step's end + token_delivery_s.
+    std::vector<double> first, delivery;
     for (int32_t r = 0; r < o.requests; ++r) {
       PD_ASSIGN_OR_RETURN(Timed t,
                           TimedRequest(*client, FreshPrompt(o.prompt_tokens, prompts),
                                        o.output_tokens));
-      if (r > 0) first.push_back(t.tokens.front() - prefill);
+      if (r == 0) continue;
+      first.push_back(t.tokens[0] - prefill);
+      delivery.push_back(t.tokens[1] - t.tokens[0] + first.back() -
+                         decode_step(1, o.prompt_tokens + 1));
     }
     profile.colocated_first_token_s = std::max(0.0, Percentile(first, 50));
+    profile.token_delivery_s = std::max(0.0, Percentile(delivery, 50));
   }
   {
     progress("serving costs: disaggregated cluster (1P1D)");
@@ -453,8 +459,11 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
                           TimedRequest(*client, FreshPrompt(o.prompt_tokens, prompts),
                                        o.output_tokens));
       if (r == 0) continue;
+      // First token at push end + disaggregated_first_token_s; the second
+      // at push end + decode_start_s + a step + token_delivery_s.
       first.push_back(t.tokens[0] - prefill - push_tail);
-      start.push_back(t.tokens[1] - t.tokens[0] - decode_step(1, o.prompt_tokens + 1));
+      start.push_back(t.tokens[1] - t.tokens[0] + first.back() -
+                      decode_step(1, o.prompt_tokens + 1) - profile.token_delivery_s);
     }
     profile.disaggregated_first_token_s = std::max(0.0, Percentile(first, 50));
     profile.decode_start_s = std::max(0.0, Percentile(start, 50));

@@ -107,7 +107,7 @@ struct ServingCostOptions {
 };
 
 // Fills profile's colocated_first_token_s, disaggregated_first_token_s,
-// decode_start_s (medians) and the decode step overheads (least squares),
+// decode_start_s, token_delivery_s (medians) and the decode step overheads (least squares),
 // given its engine fields, step cost, kv_bytes_per_token and transfers
 // (the first is the clusters' transport, tcp).
 absl::Status MeasureServingCosts(const ServingCostOptions& options, Profile& profile);

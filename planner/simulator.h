@@ -17,6 +17,50 @@
 // request, as pd-bench would have recorded it, so planner/summary.h
 // summarises both the same way.
 //
+// Timeline of one request (t: when its last prompt chunk's step ends):
+//   colocated    first token t + colocated_first_token_s;
+//   disaggregated
+//                the push of each step's KV (its uncached tokens *
+//                kv_bytes_per_token bytes, over the prefill worker's one
+//                link at bytes_per_s, behind earlier pushes) ends no
+//                earlier than the step; the KV has landed latency_s after
+//                the last push ends (L); first token L +
+//                disaggregated_first_token_s, the prefill worker's blocks
+//                free at L, the request joins D's queue at L + decode_start_s;
+//   later tokens the end of their decode step + token_delivery_s;
+//   the stream is in order (no token before the one before it), and the
+//   router's ledger frees the request's blocks when its last token arrives.
+//
+// The engine's policy is the real one: planner/sim/simulated_generator.h
+// follows engine/generator.cc step by step on the real KvBlockPool (a test
+// checks it against the real Generator), and the routing is the router's
+// own RoutingPolicy. What the model leaves out or simplifies:
+//   - Step cost is the fitted linear model, whatever the batch's shape
+//     beyond its terms; no noise, no interference between workers sharing
+//     a machine (CPU cores, memory bandwidth).
+//   - The fixed serving costs (Profile's *_s fields) are constants added
+//     at the end; the RPCs that carry a request to a worker take no time
+//     (Reserve, Prefill, Decode reach their worker at once), and neither
+//     does the router (tokenizing, admission) nor its one thread per
+//     request.
+//   - The push is a fluid: bytes leave as fast as the link goes from the
+//     step's start, done no earlier than the step's end (the last layer's
+//     share of a step after the forward pass is neglected); one link per
+//     prefill worker, whichever decode worker it feeds; no per-message
+//     cost but latency_s once per request.
+//   - Load reports are instant snapshots at each poll (all workers at once)
+//     rather than the state after the worker's last engine-loop iteration;
+//     the KV index applies every prefix-cache event at each poll (no
+//     bound on a report's events, no lost deltas).
+//   - No faults, retries, migrations, cancellations, deadlines, stop
+//     sequences or EOS (every request generates its output_tokens), no
+//     n > 1, priorities, prompt logprobs; one router.
+//   - Every decode worker has the same pool (decode_kv_blocks), every
+//     prefill worker the same (prefill_kv_blocks); one Profile for both
+//     roles (same engine options and step cost).
+//   - A prompt larger than the prefill pool fails UNAVAILABLE at once (the
+//     real router learns it from each prefill worker in turn).
+//
 // Deterministic: the same inputs give the same records. Cost: a few
 // microseconds per simulated step (an hour of the Mooncake conversation
 // trace simulates in seconds).
@@ -59,10 +103,14 @@ struct SimulationOptions {
   int32_t max_queued = 4096;
 };
 
-// INVALID_ARGUMENT for a shape with no decode worker or an unknown
-// transport. A request larger than a decode worker's pool, or refused by a
-// full queue, is recorded with outcome RESOURCE_EXHAUSTED, as the router
-// answers it.
+// INVALID_ARGUMENT for a bad profile (ValidateProfile), a shape with no
+// decode worker, an unknown transport (when there is a prefill worker) or
+// routing policy, a workload request with no prompt or output token, or (open
+// loop) a negative arrival time. A request larger than a decode worker's
+// pool, or refused by a full queue, is recorded with outcome
+// RESOURCE_EXHAUSTED, as the router answers it; one beyond max_context
+// (when set) INVALID_ARGUMENT. A workload request with fewer block_ids than
+// its prompt needs has the rest of its prompt to itself (shares nothing).
 absl::StatusOr<std::vector<RequestRecord>> Simulate(const Profile& profile,
                                                     const ClusterShape& shape,
                                                     const Workload& workload,

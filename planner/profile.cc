@@ -1,0 +1,228 @@
+#include "planner/profile.h"
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+
+namespace pdserve::planner {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status FieldError(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("profile: field '", field, "' ", problem));
+}
+
+// Every field is required: a profile is written by `pd-plan profile`, and a
+// field silently defaulted would simulate another machine.
+absl::StatusOr<const Json*> Field(const Json& j, absl::string_view prefix, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end()) return FieldError(absl::StrCat(prefix, name), "is missing");
+  return &*it;
+}
+
+absl::Status ReadString(const Json& j, absl::string_view prefix, const char* name,
+                        std::string& out) {
+  PD_ASSIGN_OR_RETURN(const Json* v, Field(j, prefix, name));
+  if (!v->is_string()) return FieldError(absl::StrCat(prefix, name), "must be a string");
+  out = v->get<std::string>();
+  return absl::OkStatus();
+}
+
+template <typename Int>
+absl::Status ReadInt(const Json& j, absl::string_view prefix, const char* name, Int& out) {
+  PD_ASSIGN_OR_RETURN(const Json* v, Field(j, prefix, name));
+  if (!v->is_number_integer()) {
+    return FieldError(absl::StrCat(prefix, name), "must be an integer");
+  }
+  // An unsigned JSON integer beyond int64 reads as negative here, and is
+  // refused below as out of range.
+  const int64_t x = v->get<int64_t>();
+  if (x < std::numeric_limits<Int>::min() || x > std::numeric_limits<Int>::max()) {
+    return FieldError(absl::StrCat(prefix, name), "is out of range");
+  }
+  out = static_cast<Int>(x);
+  return absl::OkStatus();
+}
+
+absl::Status ReadDouble(const Json& j, absl::string_view prefix, const char* name, double& out) {
+  PD_ASSIGN_OR_RETURN(const Json* v, Field(j, prefix, name));
+  if (!v->is_number()) return FieldError(absl::StrCat(prefix, name), "must be a number");
+  out = v->get<double>();
+  return absl::OkStatus();
+}
+
+bool NonNegative(double x) { return std::isfinite(x) && x >= 0; }
+
+}  // namespace
+
+absl::Status ValidateProfile(const Profile& p) {
+  if (p.threads < 1) return FieldError("threads", "must be at least 1");
+  if (p.block_size < 1) return FieldError("block_size", "must be at least 1");
+  if (p.max_running < 1) return FieldError("max_running", "must be at least 1");
+  if (p.max_batch_tokens < p.max_running) {
+    return FieldError("max_batch_tokens", "must be at least max_running (the engine refuses less)");
+  }
+  if (p.prefill_kv_blocks < 0) return FieldError("prefill_kv_blocks", "must not be negative");
+  if (p.decode_kv_blocks < 1) return FieldError("decode_kv_blocks", "must be at least 1");
+  if (p.prefill_kv_blocks > std::numeric_limits<int32_t>::max() ||
+      p.decode_kv_blocks > std::numeric_limits<int32_t>::max()) {
+    return FieldError(
+        p.prefill_kv_blocks > p.decode_kv_blocks ? "prefill_kv_blocks" : "decode_kv_blocks",
+        "is beyond what a KV pool holds (2^31 - 1 blocks)");
+  }
+  if (p.max_context < 0) return FieldError("max_context", "must not be negative");
+  const std::pair<const char*, double> costs[] = {
+      {"step.base_s", p.step.base_s},
+      {"step.per_token_s", p.step.per_token_s},
+      {"step.per_sequence_s", p.step.per_sequence_s},
+      {"step.per_attention_s", p.step.per_attention_s},
+      {"kv_bytes_per_token", p.kv_bytes_per_token},
+      {"colocated_first_token_s", p.colocated_first_token_s},
+      {"disaggregated_first_token_s", p.disaggregated_first_token_s},
+      {"decode_start_s", p.decode_start_s},
+      {"token_delivery_s", p.token_delivery_s},
+      {"decode_step_overhead_s", p.decode_step_overhead_s},
+      {"decode_sequence_overhead_s", p.decode_sequence_overhead_s},
+      {"worker_cpus", p.worker_cpus},
+  };
+  for (const auto& [name, value] : costs) {
+    if (!NonNegative(value)) return FieldError(name, "must be a non-negative number");
+  }
+  if (!(std::isfinite(p.poll_interval_s) && p.poll_interval_s > 0)) {
+    return FieldError("poll_interval_s", "must be a positive number");
+  }
+  for (size_t i = 0; i < p.transfers.size(); ++i) {
+    const TransferCost& t = p.transfers[i];
+    const std::string where = absl::StrCat("transfers[", i, "].");
+    if (t.transport.empty()) return FieldError(absl::StrCat(where, "transport"), "is empty");
+    if (!NonNegative(t.latency_s)) {
+      return FieldError(absl::StrCat(where, "latency_s"), "must be a non-negative number");
+    }
+    if (!(std::isfinite(t.bytes_per_s) && t.bytes_per_s > 0)) {
+      return FieldError(absl::StrCat(where, "bytes_per_s"), "must be a positive number");
+    }
+    for (size_t k = 0; k < i; ++k) {
+      if (p.transfers[k].transport == t.transport) {
+        return FieldError(absl::StrCat(where, "transport"),
+                          absl::StrCat("'", t.transport, "' is listed twice"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json ToJson(const Profile& p) {
+  Json transfers = Json::array();
+  for (const TransferCost& t : p.transfers) {
+    transfers.push_back(
+        {{"transport", t.transport}, {"latency_s", t.latency_s}, {"bytes_per_s", t.bytes_per_s}});
+  }
+  return {
+      {"model", p.model},
+      {"machine", p.machine},
+      {"cpu_share", p.cpu_share},
+      {"worker_cpus", p.worker_cpus},
+      {"threads", p.threads},
+      {"block_size", p.block_size},
+      {"max_batch_tokens", p.max_batch_tokens},
+      {"max_running", p.max_running},
+      {"prefill_kv_blocks", p.prefill_kv_blocks},
+      {"decode_kv_blocks", p.decode_kv_blocks},
+      {"max_context", p.max_context},
+      {"step",
+       {{"base_s", p.step.base_s},
+        {"per_token_s", p.step.per_token_s},
+        {"per_sequence_s", p.step.per_sequence_s},
+        {"per_attention_s", p.step.per_attention_s}}},
+      {"kv_bytes_per_token", p.kv_bytes_per_token},
+      {"transfers", std::move(transfers)},
+      {"colocated_first_token_s", p.colocated_first_token_s},
+      {"disaggregated_first_token_s", p.disaggregated_first_token_s},
+      {"decode_start_s", p.decode_start_s},
+      {"token_delivery_s", p.token_delivery_s},
+      {"decode_step_overhead_s", p.decode_step_overhead_s},
+      {"decode_sequence_overhead_s", p.decode_sequence_overhead_s},
+      {"poll_interval_s", p.poll_interval_s},
+  };
+}
+
+absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("profile: not a JSON object");
+  Profile p;
+  PD_RETURN_IF_ERROR(ReadString(j, "", "model", p.model));
+  PD_RETURN_IF_ERROR(ReadString(j, "", "machine", p.machine));
+  PD_RETURN_IF_ERROR(ReadString(j, "", "cpu_share", p.cpu_share));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "worker_cpus", p.worker_cpus));
+  PD_RETURN_IF_ERROR(ReadInt(j, "", "threads", p.threads));
+  PD_RETURN_IF_ERROR(ReadInt(j, "", "block_size", p.block_size));
+  PD_RETURN_IF_ERROR(ReadInt(j, "", "max_batch_tokens", p.max_batch_tokens));
+  PD_RETURN_IF_ERROR(ReadInt(j, "", "max_running", p.max_running));
+  PD_RETURN_IF_ERROR(ReadInt(j, "", "prefill_kv_blocks", p.prefill_kv_blocks));
+  PD_RETURN_IF_ERROR(ReadInt(j, "", "decode_kv_blocks", p.decode_kv_blocks));
+  PD_RETURN_IF_ERROR(ReadInt(j, "", "max_context", p.max_context));
+  PD_ASSIGN_OR_RETURN(const Json* step, Field(j, "", "step"));
+  if (!step->is_object()) return FieldError("step", "must be an object");
+  PD_RETURN_IF_ERROR(ReadDouble(*step, "step.", "base_s", p.step.base_s));
+  PD_RETURN_IF_ERROR(ReadDouble(*step, "step.", "per_token_s", p.step.per_token_s));
+  PD_RETURN_IF_ERROR(ReadDouble(*step, "step.", "per_sequence_s", p.step.per_sequence_s));
+  PD_RETURN_IF_ERROR(ReadDouble(*step, "step.", "per_attention_s", p.step.per_attention_s));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "kv_bytes_per_token", p.kv_bytes_per_token));
+  PD_ASSIGN_OR_RETURN(const Json* transfers, Field(j, "", "transfers"));
+  if (!transfers->is_array()) return FieldError("transfers", "must be an array");
+  for (size_t i = 0; i < transfers->size(); ++i) {
+    const Json& t = (*transfers)[i];
+    const std::string where = absl::StrCat("transfers[", i, "].");
+    if (!t.is_object()) {
+      return FieldError(absl::StrCat("transfers[", i, "]"), "must be an object");
+    }
+    TransferCost& cost = p.transfers.emplace_back();
+    PD_RETURN_IF_ERROR(ReadString(t, where, "transport", cost.transport));
+    PD_RETURN_IF_ERROR(ReadDouble(t, where, "latency_s", cost.latency_s));
+    PD_RETURN_IF_ERROR(ReadDouble(t, where, "bytes_per_s", cost.bytes_per_s));
+  }
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "colocated_first_token_s", p.colocated_first_token_s));
+  PD_RETURN_IF_ERROR(
+      ReadDouble(j, "", "disaggregated_first_token_s", p.disaggregated_first_token_s));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "decode_start_s", p.decode_start_s));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "token_delivery_s", p.token_delivery_s));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "decode_step_overhead_s", p.decode_step_overhead_s));
+  PD_RETURN_IF_ERROR(
+      ReadDouble(j, "", "decode_sequence_overhead_s", p.decode_sequence_overhead_s));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "poll_interval_s", p.poll_interval_s));
+  PD_RETURN_IF_ERROR(ValidateProfile(p));
+  return p;
+}
+
+absl::StatusOr<Profile> ReadProfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("profile ", path, ": cannot open"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const Json j = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat("profile ", path, ": not valid JSON"));
+  }
+  absl::StatusOr<Profile> profile = ProfileFromJson(j);
+  if (!profile.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", profile.status().message()));
+  }
+  return profile;
+}
+
+absl::Status WriteProfile(const std::string& path, const Profile& profile) {
+  std::ofstream out(path);
+  if (!out) return absl::InvalidArgumentError(absl::StrCat("profile ", path, ": cannot write"));
+  out << ToJson(profile).dump(2) << "\n";
+  out.close();
+  if (!out) return absl::InvalidArgumentError(absl::StrCat("profile ", path, ": write failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace pdserve::planner

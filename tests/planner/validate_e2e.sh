@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# End to end: pd-plan profiles this machine's workers, then validates its
+# own predictions against pd-bench runs on real clusters (a colocated and a
+# disaggregated one, two request rates), and fails when a P90 TTFT or TPOT
+# prediction is off by more than MAX_ERROR or an attainment by more than
+# MAX_ATTAINMENT points. Workers are held to a CPU share where the machine
+# lets us (root and a cgroup cpu controller), else unlimited.
+#
+#   tests/planner/validate_e2e.sh BUILD_DIR SOURCE_DIR
+#
+# The bound here is looser than docs/capacity_planning.md's targets (10%,
+# 3 points): this run is short (60 requests per rate) and shares CI's two
+# cores with nothing else (RUN_SERIAL) but still with the router and the
+# load generator; the full validation runs longer at the targets' bounds.
+set -euo pipefail
+build="$1" source="$2"
+max_error="${MAX_ERROR:-0.25}" max_attainment="${MAX_ATTAINMENT:-0.10}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+share=()
+if "$source/deploy/local/cpu_share.sh" how >/dev/null 2>&1; then share=(--worker_cpus=0.5); fi
+"$build/planner/pd-plan" profile --out="$work/profile.json" --run_dir="$work/run" \
+  --bin="$build" "${share[@]}" --reps=3 --max_batch_tokens=256 --max_running=16 \
+  --max_context=512 --prefill_kv_cache_mb=16 --decode_kv_cache_mb=16
+"$build/planner/pd-plan" validate --profile="$work/profile.json" --run_dir="$work/run" \
+  --bin="$build" --configs=0P1D,1P1D --input_len=uniform:64:384 --output_len=uniform:8:32 \
+  --num_requests=60 --request_rates=2,6 --seed=7 --slo_ttft_ms=400 --slo_tpot_ms=50 \
+  --max_error="$max_error" --max_attainment_error="$max_attainment"
