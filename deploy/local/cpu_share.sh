@@ -5,7 +5,7 @@
 #
 #   deploy/local/cpu_share.sh run SHARE GROUP COMMAND [ARGS...]
 #       execs COMMAND in the cgroup GROUP limited to SHARE CPUs (0.5: half
-#       a core's time in every 100 ms period; 2: two cores), creating it;
+#       a core's time in every 5 ms period; 2: two cores), creating it;
 #       the pid stays the command's, so its caller can signal it.
 #   deploy/local/cpu_share.sh remove GROUP...
 #       removes the groups (once their processes have exited).
@@ -16,10 +16,16 @@
 # unified hierarchy has the cpu controller, else cgroup v1
 # `cpu.cfs_quota_us`. Both need root (or a delegated cgroup). A share is a
 # time quota, not a core pinning: threads may run on any core, but the
-# group gets at most SHARE x 100 ms of CPU time per 100 ms.
+# group gets at most SHARE x 5 ms of CPU time per 5 ms. The period is short
+# (the default is 100 ms) because a quota is spent in bursts: a worker at
+# 0.4 CPU with a 100 ms period runs 40 ms and then stalls 60 ms, so single
+# engine steps took either their time or 60 ms more; at 5 ms the stall is
+# at most 3 ms and step times follow the share (pd-plan profile, whose
+# step-cost fit error this cut; docs/capacity_planning.md).
+quota_min_us=1000  # The kernel's smallest quota.
 set -euo pipefail
 
-period_us=100000
+period_us=5000
 
 # Sets $base and $kind for this machine, or fails saying why.
 find_base() {
@@ -52,6 +58,7 @@ case "$cmd" in
     shift 2
     quota_us="$(awk -v s="$share" -v p="$period_us" 'BEGIN { if (s + 0 <= 0) exit 1; printf "%d", s * p }')" \
       || { echo "cpu_share.sh: SHARE must be a positive number of CPUs, not '$share'" >&2; exit 2; }
+    ((quota_us >= quota_min_us)) || { echo "cpu_share.sh: SHARE must be at least $(awk -v q=$quota_min_us -v p=$period_us 'BEGIN{print q/p}') CPUs" >&2; exit 2; }
     [[ "$group" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "cpu_share.sh: bad group name '$group'" >&2; exit 2; }
     find_base
     dir="$base/$group"
