@@ -7,6 +7,9 @@
 //   E2E    last token's arrival (or the stream's end) - send time.
 //   TPOT   per request with 2+ output tokens: (E2E - TTFT) / (tokens - 1).
 //   ITL    every gap between consecutive token arrivals, over all requests.
+//   Latencies are of successful requests; tokens = output_tokens. A
+//   request with no token has no TTFT (it meets only an infinite TTFT
+//   target) and its E2E ends at the stream's end.
 //   Percentiles: linear interpolation between closest ranks (numpy's
 //   default): p(q) of sorted x[0..n-1] is x[i] + (x[i+1] - x[i]) * f
 //   with i + f = q / 100 * (n - 1).
@@ -20,7 +23,9 @@
 //   target (a one-token request meets any TPOT target).
 //   Goodput: from a sweep of offered request rates, the highest rate whose
 //   attainment is at least the attainment target, with every lower rate of
-//   the sweep meeting it too (0 when the lowest misses).
+//   the sweep meeting it too (0 when the lowest misses). Closed-loop
+//   points (rate 0) do not count; an infinite rate that meets it, with
+//   every finite one, gives infinity.
 //
 // Thread-safety: values and pure functions.
 #ifndef PDSERVE_PLANNER_SUMMARY_H_
@@ -92,7 +97,7 @@ struct Summary {
   // Requests sent in the window; of them, those that succeeded.
   int64_t requests = 0;
   int64_t completed = 0;
-  // Failed requests by outcome.
+  // Failed requests by outcome, in outcome order.
   std::vector<std::pair<std::string, int64_t>> failures;
   double duration_s = 0;
   double request_throughput = 0;  // completed / duration
@@ -119,7 +124,8 @@ double Goodput(std::span<const SweepPoint> points, double attainment_target);
 
 // Machines: one object per point plus "goodput"; people: a Markdown table
 // with one row per point (rate, throughputs, TTFT/TPOT/ITL/E2E mean p50 p90
-// p99 in ms, attainment) and the goodput line.
+// p99 in ms, attainment) and the goodput line. JSON has no infinity: an
+// infinite rate, target or goodput is written as null.
 nlohmann::json ToJson(const Summary& summary);
 nlohmann::json SweepToJson(std::span<const SweepPoint> points, double attainment_target);
 std::string SweepTable(std::span<const SweepPoint> points, double attainment_target);

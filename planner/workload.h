@@ -53,7 +53,9 @@ class LengthDistribution {
  public:
   // INVALID_ARGUMENT with the spec and what is wrong with it.
   static absl::StatusOr<LengthDistribution> Parse(std::string_view spec);
+  // Same rng state, same sample, on every machine (no std distribution).
   int32_t Sample(std::mt19937_64& rng) const;
+  // The spec's mean (normal: MEAN, before rounding and clipping).
   double Mean() const;
   // The spec, normalised (for reports).
   const std::string& spec() const { return spec_; }
@@ -61,10 +63,10 @@ class LengthDistribution {
  private:
   enum class Kind { kFixed, kUniform, kNormal, kHistogram };
   Kind kind_ = Kind::kFixed;
-  std::string spec_;
+  std::string spec_ = "1";
   double a_ = 1, b_ = 1;  // fixed: a; uniform: [a, b]; normal: mean a, stddev b
   std::vector<int32_t> values_;
-  std::vector<double> weights_;
+  std::vector<double> weights_;  // Normalised to sum to 1.
 };
 
 struct WorkloadRequest {
@@ -93,7 +95,11 @@ struct SyntheticOptions {
   int32_t num_requests = 1000;
   // Leading prompt tokens taken from one of num_prefixes shared prefixes
   // (chosen uniformly); 0: every prompt is unique. Prompts shorter than
-  // the prefix are all prefix. Default: 0.
+  // the prefix are all prefix. A block is shared only when all of its
+  // tokens in the prompt are prefix tokens (so a prefix that ends inside a
+  // block shares its whole blocks only, unless the prompt ends there too).
+  // Shared-prefix ids and the ids of unique blocks never collide.
+  // Default: 0.
   int32_t shared_prefix_tokens = 0;
   // Default: 1.
   int32_t num_prefixes = 1;
@@ -107,9 +113,16 @@ struct SyntheticOptions {
 absl::StatusOr<Workload> MakeSyntheticWorkload(const SyntheticOptions& options);
 
 struct TraceOptions {
-  // A .jsonl (Mooncake) or .csv (Azure) file.
+  // A .jsonl (Mooncake; hash_ids may be left out) or .csv (Azure: header
+  // TIMESTAMP,ContextTokens,GeneratedTokens; arrival = seconds since the
+  // earliest TIMESTAMP, read as UTC) file.
   std::string path;
-  // Lengths are divided by this (rounded up, at least 1). Default: 1.
+  // Lengths are divided by this (rounded up, at least 1). The workload's
+  // block_tokens is max(1, round(512 / length_scale)) for both formats;
+  // a Mooncake prompt keeps its first ceil(input / block_tokens) hash_ids
+  // and, when rounding leaves it more blocks than it has ids, gets fresh
+  // unique ids for the rest; an Azure prompt's ids are all unique.
+  // Trace hash_ids must be below 2^62. Default: 1.
   double length_scale = 1.0;
   // Arrival times are multiplied by this (2: half the rate). Default: 1.
   double time_scale = 1.0;
@@ -139,8 +152,10 @@ struct ArrivalOptions {
   uint64_t seed = 0;
 };
 
-// Overwrites every request's arrival_s. INVALID_ARGUMENT for a rate or
-// burstiness that is not positive.
+// Overwrites every request's arrival_s, in workload order: the first at 0,
+// each next one a drawn inter-arrival time later. INVALID_ARGUMENT for a
+// rate or burstiness that is not positive (or a burstiness that is
+// infinite).
 absl::Status AssignArrivals(const ArrivalOptions& options, Workload& workload);
 
 // The prompt's token ids: block id b's content is block_tokens ids drawn
