@@ -55,10 +55,12 @@ void ShowProgress(RunState& state, const std::string& label,
   int64_t last_done = 0;
   SteadyTime last = origin;
   int64_t ticks = 0;
-  auto line = [&](SteadyTime now) {
+  // The rate: completions over the last second, or over the whole run in
+  // the final line.
+  auto line = [&](SteadyTime now, bool final) {
     const int64_t done = state.completed.load() + state.failed.load();
-    const double dt = SecondsSince(last, now);
-    const double rate = dt > 0 ? (done - last_done) / dt : 0;
+    const double dt = SecondsSince(final ? origin : last, now);
+    const double rate = dt > 0 ? (done - (final ? 0 : last_done)) / dt : 0;
     last_done = done;
     last = now;
     int64_t in_flight;
@@ -67,9 +69,10 @@ void ShowProgress(RunState& state, const std::string& label,
       in_flight = state.in_flight;
     }
     return absl::StrFormat(
-        "%ssent %d, completed %d, failed %d, in flight %d, %.0f s, %.1f req/s",
+        "%ssent %d, completed %d, failed %d, in flight %d, %.1f s, %.1f "
+        "req/s%s",
         prefix, state.sent.load(), state.completed.load(), state.failed.load(),
-        in_flight, SecondsSince(origin, now), rate);
+        in_flight, SecondsSince(origin, now), rate, final ? " overall" : "");
   };
   absl::MutexLock lock(&state.mu);
   while (true) {
@@ -78,7 +81,7 @@ void ShowProgress(RunState& state, const std::string& label,
             +[](bool* stop) { return *stop; }, &state.stop_progress),
         absl::Seconds(1));
     state.mu.Unlock();
-    const std::string text = line(Clock::now());
+    const std::string text = line(Clock::now(), stopped);
     if (tty) {
       std::fprintf(stderr, "\r%s\x1b[K%s", text.c_str(), stopped ? "\n" : "");
     } else if (stopped || ++ticks % 10 == 0) {

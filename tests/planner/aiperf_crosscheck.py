@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """pd-bench against AIPerf, an independent load generator, on one server.
 
-  aiperf_crosscheck.py --build_dir BUILD [--requests 160] [--concurrency 8]
-                       [--first_token_ms 100] [--token_interval_ms 50]
+  aiperf_crosscheck.py --build_dir BUILD [--requests 160] [--concurrency 4]
+                       [--output_tokens 8] [--first_token_ms 200]
+                       [--token_interval_ms 100]
                        [--tolerance 0.05] [--keep DIR]
 
 The server is a real pd-router (OpenAI-compatible HTTP API, builtin:tiny's
@@ -12,13 +13,15 @@ every --token_interval_ms. Its timing is fixed, so what differs between two
 clients measuring it is their measurement.
 
 Both tools run the same closed-loop workload against /v1/completions,
-streamed: --concurrency requests in flight, --requests requests, 64 prompt
-tokens (AIPerf: 64 tokens of its byte-level tokenizer as text, which the
-router prefixes with BOS: 65; pd-bench: 65 token ids), 16 output tokens
-with ignore_eos. AIPerf needs a tokenizer: a byte-level one made here with
-the `tokenizers` package (ids = byte values, as builtin:tiny's), loaded from
-a local directory, so nothing is downloaded; it counts output tokens from
-the server's usage (--use-server-token-count).
+streamed: --concurrency requests in flight, --requests requests measured
+after a warm-up of --concurrency requests (the first round, which opens the
+connections: AIPerf's --warmup-request-count, pd-bench's --warmup_s), 64
+prompt tokens (AIPerf: 64 tokens of its byte-level tokenizer as text, which
+the router prefixes with BOS: 65; pd-bench: 65 token ids), --output_tokens
+output tokens with ignore_eos. AIPerf needs a tokenizer: a byte-level one
+made here with the `tokenizers` package (ids = byte values, as
+builtin:tiny's), loaded from a local directory, so nothing is downloaded;
+it counts output tokens from the server's usage (--use-server-token-count).
 
 Compared, each within --tolerance (relative), else exit 1 with the table:
   TTFT p50/p90/p99        AIPerf time_to_first_token
@@ -149,7 +152,8 @@ def run_aiperf(port, args, tokenizer_dir, artifact_dir):
         "--endpoint-type", "completions", "--streaming",
         "--tokenizer", tokenizer_dir, "--use-server-token-count",
         "--concurrency", str(args.concurrency), "--request-count", str(args.requests),
-        "--isl", "64", "--osl", "16",
+        "--warmup-request-count", str(args.concurrency),
+        "--isl", "64", "--osl", str(args.output_tokens),
         "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
         "--random-seed", "1", "--artifact-dir", artifact_dir, "--ui-type", "none"]
     # A local directory loads without the network (HF_HUB_OFFLINE would
@@ -173,8 +177,13 @@ def run_pd_bench(port, args, build_dir, out_dir):
     command = [
         os.path.join(build_dir, "planner/pd-bench"), "--target=openai",
         f"--address=127.0.0.1:{port}", "--model=builtin:tiny",
-        f"--concurrency={args.concurrency}", f"--num_requests={args.requests}",
-        "--input_len=65", "--output_len=16", "--seed=1", "--progress=false",
+        f"--concurrency={args.concurrency}",
+        f"--num_requests={args.requests + args.concurrency}",
+        # The first round of requests (connections opened) is the warm-up,
+        # as AIPerf's --warmup-request-count: all sent at once, before
+        # any ends.
+        f"--warmup_s={args.first_token_ms / 2000}",
+        "--input_len=65", f"--output_len={args.output_tokens}", "--seed=1", "--progress=false",
         f"--summary_json={summary_path}", f"--plot_dir={os.path.join(out_dir, 'plots')}"]
     done = subprocess.run(command, capture_output=True, text=True)
     print(done.stdout)
@@ -197,9 +206,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build_dir", required=True)
     parser.add_argument("--requests", type=int, default=160)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--first_token_ms", type=int, default=100)
-    parser.add_argument("--token_interval_ms", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--output_tokens", type=int, default=8)
+    parser.add_argument("--first_token_ms", type=int, default=200)
+    parser.add_argument("--token_interval_ms", type=int, default=100)
     parser.add_argument("--tolerance", type=float, default=0.05)
     parser.add_argument("--keep", help="keep the artifacts in this directory")
     args = parser.parse_args()
@@ -230,7 +240,7 @@ def main():
             rows.append((f"{name} {q}", a, b, (a - b) / b))
     print(f"\nserver: pd-router + paced decode worker, first token {args.first_token_ms} ms, "
           f"then one every {args.token_interval_ms} ms; {args.requests} requests, "
-          f"concurrency {args.concurrency}, 64(+BOS) prompt / 16 output tokens\n")
+          f"concurrency {args.concurrency}, 64(+BOS) prompt / {args.output_tokens} output tokens\n")
     print("| metric | pd-bench (ms) | AIPerf (ms) | difference |")
     print("|---|---:|---:|---:|")
     for metric, a, b, d in rows:
