@@ -1,7 +1,9 @@
 // TimedDecodeWorker: a decode worker without a model, for load benchmarks
-// of the router (pd-router-bench, pd-http-bench). Each Decode call streams
-// max_tokens script tokens on gRPC's callback API, the first at once and
-// token i at i x interval after the call arrived; one timer thread drives
+// of the router (pd-router-bench, pd-http-bench) and the load generator's
+// cross-check against AIPerf (tests/planner). Each Decode call streams
+// max_tokens script tokens on gRPC's callback API, token i at
+// first_token_delay + i x interval after the call arrived (by default the
+// first at once: no delay); one timer thread drives
 // every stream, so it holds tens of thousands of streams where the tests'
 // FakeDecodeWorker (a synchronous thread per stream) holds a few hundred.
 // GetLoad reports a KV pool far larger than any load.
@@ -42,18 +44,24 @@ class TimedDecodeStream final
       public std::enable_shared_from_this<TimedDecodeStream> {
  public:
   TimedDecodeStream(const wire::EngineRequest& request,
-                    absl::Duration interval)
+                    absl::Duration interval,
+                    absl::Duration first_token_delay = absl::ZeroDuration())
       : request_(request),
-        start_(absl::Now()),
+        first_(absl::Now() + first_token_delay),
         interval_(interval),
         total_(std::max<int>(1, request.max_tokens())) {}
 
+  // When token 0 is due.
+  absl::Time first() const { return first_; }
+
+  // Writes token 0 when it is due at once; else the timer wakes it at
+  // first().
   void Start() {
     {
       absl::MutexLock lock(&mu_);
       self_ = shared_from_this();
     }
-    TokenDue();  // Token 0: at once.
+    if (first_ <= absl::Now()) TokenDue();
   }
 
   // One more token is due: writes it unless a write is in flight (whose
@@ -64,7 +72,7 @@ class TimedDecodeStream final
     {
       absl::MutexLock lock(&mu_);
       if (due_ < total_) ++due_;
-      if (due_ < total_) next = start_ + due_ * interval_;
+      if (due_ < total_) next = first_ + due_ * interval_;
       if (writing_ || finished_ || sent_ == due_) return next;
       writing_ = true;
       FillLocked();
@@ -141,7 +149,7 @@ class TimedDecodeStream final
   static constexpr char kScript[] = "Once upon a time, there was a little girl. ";
 
   const wire::EngineRequest request_;
-  const absl::Time start_;
+  const absl::Time first_;
   const absl::Duration interval_;
   const int total_;
 
@@ -224,14 +232,20 @@ class TokenTimer {
 // schedule, GetLoad reports a KV pool far larger than any load.
 class TimedDecodeWorker final : public wire::DecodeWorker::CallbackService {
  public:
-  explicit TimedDecodeWorker(absl::Duration interval) : interval_(interval) {}
+  explicit TimedDecodeWorker(
+      absl::Duration interval,
+      absl::Duration first_token_delay = absl::ZeroDuration())
+      : interval_(interval), first_token_delay_(first_token_delay) {}
 
   grpc::ServerWriteReactor<wire::DecodeResponse>* Decode(
       grpc::CallbackServerContext*, const wire::DecodeRequest* r) override {
-    auto stream = std::make_shared<TimedDecodeStream>(r->request(), interval_);
+    auto stream = std::make_shared<TimedDecodeStream>(r->request(), interval_,
+                                                      first_token_delay_);
     stream->Start();
-    if (r->request().max_tokens() > 1) {
-      timer_.Add(absl::Now() + interval_, stream);
+    if (first_token_delay_ > absl::ZeroDuration()) {
+      timer_.Add(stream->first(), stream);
+    } else if (r->request().max_tokens() > 1) {
+      timer_.Add(stream->first() + interval_, stream);
     }
     return stream.get();
   }
@@ -251,14 +265,17 @@ class TimedDecodeWorker final : public wire::DecodeWorker::CallbackService {
 
  private:
   const absl::Duration interval_;
+  const absl::Duration first_token_delay_;
   TokenTimer timer_;
 };
 
 // Serves a TimedDecodeWorker on a free loopback port, prints its address
 // on stdout, and runs until the process is killed (the fake-decode role of
 // the benches that spawn it).
-inline int RunTimedDecodeWorker(absl::Duration interval) {
-  TimedDecodeWorker worker(interval);
+inline int RunTimedDecodeWorker(
+    absl::Duration interval,
+    absl::Duration first_token_delay = absl::ZeroDuration()) {
+  TimedDecodeWorker worker(interval, first_token_delay);
   auto started = StartGrpcServer("127.0.0.1:0", {&worker});
   if (!started.ok()) {
     std::cerr << "fake decode worker: " << started.status() << "\n";

@@ -39,12 +39,17 @@ fi
 # CI): the Python SDK's pytest suite (ctest python_sdk, client/python/tests),
 # which builds the SDK with grpcio-tools and setuptools into a fresh
 # temporary directory on every run (the SDK itself is not installed here),
-# and the OpenAI-compatible HTTP API's tests (openai).
+# the OpenAI-compatible HTTP API's tests (openai), and pd-bench's plots and
+# its cross-check against AIPerf.
 PYPI_TEST_PACKAGES=(
   grpcio grpcio-tools protobuf  # the SDK's runtime and its stub generator
   setuptools                    # builds client/python (pyproject + setup.py)
   pytest                        # the runner
   openai                        # the official client, against /v1 of pd-router
+  aiperf                        # NVIDIA's load generator: pd-bench's cross-check
+                                # (ctest pd_bench_aiperf_crosscheck; brings
+                                # tokenizers and transformers)
+  matplotlib                    # pd-bench --plot_dir (planner/plot_bench.py)
 )
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
   "${PYPI_TEST_PACKAGES[@]}"

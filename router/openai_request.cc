@@ -126,16 +126,16 @@ absl::StatusOr<std::vector<v1::GenerateRequest>> ParsePrompts(
                "'prompt' must be a string, a non-empty list of strings, a list "
                "of token ids or a list of lists of token ids");
   }
-  if (it->size() > kMaxOpenAiPrompts) {
-    return Bad("prompt", absl::StrCat("at most ", kMaxOpenAiPrompts,
-                                      " prompts per request"));
-  }
   const json& first = it->front();
-  if (first.is_number()) {
+  if (first.is_number()) {  // One prompt of token ids, however long.
     PD_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIds(*it, "prompt"));
     *prompts.emplace_back().mutable_token_ids()->mutable_ids() = {ids.begin(),
                                                                   ids.end()};
     return prompts;
+  }
+  if (it->size() > kMaxOpenAiPrompts) {
+    return Bad("prompt", absl::StrCat("at most ", kMaxOpenAiPrompts,
+                                      " prompts per request"));
   }
   for (const json& element : *it) {
     if (element.is_string() && first.is_string()) {

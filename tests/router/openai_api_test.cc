@@ -71,6 +71,13 @@ TEST(OpenAiApiTest, PromptFormsAndDefaults) {
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(r.prompts[0].token_ids().ids_size(), 3);
 
+  // A token-id prompt is one prompt, longer than the 64 prompts a list may
+  // hold.
+  json long_prompt = {{"prompt", std::vector<int>(300, 97)}};
+  r = ParseOk(OpenAiEndpoint::kCompletions, long_prompt.dump());
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].token_ids().ids_size(), 300);
+
   r = ParseOk(OpenAiEndpoint::kCompletions, R"({"prompt": [[1], [2, 3]]})");
   ASSERT_EQ(r.prompts.size(), 2u);
   EXPECT_EQ(r.prompts[1].token_ids().ids(1), 3);
