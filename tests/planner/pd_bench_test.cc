@@ -140,6 +140,27 @@ Workload SmallWorkload(int n, uint64_t seed) {
   return *std::move(workload);
 }
 
+std::unique_ptr<LoadTarget> Target(const std::string& name,
+                                   const std::string& address,
+                                   absl::Duration timeout = absl::Seconds(60)) {
+  TargetOptions options;
+  options.address = address;
+  options.request_timeout = timeout;
+  auto target = MakeLoadTarget(name, options);
+  EXPECT_TRUE(target.ok()) << target.status();
+  return target.ok() ? *std::move(target) : nullptr;
+}
+
+LoadResult RunWorkload(const Workload& workload, LoadTarget& target,
+                       int concurrency) {
+  LoadOptions options;
+  options.concurrency = concurrency;
+  options.progress = false;
+  absl::StatusOr<LoadResult> result = RunLoad(workload, target, options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *std::move(result) : LoadResult{};
+}
+
 class PdBenchClusterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -158,27 +179,6 @@ class PdBenchClusterTest : public ::testing::Test {
   static std::string GrpcAddress() { return cluster_->Address("router"); }
   static std::string HttpAddress() {
     return absl::StrCat("127.0.0.1:", cluster_->MetricsPort("router"));
-  }
-
-  static std::unique_ptr<LoadTarget> Target(
-      const std::string& name, const std::string& address,
-      absl::Duration timeout = absl::Seconds(60)) {
-    TargetOptions options;
-    options.address = address;
-    options.request_timeout = timeout;
-    auto target = MakeLoadTarget(name, options);
-    EXPECT_TRUE(target.ok()) << target.status();
-    return target.ok() ? *std::move(target) : nullptr;
-  }
-
-  static LoadResult Run(const Workload& workload, LoadTarget& target,
-                        int concurrency) {
-    LoadOptions options;
-    options.concurrency = concurrency;
-    options.progress = false;
-    absl::StatusOr<LoadResult> result = RunLoad(workload, target, options);
-    EXPECT_TRUE(result.ok()) << result.status();
-    return result.ok() ? *std::move(result) : LoadResult{};
   }
 
   static LocalCluster* cluster_;
@@ -209,14 +209,14 @@ TEST_F(PdBenchClusterTest, GrpcTargetRecordsEveryToken) {
   const Workload workload = SmallWorkload(10, 1);
   auto target = Target("grpc", GrpcAddress());
   ASSERT_NE(target, nullptr);
-  ExpectEveryToken(workload, Run(workload, *target, 4));
+  ExpectEveryToken(workload, RunWorkload(workload, *target, 4));
 }
 
 TEST_F(PdBenchClusterTest, OpenAiTargetRecordsEveryToken) {
   const Workload workload = SmallWorkload(10, 2);
   auto target = Target("openai", HttpAddress());
   ASSERT_NE(target, nullptr);
-  ExpectEveryToken(workload, Run(workload, *target, 4));
+  ExpectEveryToken(workload, RunWorkload(workload, *target, 4));
 }
 
 TEST_F(PdBenchClusterTest, ClosedLoopNeverExceedsItsConcurrency) {
@@ -225,7 +225,7 @@ TEST_F(PdBenchClusterTest, ClosedLoopNeverExceedsItsConcurrency) {
     SCOPED_TRACE(name);
     auto target = Target(name, name == "grpc" ? GrpcAddress() : HttpAddress());
     ASSERT_NE(target, nullptr);
-    const LoadResult result = Run(workload, *target, 3);
+    const LoadResult result = RunWorkload(workload, *target, 3);
     ASSERT_EQ(result.records.size(), workload.requests.size());
     // Most requests in flight at once: sweep over sends (+1) and ends (-1),
     // an end before a send at the same time.
@@ -249,7 +249,7 @@ TEST_F(PdBenchClusterTest, OpenLoopSendsAtTheArrivalTimes) {
       AssignArrivals({.rate = 20, .burstiness = 1, .seed = 4}, workload).ok());
   auto target = Target("openai", HttpAddress());
   ASSERT_NE(target, nullptr);
-  const LoadResult result = Run(workload, *target, 0);
+  const LoadResult result = RunWorkload(workload, *target, 0);
   ASSERT_EQ(result.records.size(), workload.requests.size());
   for (size_t i = 0; i < result.records.size(); ++i) {
     const double lateness =
@@ -261,7 +261,7 @@ TEST_F(PdBenchClusterTest, OpenLoopSendsAtTheArrivalTimes) {
   EXPECT_LT(result.max_send_lateness_s, 0.02);
 }
 
-TEST_F(PdBenchClusterTest, DeadServerEndsUnavailableAtOnce) {
+TEST(PdBenchTest, DeadServerEndsUnavailableAtOnce) {
   const std::string dead = absl::StrCat("127.0.0.1:", DeadPort());
   const Workload workload = SmallWorkload(3, 5);
   for (const std::string name : {"grpc", "openai"}) {
@@ -269,7 +269,7 @@ TEST_F(PdBenchClusterTest, DeadServerEndsUnavailableAtOnce) {
     auto target = Target(name, dead, absl::Seconds(30));
     ASSERT_NE(target, nullptr);
     const absl::Time start = absl::Now();
-    const LoadResult result = Run(workload, *target, 3);
+    const LoadResult result = RunWorkload(workload, *target, 3);
     EXPECT_LT(absl::Now() - start, absl::Seconds(10));
     ASSERT_EQ(result.records.size(), 3u);
     for (const RequestRecord& r : result.records) {
@@ -317,7 +317,7 @@ TEST_F(PdBenchClusterTest, PdBenchWritesAParseableSummary) {
   fs::remove_all(dir);
 }
 
-TEST_F(PdBenchClusterTest, PdBenchRefusesBadFlagsWithAReason) {
+TEST(PdBenchTest, PdBenchRefusesBadFlagsWithAReason) {
   const std::string bench =
       absl::StrCat(PDSERVE_BINARY_DIR, "/planner/pd-bench");
   for (const std::string flags :
