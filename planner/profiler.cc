@@ -6,6 +6,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -78,6 +79,27 @@ absl::StatusOr<double> TimedStep(Engine& e, std::vector<GenerationEvent>& events
   const auto t0 = Clock::now();
   PD_RETURN_IF_ERROR(e.generator->Step(events));
   return SecondsSince(t0);
+}
+
+// Steps until every request in `generated` has its first token, counting
+// each one's tokens.
+absl::Status StepUntilEveryFirstToken(Engine& e, absl::flat_hash_map<uint64_t, int32_t>& generated) {
+  std::vector<GenerationEvent> events;
+  auto waiting = [&] {
+    for (const auto& [id, n] : generated) {
+      if (n == 0) return true;
+    }
+    return false;
+  };
+  while (waiting()) {
+    if (!e.generator->HasWork()) return absl::InternalError("the engine stopped early");
+    events.clear();
+    PD_RETURN_IF_ERROR(e.generator->Step(events));
+    for (const GenerationEvent& ev : events) {
+      if (ev.has_token) ++generated[ev.id.value];
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Drain(Engine& e) {
@@ -161,31 +183,34 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
   }
 
   // Decode: b sequences at context about L; the timed steps start once
-  // every prompt is computed.
+  // every prompt is computed. Sequences whose prompts finished early have
+  // decoded meanwhile: each one's context is tracked from its events.
   for (int32_t b = 1; b <= o.max_running; b *= 2) {
     for (int32_t context : {64, o.max_context / 4, o.max_context}) {
       if (context < 16) continue;
       progress(absl::StrFormat("engine: decode batches of %d at context %d", b, context));
       for (int32_t r = 0; r < std::max(1, o.reps / 2); ++r) {
+        const int32_t prefill_steps = (b * context + o.max_batch_tokens - 1) / o.max_batch_tokens;
+        absl::flat_hash_map<uint64_t, int32_t> generated;
         for (int32_t i = 0; i < b; ++i) {
-          PD_RETURN_IF_ERROR(AddRequest(e, context, decode_tokens + 2));
+          generated[e.next_id] = 0;
+          PD_RETURN_IF_ERROR(AddRequest(e, context, prefill_steps + decode_tokens + 2));
         }
-        int32_t first_tokens = 0;
-        while (first_tokens < b) {
-          events.clear();
-          PD_RETURN_IF_ERROR(e.generator->Step(events));
-          for (const GenerationEvent& ev : events) first_tokens += ev.has_token ? 1 : 0;
-          first_tokens = std::min(first_tokens, b);
-        }
-        // Each sequence now holds context + 1 tokens; step j computes the
-        // token at position context + j.
+        PD_RETURN_IF_ERROR(StepUntilEveryFirstToken(e, generated));
         for (int32_t j = 0; j < decode_tokens; ++j) {
+          // The step computes each sequence's last sampled token: its
+          // context after the step is prompt + generated.
+          double attention = 0;
+          for (const auto& [id, n] : generated) attention += context + n;
           PD_ASSIGN_OR_RETURN(double t, TimedStep(e, events));
           samples.push_back({.tokens = b,
                              .sequences = b,
-                             .attention = static_cast<double>(b) * (context + j + 1),
+                             .attention = attention,
                              .seconds = t,
                              .kind = "decode"});
+          for (const GenerationEvent& ev : events) {
+            if (ev.has_token) ++generated[ev.id.value];
+          }
         }
         PD_RETURN_IF_ERROR(Drain(e));
       }
@@ -199,18 +224,20 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
       if (n < 1 || n > o.max_batch_tokens - b) continue;
       progress(absl::StrFormat("engine: mixed steps, %d decodes and a %d-token chunk", b, n));
       for (int32_t r = 0; r < std::max(1, o.reps / 2); ++r) {
-        for (int32_t i = 0; i < b; ++i) PD_RETURN_IF_ERROR(AddRequest(e, 256, 8));
-        int32_t first_tokens = 0;
-        while (first_tokens < b) {
-          events.clear();
-          PD_RETURN_IF_ERROR(e.generator->Step(events));
-          for (const GenerationEvent& ev : events) first_tokens += ev.has_token ? 1 : 0;
+        const int32_t prefill_steps = (b * 256 + o.max_batch_tokens - 1) / o.max_batch_tokens;
+        absl::flat_hash_map<uint64_t, int32_t> generated;
+        for (int32_t i = 0; i < b; ++i) {
+          generated[e.next_id] = 0;
+          PD_RETURN_IF_ERROR(AddRequest(e, 256, prefill_steps + 8));
         }
+        PD_RETURN_IF_ERROR(StepUntilEveryFirstToken(e, generated));
+        double attention = static_cast<double>(n) * n;
+        for (const auto& [id, g] : generated) attention += 256 + g;
         PD_RETURN_IF_ERROR(AddRequest(e, n, 1));
         PD_ASSIGN_OR_RETURN(double t, TimedStep(e, events));
         samples.push_back({.tokens = b + n,
                            .sequences = b + 1,
-                           .attention = static_cast<double>(b) * 257 + static_cast<double>(n) * n,
+                           .attention = attention,
                            .seconds = t,
                            .kind = "mixed"});
         PD_RETURN_IF_ERROR(Drain(e));
