@@ -354,6 +354,7 @@ int main(int argc, char** argv) {
       "on stdout\n"
       "The workload, load and SLO flags are pd-plan's too "
       "(planner/workload_flags.h).");
+  pdserve::planner::ListPlannerFlagsInHelp();
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     std::cerr << "pd-bench: unexpected argument '" << rest[1]

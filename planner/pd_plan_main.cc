@@ -556,6 +556,7 @@ absl::Status RunValidate() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "pd-plan profile|simulate|search|validate [flags]; see docs/capacity_planning.md");
+  pdserve::planner::ListPlannerFlagsInHelp();
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::cerr << "usage: pd-plan profile|simulate|search|validate [flags] "

@@ -6,10 +6,12 @@
 #include <optional>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
@@ -242,6 +244,15 @@ absl::StatusOr<SummarySpec> SummarySpecFromFlags() {
     return absl::InvalidArgumentError("--warmup_s and --cooldown_s must be 0 or more");
   }
   return spec;
+}
+
+void ListPlannerFlagsInHelp() {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "planner/");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
 }
 
 }  // namespace pdserve::planner

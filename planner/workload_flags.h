@@ -83,6 +83,12 @@ struct SummarySpec {
 
 absl::StatusOr<SummarySpec> SummarySpecFromFlags();
 
+// Makes --help list every flag defined in planner/: the tool's own and the
+// shared ones above. (Abseil's default lists the flags of a file named
+// after the binary, pd-bench.cc or pd-plan.cc, which neither tool has.)
+// Call in main before absl::ParseCommandLine.
+void ListPlannerFlagsInHelp();
+
 }  // namespace pdserve::planner
 
 #endif  // PDSERVE_PLANNER_WORKLOAD_FLAGS_H_
