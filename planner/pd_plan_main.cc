@@ -264,15 +264,16 @@ absl::StatusOr<std::vector<SweepPoint>> SimulateLevels(const Profile& profile,
                                                        const ClusterShape& shape,
                                                        const Workload& workload,
                                                        const std::vector<LoadLevel>& levels,
+                                                       const SummarySpec& spec,
                                                        std::vector<RequestRecord>* last) {
   std::vector<SweepPoint> points;
   for (const LoadLevel& level : levels) {
     PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, level));
     PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> records,
                         Simulate(profile, shape, at, {.concurrency = level.concurrency}));
-    points.push_back({.rate = level.rate,
+    points.push_back({.rate = OfferedRate(at, level),
                       .concurrency = level.concurrency,
-                      .summary = Summarize(records, SummaryOptionsFromFlags(records))});
+                      .summary = Summarize(records, spec.OptionsFor(records))});
     if (last != nullptr) *last = std::move(records);
   }
   return points;
@@ -290,6 +291,7 @@ absl::Status RunSimulate() {
   PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
   PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
   PD_ASSIGN_OR_RETURN(std::vector<LoadLevel> levels, LoadLevelsFromFlags());
+  PD_ASSIGN_OR_RETURN(SummarySpec spec, SummarySpecFromFlags());
   ClusterShape shape;
   shape.prefill = absl::GetFlag(FLAGS_prefill);
   shape.decode = absl::GetFlag(FLAGS_decode);
@@ -297,10 +299,10 @@ absl::Status RunSimulate() {
   std::vector<RequestRecord> records;
   const auto t0 = std::chrono::steady_clock::now();
   PD_ASSIGN_OR_RETURN(std::vector<SweepPoint> points,
-                      SimulateLevels(profile, shape, workload, levels, &records));
+                      SimulateLevels(profile, shape, workload, levels, spec, &records));
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double target = AttainmentTargetFromFlags();
+  const double target = spec.attainment_target;
   std::cout << absl::StrFormat("Simulated %s on %s (profile: %s, %s), %s; took %.2f s\n\n",
                                shape.Name(), workload.description, profile.machine,
                                profile.cpu_share, profile.model, took)
@@ -314,12 +316,13 @@ absl::Status RunSimulate() {
 // The highest rate at which `shape` meets the attainment target: doubling
 // from `start` until it misses, then bisecting to 2%.
 absl::StatusOr<double> SimulatedGoodput(const Profile& profile, const ClusterShape& shape,
-                                        const Workload& workload, double start) {
-  const double target = AttainmentTargetFromFlags();
+                                        const Workload& workload, const SummarySpec& spec,
+                                        double start) {
   auto meets = [&](double rate) -> absl::StatusOr<bool> {
     PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, {.rate = rate}));
     PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> records, Simulate(profile, shape, at));
-    return Summarize(records, SummaryOptionsFromFlags(records)).slo_attainment >= target;
+    return Summarize(records, spec.OptionsFor(records)).slo_attainment >=
+           spec.attainment_target;
   };
   double lo = 0, hi = start;
   for (int i = 0; i < 20; ++i) {
@@ -342,10 +345,11 @@ absl::StatusOr<double> SimulatedGoodput(const Profile& profile, const ClusterSha
 // prompt: the prefill side, or KV capacity) and TPOT misses (the decode
 // side).
 absl::StatusOr<std::string> Bottleneck(const Profile& profile, const ClusterShape& shape,
-                                       const Workload& workload, double rate) {
+                                       const Workload& workload, const SummarySpec& spec,
+                                       double rate) {
   PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, {.rate = rate}));
   PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> records, Simulate(profile, shape, at));
-  const SummaryOptions options = SummaryOptionsFromFlags(records);
+  const SummaryOptions options = spec.OptionsFor(records);
   int64_t ttft_misses = 0, tpot_misses = 0, failed = 0, counted = 0;
   for (const RequestRecord& r : records) {
     if (r.send_s < options.window_begin_s || r.send_s >= options.window_end_s) continue;
@@ -371,6 +375,7 @@ absl::StatusOr<std::string> Bottleneck(const Profile& profile, const ClusterShap
 absl::Status RunSearch() {
   PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
   PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
+  PD_ASSIGN_OR_RETURN(SummarySpec spec, SummarySpecFromFlags());
   PD_ASSIGN_OR_RETURN(RoutingOptions routing, RoutingFromFlag());
   const int32_t budget = absl::GetFlag(FLAGS_workers);
   if (budget < 1) return absl::InvalidArgumentError("--workers must be at least 1");
@@ -387,8 +392,8 @@ absl::Status RunSearch() {
       row.shape.decode = total - x;
       row.shape.routing = routing;
       Progress(absl::StrCat("search: ", row.shape.Name()));
-      PD_ASSIGN_OR_RETURN(row.goodput, SimulatedGoodput(profile, row.shape, workload, 0.25));
-      PD_ASSIGN_OR_RETURN(row.why, Bottleneck(profile, row.shape, workload,
+      PD_ASSIGN_OR_RETURN(row.goodput, SimulatedGoodput(profile, row.shape, workload, spec, 0.25));
+      PD_ASSIGN_OR_RETURN(row.why, Bottleneck(profile, row.shape, workload, spec,
                                               std::max(row.goodput, 0.05) * 1.1));
       rows.push_back(row);
     }
@@ -398,13 +403,12 @@ absl::Status RunSearch() {
     const double pb = b.goodput / (b.shape.prefill + b.shape.decode);
     return pa != pb ? pa > pb : a.goodput > b.goodput;
   });
-  const SummaryOptions slo = SummaryOptionsFromFlags({});
   std::cout << absl::StrFormat(
       "Search on %s, SLO TTFT <= %g ms and TPOT <= %g ms for %.0f%% of requests, at most %d "
       "workers (profile: %s on %s, %s)\n\n"
       "| xPyD | goodput (req/s) | per worker | past the goodput |\n|---|---|---|---|\n",
-      workload.description, slo.slo.ttft_s * 1e3, slo.slo.tpot_s * 1e3,
-      AttainmentTargetFromFlags() * 100, budget, profile.model, profile.machine,
+      workload.description, spec.slo.ttft_s * 1e3, spec.slo.tpot_s * 1e3,
+      spec.attainment_target * 100, budget, profile.model, profile.machine,
       profile.cpu_share);
   nlohmann::json json = nlohmann::json::array();
   for (const Row& r : rows) {
@@ -474,8 +478,9 @@ absl::Status RunValidate() {
   PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
   PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
   PD_ASSIGN_OR_RETURN(std::vector<LoadLevel> levels, LoadLevelsFromFlags());
+  PD_ASSIGN_OR_RETURN(SummarySpec spec, SummarySpecFromFlags());
   PD_ASSIGN_OR_RETURN(RoutingOptions routing, RoutingFromFlag());
-  const double target = AttainmentTargetFromFlags();
+  const double target = spec.attainment_target;
   std::cout << absl::StrFormat("Validation on %s (profile: %s on %s, %s)\n", workload.description,
                                profile.model, profile.machine, profile.cpu_share);
   nlohmann::json json = nlohmann::json::array();
@@ -506,10 +511,11 @@ absl::Status RunValidate() {
                                    .label = absl::StrCat(name, " ", level.Name())}));
       PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> predicted,
                           Simulate(profile, shape, at, {.concurrency = level.concurrency}));
-      const Summary m = Summarize(measured.records, SummaryOptionsFromFlags(measured.records));
-      const Summary p = Summarize(predicted, SummaryOptionsFromFlags(predicted));
-      measured_points.push_back({.rate = level.rate, .concurrency = level.concurrency, .summary = m});
-      predicted_points.push_back({.rate = level.rate, .concurrency = level.concurrency, .summary = p});
+      const Summary m = Summarize(measured.records, spec.OptionsFor(measured.records));
+      const Summary p = Summarize(predicted, spec.OptionsFor(predicted));
+      const double rate = OfferedRate(at, level);
+      measured_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = m});
+      predicted_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = p});
       nlohmann::json figures = nlohmann::json::array();
       for (const Comparison& c : Compare(p, m)) {
         all_passed &= c.passed;
@@ -524,7 +530,7 @@ absl::Status RunValidate() {
                            {"measured", c.measured}, {"error", c.error},
                            {"checked", c.checked}, {"passed", c.passed}});
       }
-      json.push_back({{"config", shape.Name()}, {"rate", level.rate},
+      json.push_back({{"config", shape.Name()}, {"rate", rate},
                       {"concurrency", level.concurrency}, {"figures", figures},
                       {"predicted", ToJson(p)}, {"measured", ToJson(m)}});
     }
@@ -550,6 +556,7 @@ absl::Status RunValidate() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "pd-plan profile|simulate|search|validate [flags]; see docs/capacity_planning.md");
+  pdserve::planner::ListPlannerFlagsInHelp();
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::cerr << "usage: pd-plan profile|simulate|search|validate [flags] "

@@ -324,7 +324,11 @@ TEST(PdBenchTest, PdBenchRefusesBadFlagsWithAReason) {
        {"--address=127.0.0.1:1 --concurrency=2 --request_rate=3",
         "--address=127.0.0.1:1 --input_len=bogus --concurrency=1",
         "--concurrency=1", "--address=127.0.0.1:1 --target=ftp --concurrency=1",
-        "--address=127.0.0.1:1 --request_rate=-1"}) {
+        "--address=127.0.0.1:1 --request_rate=-1",
+        // The shared flags (planner/workload_flags.h) are checked too.
+        "--address=127.0.0.1:1 --trace=t.jsonl --num_requests=5",
+        "--address=127.0.0.1:1 --concurrency=1 --slo_ttft_ms=-1",
+        "--address=127.0.0.1:1 --request_rate=2 --burstiness=0"}) {
     const int rc =
         std::system(absl::StrCat(bench, " ", flags, " 2>/dev/null").c_str());
     EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << flags;
