@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -252,13 +253,40 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples) {
     return absl::InvalidArgumentError(
         absl::StrCat("fitting the step cost needs at least 4 samples, not ", samples.size()));
   }
-  // Relative least squares (rows scaled by 1 / measured), so that short
-  // decode steps weigh as much as long prefills; columns that come out
-  // negative are dropped and the rest refitted (non-negative least squares
-  // by elimination, enough for 4 columns).
+  // The steps of one design point (kind, tokens, sequences, attention
+  // within 5%) are averaged first: under a CPU quota a short step runs
+  // either at full speed or after a stall, and what the simulator needs is
+  // the mean. Then relative least squares (rows scaled by 1 / measured), so
+  // that short decode steps weigh as much as long prefills; columns that
+  // come out negative are dropped and the rest refitted (non-negative least
+  // squares by elimination, enough for 4 columns).
+  struct Group {
+    StepSample sum;
+    int n = 0;
+  };
+  std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, Group> groups;
+  for (const StepSample& s : samples) {
+    const int64_t bucket =
+        s.attention > 0 ? static_cast<int64_t>(std::floor(std::log(s.attention) / std::log(1.05)))
+                        : -1;
+    Group& g = groups[{s.kind, s.tokens, s.sequences, bucket}];
+    g.sum.kind = s.kind;
+    g.sum.tokens = s.tokens;
+    g.sum.sequences = s.sequences;
+    g.sum.attention += s.attention;
+    g.sum.seconds += s.seconds;
+    ++g.n;
+  }
+  std::vector<StepSample> means;
+  for (const auto& [key, g] : groups) {
+    StepSample m = g.sum;
+    m.attention /= g.n;
+    m.seconds /= g.n;
+    means.push_back(m);
+  }
   std::vector<std::array<double, 4>> a;
   std::vector<double> b;
-  for (const StepSample& s : samples) {
+  for (const StepSample& s : means) {
     const double w = 1.0 / std::max(s.seconds, 1e-7);
     a.push_back({w, w * s.tokens, w * s.sequences, w * s.attention});
     b.push_back(1.0);
@@ -275,7 +303,7 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples) {
   StepFit fit;
   fit.cost = {.base_s = x[0], .per_token_s = x[1], .per_sequence_s = x[2], .per_attention_s = x[3]};
   std::map<std::string, std::vector<double>> errors;
-  for (const StepSample& s : samples) {
+  for (const StepSample& s : means) {
     const double predicted = fit.cost.Seconds(s.tokens, s.sequences, s.attention);
     errors[s.kind].push_back(std::abs(predicted - s.seconds) / s.seconds);
   }

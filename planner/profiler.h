@@ -72,7 +72,8 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
 struct StepFit {
   StepCost cost;
   // Median and 90th percentile of |predicted - measured| / measured over
-  // the samples, per kind.
+  // the design points (the mean of the steps of one kind, tokens,
+  // sequences and attention within 5%), per kind.
   std::vector<std::pair<std::string, std::pair<double, double>>> relative_error;
 };
 // INVALID_ARGUMENT with fewer samples than coefficients.
