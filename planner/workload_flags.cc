@@ -172,7 +172,7 @@ absl::StatusOr<std::vector<LoadLevel>> LoadLevelsFromFlags() {
   }
   for (const std::string& r : rates) {
     PD_ASSIGN_OR_RETURN(double value, ParseRate(r, "request_rates"));
-    levels.push_back({.rate = value});
+    levels.push_back({.rate = value, .index = static_cast<int32_t>(levels.size())});
   }
   if (levels.empty()) {
     if (absl::GetFlag(FLAGS_trace).empty()) {
@@ -187,6 +187,18 @@ absl::StatusOr<std::vector<LoadLevel>> LoadLevelsFromFlags() {
 
 absl::StatusOr<Workload> WorkloadAtLoad(const Workload& workload, const LoadLevel& level) {
   Workload out = workload;
+  if (level.index > 0) {
+    // Fresh content for every later level of a sweep, the same prefix
+    // structure within it: a bijection of the block ids (xor with a salt
+    // drawn from the index).
+    uint64_t salt = static_cast<uint64_t>(level.index) * 0x9E3779B97F4A7C15ull;
+    salt ^= salt >> 31;
+    salt *= 0xBF58476D1CE4E5B9ull;
+    salt ^= salt >> 29;
+    for (WorkloadRequest& r : out.requests) {
+      for (uint64_t& id : r.block_ids) id ^= salt;
+    }
+  }
   if (level.concurrency > 0 || level.rate == 0) return out;
   if (absl::GetFlag(FLAGS_trace).empty() || std::isinf(level.rate)) {
     PD_RETURN_IF_ERROR(AssignArrivals({.rate = level.rate,

@@ -46,6 +46,11 @@ absl::StatusOr<Workload> WorkloadFromFlags();
 struct LoadLevel {
   double rate = 0;
   int32_t concurrency = 0;
+  // Its place in a sweep. The prompts of every level after the first get
+  // other content (the same lengths and prefix structure): a sweep sends
+  // its levels to one cluster, and the same prompts again would be served
+  // from the prefix cache the earlier level filled.
+  int32_t index = 0;
   std::string Name() const;  // "2 req/s", "inf req/s", "concurrency 8", "trace times"
 };
 
@@ -54,7 +59,8 @@ struct LoadLevel {
 // --burstiness too, which WorkloadAtLoad uses.
 absl::StatusOr<std::vector<LoadLevel>> LoadLevelsFromFlags();
 
-// `workload` with the arrival times of `level`: a synthetic workload gets
+// `workload` with the arrival times and prompt content of `level` (see
+// LoadLevel::index): a synthetic workload gets
 // Poisson/gamma arrivals (--burstiness, --seed); a trace is time-scaled so
 // that its mean rate is level.rate (kept as it is for rate 0; all at 0
 // for an infinite rate).

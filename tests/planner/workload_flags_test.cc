@@ -21,6 +21,8 @@
 ABSL_DECLARE_FLAG(std::string, input_len);
 ABSL_DECLARE_FLAG(std::optional<int32_t>, num_requests);
 ABSL_DECLARE_FLAG(std::string, trace);
+ABSL_DECLARE_FLAG(int32_t, shared_prefix_len);
+ABSL_DECLARE_FLAG(int32_t, num_prefixes);
 ABSL_DECLARE_FLAG(double, trace_start_s);
 ABSL_DECLARE_FLAG(double, trace_duration_s);
 ABSL_DECLARE_FLAG(int32_t, trace_max_requests);
@@ -152,6 +154,34 @@ TEST_F(WorkloadFlagsTest, AnSloOfZeroIsNoTarget) {
   EXPECT_DOUBLE_EQ(spec->slo.tpot_s, 0.02);
   absl::SetFlag(&FLAGS_slo_tpot_ms, -1);
   EXPECT_THAT(SummarySpecFromFlags().status().message(), HasSubstr("--slo_tpot_ms"));
+}
+
+TEST_F(WorkloadFlagsTest, LaterLevelsOfASweepGetFreshPromptsWithTheSamePrefixes) {
+  // One cluster serves every level of a sweep: were the prompts of level 2
+  // those of level 1, its prefill would come from the prefix cache.
+  absl::SetFlag(&FLAGS_input_len, std::string("64"));
+  absl::SetFlag(&FLAGS_shared_prefix_len, 32);
+  absl::SetFlag(&FLAGS_num_prefixes, 1);
+  absl::SetFlag(&FLAGS_num_requests, 4);
+  absl::SetFlag(&FLAGS_request_rates, std::vector<std::string>{"1", "2"});
+  auto workload = WorkloadFromFlags();
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  auto levels = LoadLevelsFromFlags();
+  ASSERT_TRUE(levels.ok()) << levels.status();
+  auto first = WorkloadAtLoad(*workload, (*levels)[0]);
+  auto second = WorkloadAtLoad(*workload, (*levels)[1]);
+  ASSERT_TRUE(first.ok() && second.ok());
+  for (size_t i = 0; i < first->requests.size(); ++i) {
+    const auto& a = first->requests[i].block_ids;
+    const auto& b = second->requests[i].block_ids;
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) EXPECT_NE(a[k], b[k]);
+    EXPECT_NE(PromptTokens(*first, first->requests[i]), PromptTokens(*second, second->requests[i]));
+    // The shared prefix (the first 2 blocks of 16) stays shared.
+    EXPECT_EQ(b[0], second->requests[0].block_ids[0]);
+    EXPECT_EQ(b[1], second->requests[0].block_ids[1]);
+  }
+  EXPECT_NE(second->requests[0].block_ids[2], second->requests[1].block_ids[2]);
 }
 
 }  // namespace
