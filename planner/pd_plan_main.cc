@@ -126,7 +126,8 @@ absl::Status ProfileEngine() {
                         {"transfers", nlohmann::json::array()}};
   for (const StepSample& s : samples) {
     out["samples"].push_back({{"tokens", s.tokens}, {"sequences", s.sequences},
-                              {"attention", s.attention}, {"seconds", s.seconds},
+                              {"attention", s.attention},
+                              {"decode_attention", s.decode_attention}, {"seconds", s.seconds},
                               {"kind", s.kind}});
   }
   for (const TransferCost& t : transfers) {
@@ -172,7 +173,8 @@ absl::Status RunProfile() {
   std::vector<StepSample> samples;
   for (const auto& s : measured["samples"]) {
     samples.push_back({.tokens = s["tokens"], .sequences = s["sequences"],
-                       .attention = s["attention"], .seconds = s["seconds"], .kind = s["kind"]});
+                       .attention = s["attention"], .decode_attention = s["decode_attention"],
+                       .seconds = s["seconds"], .kind = s["kind"]});
   }
   PD_ASSIGN_OR_RETURN(StepFit fit, FitStepCost(samples));
 
@@ -225,9 +227,10 @@ absl::Status RunProfile() {
       "Profile of %s on %s (%s), written to %s\n\n"
       "| engine step cost | value |\n|---|---|\n"
       "| base | %.1f us |\n| per token | %.2f us |\n| per sequence | %.2f us |\n"
-      "| per token x context | %.4f us |\n",
+      "| per prefill token x context | %.4f us |\n| per decode token x context | %.4f us |\n",
       p.model, p.machine, p.cpu_share, absl::GetFlag(FLAGS_out), p.step.base_s * 1e6,
-      p.step.per_token_s * 1e6, p.step.per_sequence_s * 1e6, p.step.per_attention_s * 1e6);
+      p.step.per_token_s * 1e6, p.step.per_sequence_s * 1e6, p.step.per_attention_s * 1e6,
+      p.step.per_decode_attention_s * 1e6);
   std::cout << "\n| step kind | fit error p50 | fit error p90 |\n|---|---|---|\n";
   for (const auto& [kind, e] : fit.relative_error) {
     std::cout << absl::StrFormat("| %s | %.1f%% | %.1f%% |\n", kind, e.first * 100, e.second * 100);

@@ -83,6 +83,7 @@ absl::Status ValidateProfile(const Profile& p) {
       {"step.per_token_s", p.step.per_token_s},
       {"step.per_sequence_s", p.step.per_sequence_s},
       {"step.per_attention_s", p.step.per_attention_s},
+      {"step.per_decode_attention_s", p.step.per_decode_attention_s},
       {"kv_bytes_per_token", p.kv_bytes_per_token},
       {"colocated_first_token_s", p.colocated_first_token_s},
       {"disaggregated_first_token_s", p.disaggregated_first_token_s},
@@ -140,7 +141,8 @@ nlohmann::json ToJson(const Profile& p) {
        {{"base_s", p.step.base_s},
         {"per_token_s", p.step.per_token_s},
         {"per_sequence_s", p.step.per_sequence_s},
-        {"per_attention_s", p.step.per_attention_s}}},
+        {"per_attention_s", p.step.per_attention_s},
+        {"per_decode_attention_s", p.step.per_decode_attention_s}}},
       {"kv_bytes_per_token", p.kv_bytes_per_token},
       {"transfers", std::move(transfers)},
       {"colocated_first_token_s", p.colocated_first_token_s},
@@ -173,6 +175,8 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
   PD_RETURN_IF_ERROR(ReadDouble(*step, "step.", "per_token_s", p.step.per_token_s));
   PD_RETURN_IF_ERROR(ReadDouble(*step, "step.", "per_sequence_s", p.step.per_sequence_s));
   PD_RETURN_IF_ERROR(ReadDouble(*step, "step.", "per_attention_s", p.step.per_attention_s));
+  PD_RETURN_IF_ERROR(
+      ReadDouble(*step, "step.", "per_decode_attention_s", p.step.per_decode_attention_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "kv_bytes_per_token", p.kv_bytes_per_token));
   PD_ASSIGN_OR_RETURN(const Json* transfers, Field(j, "", "transfers"));
   if (!transfers->is_array()) return FieldError("transfers", "must be an array");

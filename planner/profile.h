@@ -7,11 +7,16 @@
 // max_batch_tokens), fitted by least squares to steps of the real engine:
 //
 //   step seconds = base_s + per_token_s * tokens + per_sequence_s * sequences
-//                  + per_attention_s * sum over sequences of
+//                  + per_attention_s * sum over prefill chunks of
 //                    (its tokens in the step * its context after the step)
+//                  + per_decode_attention_s * sum over decode tokens of
+//                    their context
 //
-// `tokens` counts prompt and decode tokens alike; the attention term is the
-// work of attending each new token to the sequence's whole context.
+// `tokens` counts prompt and decode tokens alike; the attention terms are
+// the work of attending each new token to the sequence's whole context,
+// apart for prefill and decode because a decode token reads its whole
+// context for one query (memory-bound: builtin:tiny's measured ~2.7x the
+// cost per pair of a prefill chunk's, whose queries share what they read).
 // Thread-safety: values.
 #ifndef PDSERVE_PLANNER_PROFILE_H_
 #define PDSERVE_PLANNER_PROFILE_H_
@@ -30,10 +35,12 @@ struct StepCost {
   double per_token_s = 0;
   double per_sequence_s = 0;
   double per_attention_s = 0;
+  double per_decode_attention_s = 0;
 
-  double Seconds(int64_t tokens, int64_t sequences, double attention) const {
+  double Seconds(int64_t tokens, int64_t sequences, double attention,
+                 double decode_attention = 0) const {
     return base_s + per_token_s * tokens + per_sequence_s * sequences +
-           per_attention_s * attention;
+           per_attention_s * attention + per_decode_attention_s * decode_attention;
   }
 };
 

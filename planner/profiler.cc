@@ -110,8 +110,8 @@ absl::Status Drain(Engine& e) {
 }
 
 // Solves the normal equations of min |A x - b|^2 over the columns in
-// `active` (Gaussian elimination; 4 columns at most).
-std::vector<double> LeastSquares(const std::vector<std::array<double, 4>>& a,
+// `active` (Gaussian elimination; 5 columns at most).
+std::vector<double> LeastSquares(const std::vector<std::array<double, 5>>& a,
                                  const std::vector<double>& b, const std::vector<int>& active) {
   const size_t n = active.size();
   std::vector<std::vector<double>> m(n, std::vector<double>(n + 1, 0.0));
@@ -134,7 +134,7 @@ std::vector<double> LeastSquares(const std::vector<std::array<double, 4>>& a,
       for (size_t k = c; k <= n; ++k) m[r][k] -= f * m[c][k];
     }
   }
-  std::vector<double> x(4, 0.0);
+  std::vector<double> x(5, 0.0);
   for (size_t i = 0; i < n; ++i) x[active[i]] = std::abs(m[i][i]) < 1e-300 ? 0 : m[i][n] / m[i][i];
   return x;
 }
@@ -206,7 +206,7 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
           PD_ASSIGN_OR_RETURN(double t, TimedStep(e, events));
           samples.push_back({.tokens = b,
                              .sequences = b,
-                             .attention = attention,
+                             .decode_attention = attention,
                              .seconds = t,
                              .kind = "decode"});
           for (const GenerationEvent& ev : events) {
@@ -232,13 +232,14 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
           PD_RETURN_IF_ERROR(AddRequest(e, 256, prefill_steps + 8));
         }
         PD_RETURN_IF_ERROR(StepUntilEveryFirstToken(e, generated));
-        double attention = static_cast<double>(n) * n;
-        for (const auto& [id, g] : generated) attention += 256 + g;
+        double decode_attention = 0;
+        for (const auto& [id, g] : generated) decode_attention += 256 + g;
         PD_RETURN_IF_ERROR(AddRequest(e, n, 1));
         PD_ASSIGN_OR_RETURN(double t, TimedStep(e, events));
         samples.push_back({.tokens = b + n,
                            .sequences = b + 1,
-                           .attention = attention,
+                           .attention = static_cast<double>(n) * n,
+                           .decode_attention = decode_attention,
                            .seconds = t,
                            .kind = "mixed"});
         PD_RETURN_IF_ERROR(Drain(e));
@@ -264,16 +265,18 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples) {
     StepSample sum;
     int n = 0;
   };
-  std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, Group> groups;
+  auto bucket = [](double x) {
+    return x > 0 ? static_cast<int64_t>(std::floor(std::log(x) / std::log(1.05))) : -1;
+  };
+  std::map<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>, Group> groups;
   for (const StepSample& s : samples) {
-    const int64_t bucket =
-        s.attention > 0 ? static_cast<int64_t>(std::floor(std::log(s.attention) / std::log(1.05)))
-                        : -1;
-    Group& g = groups[{s.kind, s.tokens, s.sequences, bucket}];
+    Group& g = groups[{s.kind, s.tokens, s.sequences, bucket(s.attention),
+                       bucket(s.decode_attention)}];
     g.sum.kind = s.kind;
     g.sum.tokens = s.tokens;
     g.sum.sequences = s.sequences;
     g.sum.attention += s.attention;
+    g.sum.decode_attention += s.decode_attention;
     g.sum.seconds += s.seconds;
     ++g.n;
   }
@@ -281,17 +284,18 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples) {
   for (const auto& [key, g] : groups) {
     StepSample m = g.sum;
     m.attention /= g.n;
+    m.decode_attention /= g.n;
     m.seconds /= g.n;
     means.push_back(m);
   }
-  std::vector<std::array<double, 4>> a;
+  std::vector<std::array<double, 5>> a;
   std::vector<double> b;
   for (const StepSample& s : means) {
     const double w = 1.0 / std::max(s.seconds, 1e-7);
-    a.push_back({w, w * s.tokens, w * s.sequences, w * s.attention});
+    a.push_back({w, w * s.tokens, w * s.sequences, w * s.attention, w * s.decode_attention});
     b.push_back(1.0);
   }
-  std::vector<int> active = {0, 1, 2, 3};
+  std::vector<int> active = {0, 1, 2, 3, 4};
   std::vector<double> x;
   while (true) {
     x = LeastSquares(a, b, active);
@@ -301,10 +305,15 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples) {
     if (active.empty()) break;
   }
   StepFit fit;
-  fit.cost = {.base_s = x[0], .per_token_s = x[1], .per_sequence_s = x[2], .per_attention_s = x[3]};
+  fit.cost = {.base_s = x[0],
+              .per_token_s = x[1],
+              .per_sequence_s = x[2],
+              .per_attention_s = x[3],
+              .per_decode_attention_s = x[4]};
   std::map<std::string, std::vector<double>> errors;
   for (const StepSample& s : means) {
-    const double predicted = fit.cost.Seconds(s.tokens, s.sequences, s.attention);
+    const double predicted =
+        fit.cost.Seconds(s.tokens, s.sequences, s.attention, s.decode_attention);
     errors[s.kind].push_back(std::abs(predicted - s.seconds) / s.seconds);
   }
   for (auto& [kind, e] : errors) {
@@ -335,7 +344,7 @@ absl::StatusOr<std::vector<TransferCost>> MeasureTransfers(const std::vector<std
     PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvConnection> conn,
                         sender->Connect(receiver->endpoint()));
     // Median post time per size, then a least-squares line through them.
-    std::vector<std::array<double, 4>> a;
+    std::vector<std::array<double, 5>> a;
     std::vector<double> b;
     for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
       std::vector<double> secs;
@@ -347,7 +356,7 @@ absl::StatusOr<std::vector<TransferCost>> MeasureTransfers(const std::vector<std
       }
       const double t = Percentile(secs, 50);
       const double w = 1.0 / t;  // Relative error, as for the step cost.
-      a.push_back({w, w * static_cast<double>(bytes), 0, 0});
+      a.push_back({w, w * static_cast<double>(bytes), 0, 0, 0});
       b.push_back(1.0);
     }
     const std::vector<double> x = LeastSquares(a, b, {0, 1});
@@ -431,7 +440,7 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
   const double push_tail =
       link.latency_s + last_chunk * profile.kv_bytes_per_token / std::max(link.bytes_per_s, 1.0);
   auto decode_step = [&](int64_t b, double context) {
-    return profile.step.Seconds(b, b, b * context) + profile.decode_step_overhead_s +
+    return profile.step.Seconds(b, b, 0, b * context) + profile.decode_step_overhead_s +
            profile.decode_sequence_overhead_s * b;
   };
 
@@ -445,7 +454,7 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
                         GenerationClient::Create(cluster->grpc_address()));
     // Closed-loop batches: each gap between a request's consecutive tokens
     // is one step of batch b at its context.
-    std::vector<std::array<double, 4>> a;
+    std::vector<std::array<double, 5>> a;
     std::vector<double> y;
     for (int32_t b : o.batches) {
       progress(absl::StrFormat("serving costs: %d concurrent streams", b));
@@ -478,8 +487,8 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       for (const auto& g : gaps) all.insert(all.end(), g.begin(), g.end());
       const double gap = Percentile(all, 50);
       const double context = o.prompt_tokens + o.output_tokens;  // The middle.
-      const double engine = profile.step.Seconds(b, b, static_cast<double>(b) * context);
-      a.push_back({1.0, static_cast<double>(b), 0, 0});
+      const double engine = profile.step.Seconds(b, b, 0, static_cast<double>(b) * context);
+      a.push_back({1.0, static_cast<double>(b), 0, 0, 0});
       y.push_back(gap - engine);
     }
     std::vector<double> x = LeastSquares(a, y, {0, 1});

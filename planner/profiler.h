@@ -42,7 +42,9 @@ namespace pdserve::planner {
 struct StepSample {
   int64_t tokens = 0;
   int64_t sequences = 0;
+  // Prefill chunks' and decode tokens' attention terms (profile.h).
   double attention = 0;
+  double decode_attention = 0;
   double seconds = 0;
   // "prefill", "decode" or "mixed".
   std::string kind;

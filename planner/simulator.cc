@@ -446,7 +446,8 @@ class ClusterSimulation {
         w.is_prefill ? 0
                      : profile_.decode_step_overhead_s +
                            profile_.decode_sequence_overhead_s * shape.sequences;
-    Schedule(now_ + profile_.step.Seconds(shape.tokens, shape.sequences, shape.attention) +
+    Schedule(now_ + profile_.step.Seconds(shape.tokens, shape.sequences, shape.attention,
+                                          shape.decode_attention) +
                  overhead,
              EventKind::kStepEnd, w.index);
   }

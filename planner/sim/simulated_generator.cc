@@ -157,7 +157,7 @@ bool SimulatedGenerator::BeginStep(StepShape& shape) {
   shape = StepShape();
   if (running_.empty()) return false;
   int32_t budget = max_batch_tokens_;
-  auto add = [&](Sequence& s, int32_t n) {
+  auto add = [&](Sequence& s, int32_t n, bool decode) {
     batch_.push_back({.id = s.request.id,
                       .start = s.num_computed,
                       .tokens = n,
@@ -165,17 +165,18 @@ bool SimulatedGenerator::BeginStep(StepShape& shape) {
     batch_seqs_.push_back(&s);
     shape.tokens += n;
     ++shape.sequences;
-    shape.attention += static_cast<double>(n) * (s.num_computed + n);
+    (decode ? shape.decode_attention : shape.attention) +=
+        static_cast<double>(n) * (s.num_computed + n);
     budget -= n;
   };
   // Decode tokens first: every running sequence past its prompt advances.
   for (auto& s : running_) {
-    if (s->num_computed >= s->request.prompt_tokens) add(*s, 1);
+    if (s->num_computed >= s->request.prompt_tokens) add(*s, 1, true);
   }
   // Then prefill chunks, oldest first, while the budget lasts.
   for (auto& s : running_) {
     if (s->num_computed >= s->request.prompt_tokens || budget <= 0) continue;
-    add(*s, std::min(budget, s->request.prompt_tokens - s->num_computed));
+    add(*s, std::min(budget, s->request.prompt_tokens - s->num_computed), false);
   }
   return true;
 }

@@ -49,8 +49,10 @@ struct SimRequest {
 struct StepShape {
   int64_t tokens = 0;
   int64_t sequences = 0;
-  // Sum over sequences of (new tokens * context after the step).
+  // Sum over prefill chunks of (their tokens * context after the step).
   double attention = 0;
+  // Sum over decode tokens of their context after the step.
+  double decode_attention = 0;
 };
 
 // One sequence's part of a step, as the forward pass and the

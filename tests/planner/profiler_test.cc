@@ -11,17 +11,21 @@ namespace pdserve::planner {
 namespace {
 
 TEST(FitStepCostTest, RecoversTheCoefficientsOfExactSamples) {
-  // seconds = 100 us + 2 us * tokens + 5 us * sequences + 0.001 us * attention.
+  // seconds = 100 us + 2 us * tokens + 5 us * sequences
+  //           + 0.001 us * attention + 0.003 us * decode attention.
   const StepCost truth{.base_s = 100e-6, .per_token_s = 2e-6, .per_sequence_s = 5e-6,
-                       .per_attention_s = 1e-9};
+                       .per_attention_s = 1e-9, .per_decode_attention_s = 3e-9};
   std::vector<StepSample> samples;
   for (int tokens : {1, 8, 64, 512}) {
     for (int sequences : {1, 4, 16}) {
       if (sequences > tokens) continue;
       for (double attention : {10.0, 1e4, 3e5}) {
-        samples.push_back({.tokens = tokens, .sequences = sequences, .attention = attention,
-                           .seconds = truth.Seconds(tokens, sequences, attention),
-                           .kind = "prefill"});
+        for (double decode : {0.0, 2e3, 5e4}) {
+          samples.push_back({.tokens = tokens, .sequences = sequences, .attention = attention,
+                             .decode_attention = decode,
+                             .seconds = truth.Seconds(tokens, sequences, attention, decode),
+                             .kind = "prefill"});
+        }
       }
     }
   }
@@ -31,6 +35,7 @@ TEST(FitStepCostTest, RecoversTheCoefficientsOfExactSamples) {
   EXPECT_NEAR(fit->cost.per_token_s, 2e-6, 1e-11);
   EXPECT_NEAR(fit->cost.per_sequence_s, 5e-6, 1e-10);
   EXPECT_NEAR(fit->cost.per_attention_s, 1e-9, 1e-14);
+  EXPECT_NEAR(fit->cost.per_decode_attention_s, 3e-9, 1e-14);
   ASSERT_EQ(fit->relative_error.size(), 1u);
   EXPECT_LT(fit->relative_error[0].second.second, 1e-6);
 }
@@ -52,6 +57,7 @@ TEST(FitStepCostTest, NoCoefficientComesOutNegative) {
   EXPECT_GE(fit->cost.per_token_s, 0);
   EXPECT_GE(fit->cost.per_sequence_s, 0);
   EXPECT_GE(fit->cost.per_attention_s, 0);
+  EXPECT_GE(fit->cost.per_decode_attention_s, 0);
 }
 
 TEST(FitStepCostTest, TooFewSamplesIsAnError) {

@@ -79,7 +79,7 @@ TEST(SimulatorTest, ContinuousBatchingRunsSimultaneousRequestsInOneBatch) {
   // first token), steps 2..L decode one token of each: L steps of batch N.
   constexpr int kN = 8, kL = 5;
   Profile p = TestProfile();
-  p.step = {.base_s = 0.01, .per_token_s = 0.001, .per_sequence_s = 0.002, .per_attention_s = 1e-4};
+  p.step = {.base_s = 0.01, .per_token_s = 0.001, .per_sequence_s = 0.002, .per_attention_s = 1e-4, .per_decode_attention_s = 1e-4};
   p.colocated_first_token_s = 0.003;
   p.token_delivery_s = 0.0005;
   std::vector<WorkloadRequest> requests(kN, Req(0, 1, kL));
@@ -108,7 +108,7 @@ TEST(SimulatorTest, ChunkedPrefillTakesCeilPOverCSteps) {
   Profile p = TestProfile();
   p.max_batch_tokens = 256;
   p.max_running = 8;
-  p.step = {.base_s = 0.01, .per_token_s = 1e-4, .per_attention_s = 1e-7};
+  p.step = {.base_s = 0.01, .per_token_s = 1e-4, .per_attention_s = 1e-7, .per_decode_attention_s = 1e-7};
   p.colocated_first_token_s = 0.002;
   const std::vector<RequestRecord> records =
       SimulateOk(p, Shape(0, 1), MakeWorkload({Req(0.5, 1000, 1)}));
@@ -238,7 +238,7 @@ TEST(SimulatorTest, PrefixCacheComputesOnlyTheUncachedPart) {
   // 16), one after the other on one colocated decode worker: the second
   // computes 16 tokens, attending to all 64.
   Profile p = TestProfile();
-  p.step = {.base_s = 0.01, .per_token_s = 1e-3, .per_attention_s = 1e-6};
+  p.step = {.base_s = 0.01, .per_token_s = 1e-3, .per_attention_s = 1e-6, .per_decode_attention_s = 1e-6};
   p.colocated_first_token_s = 0.002;
   const std::vector<RequestRecord> records =
       SimulateOk(p, Shape(0, 1),
@@ -399,7 +399,7 @@ INSTANTIATE_TEST_SUITE_P(Queues, PollaczekKhinchineTest,
 // A plausible CPU profile, for runs that only need realistic shapes.
 Profile PlausibleProfile() {
   Profile p = TestProfile();
-  p.step = {.base_s = 0.005, .per_token_s = 1e-4, .per_sequence_s = 2e-4, .per_attention_s = 1e-9};
+  p.step = {.base_s = 0.005, .per_token_s = 1e-4, .per_sequence_s = 2e-4, .per_attention_s = 1e-9, .per_decode_attention_s = 1e-9};
   p.prefill_kv_blocks = 8192;
   p.decode_kv_blocks = 16384;
   p.kv_bytes_per_token = 32768;
@@ -501,7 +501,7 @@ Profile FullProfile() {
   p.cpu_share = "taskset 0-1";
   p.threads = 2;
   p.max_context = 4096;
-  p.step = {.base_s = 0.001, .per_token_s = 2e-5, .per_sequence_s = 3e-5, .per_attention_s = 4e-9};
+  p.step = {.base_s = 0.001, .per_token_s = 2e-5, .per_sequence_s = 3e-5, .per_attention_s = 4e-9, .per_decode_attention_s = 4e-9};
   p.kv_bytes_per_token = 8192;
   p.transfers = {{.transport = "tcp", .latency_s = 1e-4, .bytes_per_s = 1e9},
                  {.transport = "ucx", .latency_s = 2e-5, .bytes_per_s = 5e9}};
@@ -518,6 +518,7 @@ void ExpectSameProfile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.model, b.model);
   EXPECT_EQ(a.decode_kv_blocks, b.decode_kv_blocks);
   EXPECT_EQ(a.step.per_attention_s, b.step.per_attention_s);
+  EXPECT_EQ(a.step.per_decode_attention_s, b.step.per_decode_attention_s);
   ASSERT_EQ(a.transfers.size(), b.transfers.size());
   EXPECT_EQ(a.transfers[1].transport, b.transfers[1].transport);
   EXPECT_EQ(a.transfers[1].bytes_per_s, b.transfers[1].bytes_per_s);
