@@ -111,6 +111,7 @@ EngineProfileOptions EngineOptionsFromFlags() {
   o.max_running = absl::GetFlag(FLAGS_max_running);
   o.max_context = absl::GetFlag(FLAGS_max_context);
   o.reps = absl::GetFlag(FLAGS_reps);
+  o.cpu_share = absl::GetFlag(FLAGS_worker_cpus);
   o.progress = Progress;
   return o;
 }
@@ -156,6 +157,7 @@ absl::Status RunProfile() {
       " --max_batch_tokens=", absl::GetFlag(FLAGS_max_batch_tokens),
       " --max_running=", absl::GetFlag(FLAGS_max_running),
       " --max_context=", absl::GetFlag(FLAGS_max_context), " --reps=", absl::GetFlag(FLAGS_reps),
+      " --worker_cpus=", absl::StrFormat("%g", cpus),
       " --transports=", Quote(absl::StrJoin(absl::GetFlag(FLAGS_transports), ",")),
       " --samples_out=", Quote(samples_path));
   Progress(absl::StrCat("engine steps and transfers",
@@ -335,12 +337,13 @@ absl::StatusOr<double> SimulatedGoodput(const Profile& profile, const ClusterSha
     hi *= 2;
   }
   if (lo == hi) return lo;
-  while (hi - lo > 0.02 * hi) {
+  // Bisect to 2%, or to "none" below a thousandth of a request per second.
+  while (hi - lo > 0.02 * hi && hi > 1e-3) {
     const double mid = (lo + hi) / 2;
     PD_ASSIGN_OR_RETURN(bool ok, meets(mid));
     (ok ? lo : hi) = mid;
   }
-  return lo;
+  return lo < 1e-3 ? 0 : lo;
 }
 
 // Why a shape stops meeting the SLO just past its goodput: the share of

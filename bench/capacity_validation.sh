@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The validation behind docs/capacity_planning.md: profile this machine's
+# workers, then for each workload let pd-plan search the configurations of
+# a worker budget and validate every one of them (pd-bench on a real
+# cluster at each rate, next to the simulation), and plot predicted next to
+# measured. Run from the source tree after building (build/planner has
+# pd-plan); needs root for the CPU shares. Takes about half an hour on a
+# 2-core machine; keep the machine otherwise idle.
+#
+#   bench/capacity_validation.sh [OUT_DIR]   (default build/capacity)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-build/capacity}"
+mkdir -p "$out"
+plan=build/planner/pd-plan
+cpus="${WORKER_CPUS:-0.4}"
+budget="${WORKERS:-3}"
+configs="${CONFIGS:-0P1D,0P2D,0P3D,1P1D,1P2D,2P1D}"
+engine=(--max_batch_tokens=512 --max_running=32 --prefill_kv_cache_mb=64 --decode_kv_cache_mb=64)
+
+[[ -s "$out/profile.json" ]] || "$plan" profile --out="$out/profile.json" \
+  --worker_cpus="$cpus" --max_context=1024 "${engine[@]}" --run_dir="$out/run" | tee "$out/profile.md"
+
+# name | workload flags | rates | SLO flags
+workloads=(
+  "synthetic|--input_len=uniform:128:768 --output_len=uniform:16:96 --num_requests=100 --seed=1|${SYNTHETIC_RATES:-2,4,6,8,11,14}|--slo_ttft_ms=400 --slo_tpot_ms=15"
+  "mooncake|--trace=../shared/traces/mooncake_conversation_trace.jsonl --length_scale=32 --max_input_len=1024 --max_output_len=64 --trace_max_requests=100|${TRACE_RATES:-3,6,9,12,18,24}|--slo_ttft_ms=1500 --slo_tpot_ms=30"
+)
+for entry in "${workloads[@]}"; do
+  IFS='|' read -r name flags rates slo <<<"$entry"
+  # shellcheck disable=SC2086
+  "$plan" search --profile="$out/profile.json" --workers="$budget" $flags $slo \
+    --summary_json="$out/$name.search.json" | tee "$out/$name.search.md"
+  # shellcheck disable=SC2086
+  "$plan" validate --profile="$out/profile.json" --configs="$configs" $flags $slo \
+    --request_rates="$rates" --run_dir="$out/run" --summary_json="$out/$name.validate.json" \
+    --max_error=1e9 --max_attainment_error=1 | tee "$out/$name.validate.md"
+  python3 planner/plot_validation.py "$out/$name.validate.json" "$out/$name" \
+    --title "$name: predicted (dashed) vs measured (solid)"
+done
