@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Markdown report of a `pd-plan validate --summary_json` run, with the
+`pd-plan search --summary_json` of the same workload: per configuration and
+rate, predicted next to measured TTFT p50/p90, TPOT p50/p90 and attainment
+with their errors; the goodput of every configuration, predicted and
+measured (from the sweep); how far search's pick lands from the best
+measured goodput per worker; and the error statistics against the targets
+(P90 TTFT and TPOT within 10%, attainment within 3 points).
+
+    planner/validation_report.py VALIDATE.json SEARCH.json [--attainment_target 0.9]
+"""
+import argparse
+import json
+import statistics
+
+
+def goodput(points, target):
+    """summary.h's Goodput: the highest rate meeting the target with every
+    lower rate of the sweep meeting it too."""
+    best = 0.0
+    for rate, attainment in sorted(points):
+        if attainment < target:
+            break
+        best = rate
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("validate_json")
+    parser.add_argument("search_json")
+    parser.add_argument("--attainment_target", type=float, default=0.9)
+    args = parser.parse_args()
+    rows = json.load(open(args.validate_json))
+    search = json.load(open(args.search_json))
+    configs = []
+    for r in rows:
+        if r["config"] not in configs:
+            configs.append(r["config"])
+
+    def err(p, m):
+        return (p - m) / m if m else 0.0
+
+    print("| xPyD | req/s | TTFT p50 pred / meas (ms) | TTFT p90 pred / meas (ms) | error | "
+          "TPOT p50 pred / meas (ms) | TPOT p90 pred / meas (ms) | error | attainment pred / meas | error |")
+    print("|---|---:|---|---|---:|---|---|---:|---|---:|")
+    ttft_err, tpot_err, att_err = [], [], []
+    for r in rows:
+        p, m = r["predicted"], r["measured"]
+        e1 = err(p["ttft_s"]["p90"], m["ttft_s"]["p90"])
+        e2 = err(p["tpot_s"]["p90"], m["tpot_s"]["p90"])
+        e3 = p["slo_attainment"] - m["slo_attainment"]
+        ttft_err.append(abs(e1))
+        tpot_err.append(abs(e2))
+        att_err.append(abs(e3))
+        print(f"| {r['config']} | {r['rate']:g} | {p['ttft_s']['p50']*1e3:.0f} / {m['ttft_s']['p50']*1e3:.0f} "
+              f"| {p['ttft_s']['p90']*1e3:.0f} / {m['ttft_s']['p90']*1e3:.0f} | {e1*100:+.0f}% "
+              f"| {p['tpot_s']['p50']*1e3:.1f} / {m['tpot_s']['p50']*1e3:.1f} "
+              f"| {p['tpot_s']['p90']*1e3:.1f} / {m['tpot_s']['p90']*1e3:.1f} | {e2*100:+.0f}% "
+              f"| {p['slo_attainment']*100:.0f}% / {m['slo_attainment']*100:.0f}% | {e3*100:+.0f} pt |")
+
+    n = len(rows)
+    print()
+    print(f"Over {n} (configuration, rate) points: |error| of P90 TTFT median "
+          f"{statistics.median(ttft_err)*100:.0f}%, within 10% in {sum(e <= 0.1 for e in ttft_err)} of {n}; "
+          f"P90 TPOT median {statistics.median(tpot_err)*100:.0f}%, within 10% in "
+          f"{sum(e <= 0.1 for e in tpot_err)} of {n}; attainment median "
+          f"{statistics.median(att_err)*100:.0f} points, within 3 points in "
+          f"{sum(e <= 0.03 + 1e-9 for e in att_err)} of {n}.")
+    print()
+    print("| xPyD | goodput predicted by the sweep (req/s) | measured (req/s) | measured per worker | search's goodput (bisection) |")
+    print("|---|---:|---:|---:|---:|")
+    searched = {s["config"]: s for s in search}
+    measured_per_worker = {}
+    for c in configs:
+        pts = [r for r in rows if r["config"] == c]
+        pg = goodput([(r["rate"], r["predicted"]["slo_attainment"]) for r in pts], args.attainment_target)
+        mg = goodput([(r["rate"], r["measured"]["slo_attainment"]) for r in pts], args.attainment_target)
+        x, y = c.split("P")
+        workers = int(x) + int(y.rstrip("D"))
+        measured_per_worker[c] = mg / workers
+        sg = searched.get(c, {}).get("goodput", float("nan"))
+        print(f"| {c} | {pg:g} | {mg:g} | {mg/workers:.2f} | {sg:.3g} |")
+    pick = search[0]["config"]
+    best = max(measured_per_worker, key=measured_per_worker.get)
+    print()
+    if pick in measured_per_worker and measured_per_worker[best] > 0:
+        share = measured_per_worker[pick] / measured_per_worker[best]
+        print(f"search picks {pick}; measured, it gives {measured_per_worker[pick]:.2f} req/s per worker, "
+              f"{share*100:.0f}% of the best measured ({best}, {measured_per_worker[best]:.2f}).")
+    else:
+        print(f"search picks {pick}, which was not measured (or nothing met the target).")
+
+
+if __name__ == "__main__":
+    main()
