@@ -72,6 +72,10 @@ ABSL_FLAG(std::string, summary_json, "", "Write the summary (JSON) here");
 ABSL_FLAG(int32_t, workers, 4, "search: the worker budget (x + y <= workers)");
 ABSL_FLAG(std::vector<std::string>, configs, {"1P1D"},
           "validate: the xPyD configurations to run, e.g. 0P2D,1P1D");
+ABSL_FLAG(std::string, measured_json, "",
+          "validate: compare with the measurements of an earlier validate's --summary_json "
+          "(same workload, load and SLO flags) instead of running the clusters again: "
+          "predictions of a new profile against the same runs");
 ABSL_FLAG(double, max_error, 0.10,
           "validate: largest relative error of the P90 TTFT and P90 TPOT predictions that passes");
 ABSL_FLAG(double, max_attainment_error, 0.03,
@@ -480,6 +484,41 @@ std::vector<Comparison> Compare(const Summary& p, const Summary& m) {
   return out;
 }
 
+Distribution DistributionFromJson(const nlohmann::json& j) {
+  auto number = [&](const char* key) {
+    return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+  };
+  return {.count = static_cast<int64_t>(number("count")), .mean = number("mean"),
+          .p50 = number("p50"), .p90 = number("p90"), .p99 = number("p99")};
+}
+
+// The measured summary of (config, rate) in an earlier validate's JSON:
+// the figures Compare reads.
+absl::StatusOr<Summary> EarlierMeasurement(const nlohmann::json& earlier,
+                                           const std::string& config, double rate,
+                                           int32_t concurrency) {
+  for (const nlohmann::json& row : earlier) {
+    if (row.value("config", "") != config || row.value("concurrency", -1) != concurrency) continue;
+    const double r = row["rate"].is_number() ? row["rate"].get<double>() : 0;
+    if (std::abs(r - rate) > 1e-9 * std::max(1.0, rate)) continue;
+    const nlohmann::json& m = row["measured"];
+    Summary s;
+    s.ttft_s = DistributionFromJson(m["ttft_s"]);
+    s.tpot_s = DistributionFromJson(m["tpot_s"]);
+    s.itl_s = DistributionFromJson(m["itl_s"]);
+    s.e2e_s = DistributionFromJson(m["e2e_s"]);
+    s.output_token_throughput = m.value("output_token_throughput", 0.0);
+    s.slo_attainment = m.value("slo_attainment", 0.0);
+    s.requests = m.value("requests", 0);
+    s.completed = m.value("completed", 0);
+    return s;
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "--measured_json has no measurement of %s at %g req/s (concurrency %d): give the "
+      "flags of that run",
+      config, rate, concurrency));
+}
+
 absl::Status RunValidate() {
   PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
   PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
@@ -491,6 +530,15 @@ absl::Status RunValidate() {
                                profile.model, profile.machine, profile.cpu_share);
   nlohmann::json json = nlohmann::json::array();
   bool all_passed = true;
+  nlohmann::json earlier;
+  if (const std::string path = absl::GetFlag(FLAGS_measured_json); !path.empty()) {
+    std::ifstream in(path);
+    earlier = nlohmann::json::parse(in, nullptr, false);
+    if (!in || earlier.is_discarded() || !earlier.is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--measured_json: ", path, " is not the JSON of pd-plan validate"));
+    }
+  }
   for (const std::string& name : absl::GetFlag(FLAGS_configs)) {
     PD_ASSIGN_OR_RETURN(ClusterShape shape, ParseShape(name));
     shape.routing = routing;
@@ -501,25 +549,35 @@ absl::Status RunValidate() {
     launch.dir = RunDir(absl::StrCat("validate-", name));
     launch.source_dir = PDSERVE_SOURCE_DIR;
     launch.binary_dir = BinaryDir();
-    Progress(absl::StrCat("validate: starting ", name));
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<ClusterLauncher> cluster, ClusterLauncher::Start(launch));
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<LoadTarget> load_target,
-                        MakeLoadTarget("grpc", {.address = cluster->grpc_address()}));
+    std::unique_ptr<ClusterLauncher> cluster;
+    std::unique_ptr<LoadTarget> load_target;
+    if (earlier.is_null()) {
+      Progress(absl::StrCat("validate: starting ", name));
+      PD_ASSIGN_OR_RETURN(cluster, ClusterLauncher::Start(launch));
+      PD_ASSIGN_OR_RETURN(load_target,
+                          MakeLoadTarget("grpc", {.address = cluster->grpc_address()}));
+    }
     std::vector<SweepPoint> predicted_points, measured_points;
     std::cout << absl::StrFormat(
         "\n%s\n\n| load | figure | predicted | measured | error |\n|---|---|---|---|---|\n",
         shape.Name());
     for (const LoadLevel& level : levels) {
       PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, level));
-      PD_ASSIGN_OR_RETURN(LoadResult measured,
-                          RunLoad(at, *load_target,
-                                  {.concurrency = level.concurrency,
-                                   .label = absl::StrCat(name, " ", level.Name())}));
       PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> predicted,
                           Simulate(profile, shape, at, {.concurrency = level.concurrency}));
-      const Summary m = Summarize(measured.records, spec.OptionsFor(measured.records));
       const Summary p = Summarize(predicted, spec.OptionsFor(predicted));
       const double rate = OfferedRate(at, level);
+      Summary m;
+      if (load_target != nullptr) {
+        PD_ASSIGN_OR_RETURN(LoadResult measured,
+                            RunLoad(at, *load_target,
+                                    {.concurrency = level.concurrency,
+                                     .label = absl::StrCat(name, " ", level.Name())}));
+        m = Summarize(measured.records, spec.OptionsFor(measured.records));
+      } else {
+        PD_ASSIGN_OR_RETURN(m, EarlierMeasurement(earlier, shape.Name(), rate,
+                                                  level.concurrency));
+      }
       measured_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = m});
       predicted_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = p});
       nlohmann::json figures = nlohmann::json::array();

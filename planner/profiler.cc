@@ -1,6 +1,8 @@
 #include "planner/profiler.h"
 
 #include <algorithm>
+#include <time.h>
+
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -49,6 +51,7 @@ struct Engine {
   std::unique_ptr<Generator> generator;
   uint64_t next_id = 1;
   uint64_t prompts = 0;
+  double cpu_share = 0;
 };
 
 absl::StatusOr<Engine> MakeEngine(const EngineProfileOptions& o, int32_t blocks) {
@@ -61,6 +64,7 @@ absl::StatusOr<Engine> MakeEngine(const EngineProfileOptions& o, int32_t blocks)
                       Generator::Create(e.runner.get(), {.max_batch_tokens = o.max_batch_tokens,
                                                          .max_running = o.max_running,
                                                          .enable_prefix_caching = false}));
+  e.cpu_share = o.cpu_share;
   return e;
 }
 
@@ -75,10 +79,21 @@ absl::Status AddRequest(Engine& e, int32_t prompt_len, int32_t max_tokens) {
 }
 
 // Runs one step; its wall time.
+double ProcessCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// Runs one step; its time: wall-clock, or with a CPU share the CPU time it
+// took divided by the share — what it takes on average under that quota,
+// without the stalls of single quota periods or other processes' noise.
 absl::StatusOr<double> TimedStep(Engine& e, std::vector<GenerationEvent>& events) {
   events.clear();
   const auto t0 = Clock::now();
+  const double cpu0 = ProcessCpuSeconds();
   PD_RETURN_IF_ERROR(e.generator->Step(events));
+  if (e.cpu_share > 0) return (ProcessCpuSeconds() - cpu0) / e.cpu_share;
   return SecondsSince(t0);
 }
 
@@ -444,16 +459,18 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
            profile.decode_sequence_overhead_s * b;
   };
 
-  // Colocated first: the decode overheads, then its first-token cost.
+  // The decode overheads first, on a disaggregated cluster: its decode
+  // worker only decodes, so each gap between a request's consecutive tokens
+  // is one decode step of batch b at its context (on a colocated one the
+  // closed loop's next prompts would be prefilled between them, and their
+  // chunks counted as streaming costs).
   {
-    progress("serving costs: colocated cluster (0P1D)");
-    launch.prefill = 0;
-    launch.routing = R"({"localPrefillMaxTokens": 1000000000})";
+    progress("serving costs: decode overheads on a 1P1D cluster");
+    launch.prefill = 1;
+    launch.routing = R"({"localPrefillMaxTokens": 0})";
     PD_ASSIGN_OR_RETURN(std::unique_ptr<ClusterLauncher> cluster, ClusterLauncher::Start(launch));
     PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
                         GenerationClient::Create(cluster->grpc_address()));
-    // Closed-loop batches: each gap between a request's consecutive tokens
-    // is one step of batch b at its context.
     std::vector<std::array<double, 5>> a;
     std::vector<double> y;
     for (int32_t b : o.batches) {
@@ -494,7 +511,14 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     std::vector<double> x = LeastSquares(a, y, {0, 1});
     profile.decode_step_overhead_s = std::max(0.0, x[0]);
     profile.decode_sequence_overhead_s = std::max(0.0, x[1]);
-
+  }
+  {
+    progress("serving costs: colocated cluster (0P1D)");
+    launch.prefill = 0;
+    launch.routing = R"({"localPrefillMaxTokens": 1000000000})";
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<ClusterLauncher> cluster, ClusterLauncher::Start(launch));
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
+                        GenerationClient::Create(cluster->grpc_address()));
     // First token at prefill end + colocated_first_token_s; the second at
     // the next step's end + token_delivery_s.
     std::vector<double> first, delivery;

@@ -19,10 +19,11 @@
 //                       closed-loop batches for what streaming adds to
 //                       each decode step (router, gRPC, hand-off).
 //
-// The engine and transfer figures are only meaningful under the CPU share
-// the workers will run with: pd-plan runs them in a child process placed
-// in such a cgroup (deploy/local/cpu_share.sh), and the clusters with
-// cluster.sh --cpu-share.
+// Under a CPU share, an engine step is timed as its CPU time over the share
+// (EngineProfileOptions::cpu_share): what it takes on average under the
+// quota. The transfers are timed on the wall clock in a child process
+// placed in such a cgroup (deploy/local/cpu_share.sh), and the clusters
+// run with cluster.sh --cpu-share.
 // Thread-safety: functions; each call owns what it creates.
 #ifndef PDSERVE_PLANNER_PROFILER_H_
 #define PDSERVE_PLANNER_PROFILER_H_
@@ -65,6 +66,9 @@ struct EngineProfileOptions {
   int32_t max_context = 1024;
   // Repetitions of each designed step. Default: 5.
   int32_t reps = 5;
+  // > 0: a step's time is the CPU time it took divided by this (the
+  // workers' CPU share); 0: wall-clock. Default: 0.
+  double cpu_share = 0;
   // Called with a line of progress now and then. Default: none.
   std::function<void(std::string_view)> progress;
 };
@@ -100,7 +104,7 @@ struct ServingCostOptions {
   int32_t output_tokens = 32;
   // Single requests per cluster (the first is a warm-up). Default: 12.
   int32_t requests = 12;
-  // Closed-loop batch sizes on the colocated cluster, for the decode step
+  // Closed-loop batch sizes on the disaggregated cluster, for the decode step
   // overheads. Default: 1, 4, 16.
   std::vector<int32_t> batches = {1, 4, 16};
   // How the clusters are started (LaunchOptionsFor, with the
