@@ -4,8 +4,9 @@
 # a worker budget and validate every one of them (pd-bench on a real
 # cluster at each rate, next to the simulation), and plot predicted next to
 # measured. Run from the source tree after building (build/planner has
-# pd-plan); needs root for the CPU shares. Takes about half an hour on a
-# 2-core machine; keep the machine otherwise idle.
+# pd-plan); needs root for the CPU shares. Takes about 35 minutes on a
+# 2-core machine; keep the machine otherwise idle. To predict again with a
+# new profile against the same runs: pd-plan validate --measured_json.
 #
 #   bench/capacity_validation.sh [OUT_DIR]   (default build/capacity)
 set -euo pipefail
@@ -24,7 +25,7 @@ engine=(--max_batch_tokens=512 --max_running=32 --prefill_kv_cache_mb=64 --decod
 # name | workload flags | rates | SLO flags
 workloads=(
   "synthetic|--input_len=uniform:128:768 --output_len=uniform:16:96 --num_requests=100 --seed=1|${SYNTHETIC_RATES:-2,4,6,8,11,14}|--slo_ttft_ms=400 --slo_tpot_ms=15"
-  "mooncake|--trace=../shared/traces/mooncake_conversation_trace.jsonl --length_scale=32 --max_input_len=1024 --max_output_len=64 --trace_max_requests=100|${TRACE_RATES:-3,6,9,12,18,24}|--slo_ttft_ms=1500 --slo_tpot_ms=30"
+  "mooncake|--trace=../shared/traces/mooncake_conversation_trace.jsonl --length_scale=32 --max_input_len=1024 --max_output_len=64 --trace_max_requests=100|${TRACE_RATES:-3,6,12,24}|--slo_ttft_ms=1500 --slo_tpot_ms=30"
 )
 for entry in "${workloads[@]}"; do
   IFS='|' read -r name flags rates slo <<<"$entry"
@@ -37,4 +38,6 @@ for entry in "${workloads[@]}"; do
     --max_error=1e9 --max_attainment_error=1 | tee "$out/$name.validate.md"
   python3 planner/plot_validation.py "$out/$name.validate.json" "$out/$name" \
     --title "$name: predicted (dashed) vs measured (solid)"
+  python3 planner/validation_report.py "$out/$name.validate.json" "$out/$name.search.json" \
+    | tee "$out/$name.report.md"
 done
