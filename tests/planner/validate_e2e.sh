@@ -19,10 +19,10 @@
 # its later tokens arrive in bursts the model does not have — puts 1P1D's
 # P90 TPOT 2-3x too high (CI run: 1.51 ms predicted, 0.48 measured;
 # docs/capacity_planning.md). So TPOT is held only to 4x here, while TTFT
-# (30%) and attainment (10 points) are held to what the model does reach.
+# (40%: seen up to +25% here) and attainment (10 points) to what it reaches.
 set -euo pipefail
 build="$1" source="$2"
-max_error="${MAX_ERROR:-0.30}" max_tpot_error="${MAX_TPOT_ERROR:-3.0}"
+max_error="${MAX_ERROR:-0.40}" max_tpot_error="${MAX_TPOT_ERROR:-3.0}"
 max_attainment="${MAX_ATTAINMENT:-0.10}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
