@@ -12,19 +12,6 @@
 namespace pdserve::planner {
 namespace {
 
-// Single-quoted for /bin/sh.
-std::string Quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
 // Runs `command` through the shell; its exit status and the tail of its
 // output.
 int RunShell(const std::string& command, std::string* output) {
@@ -47,6 +34,18 @@ std::string ReadPort(const std::string& path) {
 
 }  // namespace
 
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
 absl::StatusOr<std::unique_ptr<ClusterLauncher>> ClusterLauncher::Start(
     const LaunchOptions& options) {
   if (options.dir.empty() || options.source_dir.empty() || options.binary_dir.empty()) {
@@ -59,16 +58,16 @@ absl::StatusOr<std::unique_ptr<ClusterLauncher>> ClusterLauncher::Start(
   }
   const std::string launcher = absl::StrCat(options.source_dir, "/deploy/local/cluster.sh");
   std::string command = absl::StrCat(
-      Quote(launcher), " up --prefill ", options.prefill, " --decode ", options.decode,
-      " --model ", Quote(options.model), " --dir ", Quote(options.dir), " --bin ",
-      Quote(options.binary_dir), " --prefill-args ",
-      Quote(absl::StrCat(options.worker_args, " ", options.prefill_args)), " --decode-args ",
-      Quote(absl::StrCat(options.worker_args, " ", options.decode_args)), " --router-args ",
-      Quote(options.router_args));
+      ShellQuote(launcher), " up --prefill ", options.prefill, " --decode ", options.decode,
+      " --model ", ShellQuote(options.model), " --dir ", ShellQuote(options.dir), " --bin ",
+      ShellQuote(options.binary_dir), " --prefill-args ",
+      ShellQuote(absl::StrCat(options.worker_args, " ", options.prefill_args)), " --decode-args ",
+      ShellQuote(absl::StrCat(options.worker_args, " ", options.decode_args)), " --router-args ",
+      ShellQuote(options.router_args));
   if (options.cpu_share > 0) {
     absl::StrAppend(&command, " --cpu-share ", absl::StrFormat("%g", options.cpu_share));
   }
-  if (!options.routing.empty()) absl::StrAppend(&command, " --routing ", Quote(options.routing));
+  if (!options.routing.empty()) absl::StrAppend(&command, " --routing ", ShellQuote(options.routing));
   std::unique_ptr<ClusterLauncher> cluster(new ClusterLauncher(launcher, options.dir));
   std::string output;
   if (RunShell(command, &output) != 0) {
@@ -82,7 +81,7 @@ absl::StatusOr<std::unique_ptr<ClusterLauncher>> ClusterLauncher::Start(
 }
 
 ClusterLauncher::~ClusterLauncher() {
-  RunShell(absl::StrCat(Quote(launcher_), " down --dir ", Quote(dir_)), nullptr);
+  RunShell(absl::StrCat(ShellQuote(launcher_), " down --dir ", ShellQuote(dir_)), nullptr);
 }
 
 }  // namespace pdserve::planner

@@ -15,6 +15,10 @@
 
 namespace pdserve::planner {
 
+// `s` single-quoted for /bin/sh (pd-bench and pd-plan run commands through
+// the shell too).
+std::string ShellQuote(const std::string& s);
+
 struct LaunchOptions {
   // Default: 1 (0: colocated).
   int prefill = 1;

@@ -40,6 +40,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "planner/cluster_launcher.h"
 #include "planner/loadgen.h"
 #include "planner/summary.h"
 #include "planner/workload.h"
@@ -134,24 +135,12 @@ std::string PlotScript() {
   return PDSERVE_SOURCE_DIR "/planner/plot_bench.py";
 }
 
-std::string Quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
 // Runs plot_bench.py on the summary; the PNG files it wrote.
 absl::StatusOr<std::vector<std::string>> Plot(const std::string& summary_path,
                                               const std::string& dir) {
   const std::string command =
-      absl::StrCat("python3 ", Quote(PlotScript()), " --summary ",
-                   Quote(summary_path), " --out_dir ", Quote(dir));
+      absl::StrCat("python3 ", ShellQuote(PlotScript()), " --summary ",
+                   ShellQuote(summary_path), " --out_dir ", ShellQuote(dir));
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError("cannot run " + command);
   std::string out;

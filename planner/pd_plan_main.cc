@@ -101,12 +101,6 @@ std::string RunDir(const std::string& name) {
   return absl::StrCat(dir, "/", name);
 }
 
-std::string Quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 void Progress(std::string_view line) { std::cerr << "pd-plan: " << line << "\n"; }
 
 EngineProfileOptions EngineOptionsFromFlags() {
@@ -154,26 +148,26 @@ absl::Status RunProfile() {
   // The engine and the transfers in a child under the workers' share.
   std::string command;
   if (cpus > 0) {
-    command = absl::StrCat(Quote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh"),
+    command = absl::StrCat(ShellQuote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh"),
                            " run ", absl::StrFormat("%g", cpus), " pdserve.profile.", getpid(),
                            " ");
   }
   absl::StrAppend(
-      &command, Quote(SelfPath()), " profile_engine --model=", Quote(absl::GetFlag(FLAGS_model)),
+      &command, ShellQuote(SelfPath()), " profile_engine --model=", ShellQuote(absl::GetFlag(FLAGS_model)),
       " --threads=", absl::GetFlag(FLAGS_threads), " --block_size=", absl::GetFlag(FLAGS_block_size),
       " --max_batch_tokens=", absl::GetFlag(FLAGS_max_batch_tokens),
       " --max_running=", absl::GetFlag(FLAGS_max_running),
       " --max_context=", absl::GetFlag(FLAGS_max_context), " --reps=", absl::GetFlag(FLAGS_reps),
       " --worker_cpus=", absl::StrFormat("%g", cpus),
-      " --transports=", Quote(absl::StrJoin(absl::GetFlag(FLAGS_transports), ",")),
-      " --samples_out=", Quote(samples_path));
+      " --transports=", ShellQuote(absl::StrJoin(absl::GetFlag(FLAGS_transports), ",")),
+      " --samples_out=", ShellQuote(samples_path));
   Progress(absl::StrCat("engine steps and transfers",
                         cpus > 0 ? absl::StrFormat(" under a %g-CPU share", cpus) : ""));
   if (std::system(command.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("the engine profile failed: ", command));
   }
   if (cpus > 0) {
-    std::system(absl::StrCat(Quote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh"),
+    std::system(absl::StrCat(ShellQuote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh"),
                              " remove pdserve.profile.", getpid()).c_str());
   }
   std::ifstream in(samples_path);
@@ -194,7 +188,7 @@ absl::Status RunProfile() {
   if (cpus > 0) {
     std::string how;
     FILE* pipe = popen(
-        (Quote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh") + " how").c_str(),
+        (ShellQuote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh") + " how").c_str(),
         "r");
     char line[512];
     if (pipe != nullptr && fgets(line, sizeof line, pipe) != nullptr) how = line;
