@@ -230,7 +230,7 @@ absl::Status RunProfile() {
       "Profile of %s on %s (%s), written to %s\n\n"
       "| engine step cost | value |\n|---|---|\n"
       "| base | %.1f us |\n| per token | %.2f us |\n| per sequence | %.2f us |\n"
-      "| per prefill token x context | %.4f us |\n| per decode token x context | %.4f us |\n",
+      "| per prefill attention pair | %.4f us |\n| per decode attention pair | %.4f us |\n",
       p.model, p.machine, p.cpu_share, absl::GetFlag(FLAGS_out), p.step.base_s * 1e6,
       p.step.per_token_s * 1e6, p.step.per_sequence_s * 1e6, p.step.per_attention_s * 1e6,
       p.step.per_decode_attention_s * 1e6);

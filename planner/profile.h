@@ -8,15 +8,16 @@
 //
 //   step seconds = base_s + per_token_s * tokens + per_sequence_s * sequences
 //                  + per_attention_s * sum over prefill chunks of
-//                    (its tokens in the step * its context after the step)
+//                    AttentionPairs(its start, its tokens)
 //                  + per_decode_attention_s * sum over decode tokens of
-//                    their context
+//                    AttentionPairs(their start, 1)
 //
 // `tokens` counts prompt and decode tokens alike; the attention terms are
-// the work of attending each new token to the sequence's whole context,
-// apart for prefill and decode because a decode token reads its whole
-// context for one query (memory-bound: builtin:tiny's measured ~2.7x the
-// cost per pair of a prefill chunk's, whose queries share what they read).
+// the (query, key) pairs the step's causal attention computes: each new
+// token attends to every token before it and to itself. They are apart for
+// prefill and decode because a decode token reads its whole context for one
+// query (memory-bound: builtin:tiny's measured ~2x the cost per pair of a
+// prefill chunk's, whose queries share what they read).
 // Thread-safety: values.
 #ifndef PDSERVE_PLANNER_PROFILE_H_
 #define PDSERVE_PLANNER_PROFILE_H_
@@ -29,6 +30,13 @@
 #include "nlohmann/json.hpp"
 
 namespace pdserve::planner {
+
+// The causal attention pairs of `tokens` new tokens after `start` computed
+// ones: tokens * start + tokens * (tokens + 1) / 2.
+inline double AttentionPairs(int64_t start, int64_t tokens) {
+  return static_cast<double>(tokens) * static_cast<double>(start) +
+         static_cast<double>(tokens) * static_cast<double>(tokens + 1) / 2;
+}
 
 struct StepCost {
   double base_s = 0;

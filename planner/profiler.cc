@@ -190,7 +190,7 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
         if (r == 0) continue;  // Warm-up.
         samples.push_back({.tokens = n,
                            .sequences = 1,
-                           .attention = static_cast<double>(n) * (k + 1) * n,
+                           .attention = AttentionPairs(static_cast<int64_t>(k) * n, n),
                            .seconds = t,
                            .kind = "prefill"});
       }
@@ -217,7 +217,7 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
           // The step computes each sequence's last sampled token: its
           // context after the step is prompt + generated.
           double attention = 0;
-          for (const auto& [id, n] : generated) attention += context + n;
+          for (const auto& [id, n] : generated) attention += AttentionPairs(context + n - 1, 1);
           PD_ASSIGN_OR_RETURN(double t, TimedStep(e, events));
           samples.push_back({.tokens = b,
                              .sequences = b,
@@ -248,12 +248,12 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
         }
         PD_RETURN_IF_ERROR(StepUntilEveryFirstToken(e, generated));
         double decode_attention = 0;
-        for (const auto& [id, g] : generated) decode_attention += 256 + g;
+        for (const auto& [id, g] : generated) decode_attention += AttentionPairs(256 + g - 1, 1);
         PD_RETURN_IF_ERROR(AddRequest(e, n, 1));
         PD_ASSIGN_OR_RETURN(double t, TimedStep(e, events));
         samples.push_back({.tokens = b + n,
                            .sequences = b + 1,
-                           .attention = static_cast<double>(n) * n,
+                           .attention = AttentionPairs(0, n),
                            .decode_attention = decode_attention,
                            .seconds = t,
                            .kind = "mixed"});
@@ -416,7 +416,7 @@ double PrefillSeconds(const Profile& p, int32_t prompt) {
   for (int32_t done = 0; done < prompt;) {
     const int32_t n = std::min(p.max_batch_tokens, prompt - done);
     done += n;
-    t += p.step.Seconds(n, 1, static_cast<double>(n) * done);
+    t += p.step.Seconds(n, 1, AttentionPairs(done - n, n));
   }
   return t;
 }

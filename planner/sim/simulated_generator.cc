@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv_layout.h"
+#include "planner/profile.h"
 
 namespace pdserve::planner {
 
@@ -165,8 +166,7 @@ bool SimulatedGenerator::BeginStep(StepShape& shape) {
     batch_seqs_.push_back(&s);
     shape.tokens += n;
     ++shape.sequences;
-    (decode ? shape.decode_attention : shape.attention) +=
-        static_cast<double>(n) * (s.num_computed + n);
+    (decode ? shape.decode_attention : shape.attention) += AttentionPairs(s.num_computed, n);
     budget -= n;
   };
   // Decode tokens first: every running sequence past its prompt advances.

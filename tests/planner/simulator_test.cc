@@ -116,7 +116,7 @@ TEST(SimulatorTest, ChunkedPrefillTakesCeilPOverCSteps) {
   double ttft = 0;
   for (int start = 0; start < 1000; start += 256) {
     const int n = std::min(256, 1000 - start);
-    ttft += 0.01 + 1e-4 * n + 1e-7 * n * (start + n);
+    ttft += 0.01 + 1e-4 * n + 1e-7 * (n * start + n * (n + 1) / 2.0);
   }
   ttft += 0.002;
   ASSERT_TRUE(records[0].ok()) << records[0].error;
@@ -236,7 +236,8 @@ TEST(SimulatorTest, FullRouterQueueRefusesRequests) {
 TEST(SimulatorTest, PrefixCacheComputesOnlyTheUncachedPart) {
   // Two 64-token prompts sharing their first 48 tokens (workload blocks of
   // 16), one after the other on one colocated decode worker: the second
-  // computes 16 tokens, attending to all 64.
+  // computes 16 tokens, which attend to the 48 before them and causally to
+  // each other.
   Profile p = TestProfile();
   p.step = {.base_s = 0.01, .per_token_s = 1e-3, .per_attention_s = 1e-6, .per_decode_attention_s = 1e-6};
   p.colocated_first_token_s = 0.002;
@@ -247,9 +248,8 @@ TEST(SimulatorTest, PrefixCacheComputesOnlyTheUncachedPart) {
                                // computed (its logits are needed).
                                Req(2, 64, 1, {1, 2, 3, 4})}));
   ASSERT_EQ(records.size(), 3u);
-  EXPECT_NEAR(Ttft(records[0]), 0.01 + 64e-3 + 64 * 64 * 1e-6 + 0.002, 1e-12);
-  EXPECT_NEAR(Ttft(records[1]), 0.01 + 16e-3 + 16 * 64 * 1e-6 + 0.002, 1e-12);
-  EXPECT_NEAR(Ttft(records[0]) - Ttft(records[1]), 48e-3 + 48 * 64 * 1e-6, 1e-12);
+  EXPECT_NEAR(Ttft(records[0]), 0.01 + 64e-3 + (64 * 65 / 2) * 1e-6 + 0.002, 1e-12);
+  EXPECT_NEAR(Ttft(records[1]), 0.01 + 16e-3 + (16 * 48 + 16 * 17 / 2) * 1e-6 + 0.002, 1e-12);
   EXPECT_NEAR(Ttft(records[2]), Ttft(records[1]), 1e-12);
 }
 
