@@ -58,6 +58,10 @@ absl::Status Generator::Validate(const GenerationRequest& request) const {
                      request.prompt.size() - 1, "] for a prompt of ", request.prompt.size(),
                      " tokens"));
   }
+  if (request.arrival_unix_us < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("arrival_unix_us (", request.arrival_unix_us, ") is negative"));
+  }
   if (request.resumed_tokens > 0 && request.sampling.prompt_logprobs) {
     return absl::InvalidArgumentError(
         "prompt_logprobs with resumed_tokens: the prompt's logprobs went with the first run");
@@ -105,7 +109,7 @@ absl::Status Generator::Add(GenerationRequest request) {
   if (Known(request.id) || reservations_.contains(request.id)) {
     return absl::InvalidArgumentError(absl::StrCat("duplicate request id ", request.id.value));
   }
-  waiting_.push_back(NewSequence(std::move(request), /*sampled_elsewhere=*/0));
+  Enqueue(NewSequence(std::move(request), /*sampled_elsewhere=*/0));
   return absl::OkStatus();
 }
 
@@ -215,7 +219,7 @@ absl::Status Generator::AddPrefilled(GenerationRequest request, int32_t first_to
   prefix_cached_tokens_ += static_cast<int64_t>(shared) * bs;
   reservations_.erase(it);
   HashComputedBlocks(*seq);
-  waiting_.push_back(std::move(seq));
+  Enqueue(std::move(seq));
   return absl::OkStatus();
 }
 
@@ -248,6 +252,18 @@ void Generator::Cancel(RequestId id) {
     running_.erase(rit);
     cancelled_.push_back(id);
   }
+}
+
+void Generator::Enqueue(std::unique_ptr<Sequence> seq) {
+  // Behind every waiting request that arrived no later (a 0 arrival stops
+  // the search: it holds its place).
+  const int64_t arrival = seq->request.arrival_unix_us;
+  auto pos = waiting_.end();
+  while (arrival > 0 && pos != waiting_.begin() &&
+         (*std::prev(pos))->request.arrival_unix_us > arrival) {
+    --pos;
+  }
+  waiting_.insert(pos, std::move(seq));
 }
 
 void Generator::Admit() {

@@ -71,6 +71,12 @@ struct GenerationRequest {
   // tokens equal those the earlier run would have gone on with. In
   // [0, prompt length - 1]; not with prompt_logprobs. Default: 0 (new).
   int32_t resumed_tokens = 0;
+  // When the request reached its router (microseconds since the Unix
+  // epoch): requests wait for admission in this order, first come first
+  // served, whatever order they were added in. A request added with 0 (or
+  // after one with a later time) waits behind those already waiting.
+  // Default: 0.
+  int64_t arrival_unix_us = 0;
 };
 
 // Positions [begin, end) of a sequence whose K/V in the reported layer are
@@ -234,6 +240,8 @@ class Generator {
   std::unique_ptr<Sequence> NewSequence(GenerationRequest request, int64_t sampled_elsewhere);
   bool Known(RequestId id) const;
   void ReportLayer(int32_t layer);
+  // Into waiting_, in arrival order (GenerationRequest::arrival_unix_us).
+  void Enqueue(std::unique_ptr<Sequence> seq);
   void Admit();
   // Samples for sequence `s` from `logits`; true when it finished.
   bool SampleNext(Sequence& s, std::span<const float> logits,

@@ -1,5 +1,8 @@
 #include "proto/convert.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -29,6 +32,8 @@ GenerationRequest FromWire(const wire::EngineRequest& r) {
   }
   // Clamped as max_tokens; the Generator rejects more than the prompt.
   out.resumed_tokens = static_cast<int32_t>(std::min<uint32_t>(r.resumed_tokens(), 1u << 30));
+  out.arrival_unix_us = static_cast<int64_t>(
+      std::min<uint64_t>(r.arrival_unix_us(), std::numeric_limits<int64_t>::max()));
   return out;
 }
 
@@ -51,6 +56,7 @@ void ToWire(const GenerationRequest& r, wire::EngineRequest* out) {
   for (const auto& [id, bias] : s.logit_bias) (*out->mutable_logit_bias())[id] = bias;
   if (s.prompt_logprobs) out->set_prompt_logprobs(static_cast<uint32_t>(*s.prompt_logprobs));
   out->set_resumed_tokens(static_cast<uint32_t>(r.resumed_tokens));
+  out->set_arrival_unix_us(static_cast<uint64_t>(std::max<int64_t>(r.arrival_unix_us, 0)));
 }
 
 SampledToken FromWire(const wire::SampledToken& t) {

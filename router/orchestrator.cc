@@ -863,6 +863,9 @@ std::shared_ptr<RunningRequest> RequestOrchestrator::Start(
   if (!validated->engine.sampling.seed) {
     validated->engine.sampling.seed = RandomU64();
   }
+  // Workers admit in this order (first come, first served), and a request
+  // migrated or retried keeps its place.
+  validated->engine.arrival_unix_us = absl::ToUnixMicros(absl::Now());
   std::string request_id = request.request_id().empty()
                                ? absl::StrCat("req-", NewId())
                                : request.request_id();

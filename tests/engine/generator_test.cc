@@ -178,6 +178,71 @@ TEST(GeneratorTest, RequestsWaitForBlocksThenRun) {
   EXPECT_EQ((*g)->block_pool().num_free(), 4);
 }
 
+TEST(GeneratorTest, WaitingRequestsAreAdmittedInArrivalOrder) {
+  // One request runs at a time (max_running 1). Added in the order 1..5
+  // with router arrival times 30, 10, 0, 20, 10: 0 holds its place behind
+  // those added before it, equal times keep the order they were added in.
+  // The first to be added starts at once, so it runs first.
+  auto model = Tiny();
+  auto runner = MakeRunner(model, 64);
+  auto g = Generator::Create(runner.get(), {.max_running = 1});
+  ASSERT_TRUE(g.ok());
+  SamplingParams sp{.temperature = 0.0f, .max_tokens = 2, .ignore_eos = true};
+  const int64_t arrivals[] = {30, 10, 0, 20, 10};
+  std::vector<GenerationEvent> events;
+  ASSERT_TRUE((*g)->Add({.id = RequestId(1), .prompt = RandomPrompt(8, 1), .sampling = sp,
+                         .arrival_unix_us = arrivals[0]})
+                  .ok());
+  ASSERT_TRUE((*g)->Step(events).ok());  // Request 1 is running.
+  for (int i = 1; i < 5; ++i) {
+    ASSERT_TRUE((*g)->Add({.id = RequestId(i + 1), .prompt = RandomPrompt(8, i + 1),
+                           .sampling = sp, .arrival_unix_us = arrivals[i]})
+                    .ok());
+  }
+  std::vector<uint64_t> finished;
+  for (const GenerationEvent& e : events) {
+    if (e.finish != FinishReason::kNone) finished.push_back(e.id.value);
+  }
+  while ((*g)->HasWork()) {
+    events.clear();
+    ASSERT_TRUE((*g)->Step(events).ok());
+    for (const GenerationEvent& e : events) {
+      if (e.finish != FinishReason::kNone) finished.push_back(e.id.value);
+    }
+  }
+  // Waiting after 1: 2 (10), then 3 (0) behind it, then 4 (20) behind 3
+  // (a 0 stops the search), then 5 (10) ahead of 4 but behind 3.
+  EXPECT_EQ(finished, (std::vector<uint64_t>{1, 2, 3, 5, 4}));
+
+  // Without a 0 among them, the times decide.
+  ASSERT_TRUE((*g)->Add({.id = RequestId(11), .prompt = RandomPrompt(8, 11), .sampling = sp,
+                         .arrival_unix_us = 1})
+                  .ok());
+  events.clear();
+  ASSERT_TRUE((*g)->Step(events).ok());  // 11 is running.
+  const int64_t later[] = {50, 40, 60, 40};
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE((*g)->Add({.id = RequestId(12 + i), .prompt = RandomPrompt(8, 12 + i),
+                           .sampling = sp, .arrival_unix_us = later[i]})
+                    .ok());
+  }
+  finished.clear();
+  while ((*g)->HasWork()) {
+    events.clear();
+    ASSERT_TRUE((*g)->Step(events).ok());
+    for (const GenerationEvent& e : events) {
+      if (e.finish != FinishReason::kNone) finished.push_back(e.id.value);
+    }
+  }
+  EXPECT_EQ(finished, (std::vector<uint64_t>{11, 13, 15, 12, 14}));
+  EXPECT_EQ((*g)->block_pool().num_free(), 64);
+
+  EXPECT_EQ((*g)->Add({.id = RequestId(20), .prompt = RandomPrompt(8, 20), .sampling = sp,
+                       .arrival_unix_us = -1})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Greedy output of `prompt` from a fresh generator without prefix caching.
 std::vector<int32_t> Uncached(const std::shared_ptr<const Model>& model, const std::vector<int32_t>& prompt,
                               int max_tokens) {
