@@ -200,16 +200,18 @@ TEST(GeneratorTest, WaitingRequestsAreAdmittedInArrivalOrder) {
                     .ok());
   }
   std::vector<uint64_t> finished;
-  for (const GenerationEvent& e : events) {
-    if (e.finish != FinishReason::kNone) finished.push_back(e.id.value);
-  }
-  while ((*g)->HasWork()) {
-    events.clear();
-    ASSERT_TRUE((*g)->Step(events).ok());
-    for (const GenerationEvent& e : events) {
-      if (e.finish != FinishReason::kNone) finished.push_back(e.id.value);
+  // Notes the requests `events` end, then steps until idle noting the rest.
+  auto run_to_idle = [&] {
+    while (true) {
+      for (const GenerationEvent& e : events) {
+        if (e.finish != FinishReason::kNone) finished.push_back(e.id.value);
+      }
+      events.clear();
+      if (!(*g)->HasWork()) return;
+      ASSERT_TRUE((*g)->Step(events).ok());
     }
-  }
+  };
+  run_to_idle();
   // Waiting after 1: 2 (10), then 3 (0) behind it, then 4 (20) behind 3
   // (a 0 stops the search), then 5 (10) ahead of 4 but behind 3.
   EXPECT_EQ(finished, (std::vector<uint64_t>{1, 2, 3, 5, 4}));
@@ -218,7 +220,6 @@ TEST(GeneratorTest, WaitingRequestsAreAdmittedInArrivalOrder) {
   ASSERT_TRUE((*g)->Add({.id = RequestId(11), .prompt = RandomPrompt(8, 11), .sampling = sp,
                          .arrival_unix_us = 1})
                   .ok());
-  events.clear();
   ASSERT_TRUE((*g)->Step(events).ok());  // 11 is running.
   const int64_t later[] = {50, 40, 60, 40};
   for (int i = 0; i < 4; ++i) {
@@ -227,13 +228,7 @@ TEST(GeneratorTest, WaitingRequestsAreAdmittedInArrivalOrder) {
                     .ok());
   }
   finished.clear();
-  while ((*g)->HasWork()) {
-    events.clear();
-    ASSERT_TRUE((*g)->Step(events).ok());
-    for (const GenerationEvent& e : events) {
-      if (e.finish != FinishReason::kNone) finished.push_back(e.id.value);
-    }
-  }
+  run_to_idle();
   EXPECT_EQ(finished, (std::vector<uint64_t>{11, 13, 15, 12, 14}));
   EXPECT_EQ((*g)->block_pool().num_free(), 64);
 
