@@ -284,7 +284,8 @@ absl::Status NotPrintable(const Value& v) {
 
 }  // namespace
 
-absl::StatusOr<std::string> PyRepr(const Value& v) {
+// PyRepr without the depth guard; its nested values go through PyRepr.
+static absl::StatusOr<std::string> ReprOf(const Value& v) {
   using K = Value::Kind;
   switch (v.kind()) {
     case K::kString: return PyStringRepr(v.as_string());
@@ -320,6 +321,21 @@ absl::StatusOr<std::string> PyRepr(const Value& v) {
     case K::kUndefined: return std::string("Undefined");
     default: return PyStr(v);
   }
+}
+
+absl::StatusOr<std::string> PyRepr(const Value& v) {
+  // A list that holds itself (`x.append(x)`), or nesting this deep, would
+  // overflow the stack: refused instead.
+  constexpr int kMaxDepth = 200;
+  static thread_local int depth = 0;
+  if (depth >= kMaxDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot print a value nested more than ", kMaxDepth, " deep (does a list contain itself?)"));
+  }
+  ++depth;
+  absl::StatusOr<std::string> out = ReprOf(v);
+  --depth;
+  return out;
 }
 
 absl::StatusOr<std::string> PyStr(const Value& v) {

@@ -5,6 +5,7 @@
 // C++ side defines: parse errors with lines, limits, thread safety, input
 // normalization and LoadChatTemplate.
 #include "engine/chat/chat_template.h"
+#include "engine/chat/jinja_value.h"
 
 #include <filesystem>
 #include <fstream>
@@ -346,6 +347,21 @@ TEST(LimitsTest, UnboundedMacroRecursionFails) {
   auto out = RenderWith("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", OJson::object());
   ASSERT_FALSE(out.ok());
   EXPECT_THAT(std::string(out.status().message()), HasSubstr("macro calls nested deeper than 64"));
+}
+
+TEST(LimitsTest, PrintingAValueNestedTooDeepFails) {
+  // chat_template_fuzzer found a template whose value recursed in PyRepr
+  // until the stack overflowed; printing now stops at 200 levels.
+  jinja::Value deep = jinja::Value::List({});
+  for (int i = 0; i < 1000; ++i) deep = jinja::Value::List({deep});
+  auto out = jinja::PyRepr(deep);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("nested more than 200 deep"));
+  jinja::Value shallow = jinja::Value::List({});
+  for (int i = 0; i < 3; ++i) shallow = jinja::Value::List({shallow});
+  auto fine = jinja::PyStr(shallow);
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(*fine, "[[[[]]]]");
 }
 
 TEST(LimitsTest, NestedLoopsOverLargeRangesStop) {
