@@ -4,9 +4,8 @@
 #include "absl/strings/str_cat.h"
 
 namespace pdserve {
-namespace {
 
-uint64_t Mix64(uint64_t x) {  // splitmix64 finalizer.
+uint64_t Mix64(uint64_t x) {
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 27;
@@ -14,8 +13,6 @@ uint64_t Mix64(uint64_t x) {  // splitmix64 finalizer.
   x ^= x >> 31;
   return x;
 }
-
-}  // namespace
 
 uint64_t HashBlockTokens(uint64_t parent_hash, std::span<const int32_t> tokens) {
   uint64_t h = Mix64(parent_hash ^ 0x9e3779b97f4a7c15ull);

@@ -31,6 +31,10 @@
 
 namespace pdserve {
 
+// The splitmix64 finalizer: a bijection of 64-bit values that spreads every
+// input bit over the output. The mixing step of the block hashes below.
+uint64_t Mix64(uint64_t x);
+
 // Content hash of a full block: a function of the hash of the block before
 // it in the sequence (0 for the first) and the block's tokens. Stable across
 // processes and machines, so routers and workers agree on prefix hashes.

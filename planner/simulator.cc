@@ -21,15 +21,6 @@ std::string ClusterShape::Name() const { return absl::StrCat(prefill, "P", decod
 
 namespace {
 
-uint64_t Mix64(uint64_t x) {  // splitmix64 finalizer.
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
-
 // The hash chain of the prompt's full KV blocks of `block_size` tokens, as
 // PromptBlockHashes would give for its tokens: entry j stands for the
 // content of tokens [0, (j + 1) * block_size), which the workload's block
