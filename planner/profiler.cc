@@ -421,6 +421,37 @@ double PrefillSeconds(const Profile& p, int32_t prompt) {
   return t;
 }
 
+// A cluster of `prefill` prefill workers (0: colocated) and one decode
+// worker, every prompt prefilled where that shape says, and a client of it.
+struct ProfiledCluster {
+  std::unique_ptr<ClusterLauncher> cluster;
+  std::unique_ptr<GenerationClient> client;
+};
+
+absl::StatusOr<ProfiledCluster> StartCluster(LaunchOptions launch, int32_t prefill) {
+  launch.prefill = prefill;
+  launch.routing = prefill > 0 ? R"({"localPrefillMaxTokens": 0})"
+                               : R"({"localPrefillMaxTokens": 1000000000})";
+  ProfiledCluster out;
+  PD_ASSIGN_OR_RETURN(out.cluster, ClusterLauncher::Start(launch));
+  PD_ASSIGN_OR_RETURN(out.client, GenerationClient::Create(out.cluster->grpc_address()));
+  return out;
+}
+
+// `requests` single requests of fresh prompts one after another; the first
+// is a warm-up and left out.
+absl::StatusOr<std::vector<Timed>> SingleRequests(GenerationClient& client, int32_t requests,
+                                                  int32_t prompt_tokens, int32_t output_tokens,
+                                                  uint64_t& prompts) {
+  std::vector<Timed> out;
+  for (int32_t r = 0; r < requests; ++r) {
+    PD_ASSIGN_OR_RETURN(Timed t,
+                        TimedRequest(client, FreshPrompt(prompt_tokens, prompts), output_tokens));
+    if (r > 0) out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace
 
 LaunchOptions LaunchOptionsFor(const Profile& p) {
@@ -446,7 +477,6 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
   auto progress = [&](const std::string& line) {
     if (o.progress) o.progress(line);
   };
-  LaunchOptions launch = o.launch;
   uint64_t prompts = 1000;
   const double prefill = PrefillSeconds(profile, o.prompt_tokens);
   const TransferCost& link = profile.transfers.front();
@@ -466,11 +496,8 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
   // chunks counted as streaming costs).
   {
     progress("serving costs: decode overheads on a 1P1D cluster");
-    launch.prefill = 1;
-    launch.routing = R"({"localPrefillMaxTokens": 0})";
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<ClusterLauncher> cluster, ClusterLauncher::Start(launch));
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
-                        GenerationClient::Create(cluster->grpc_address()));
+    PD_ASSIGN_OR_RETURN(ProfiledCluster c, StartCluster(o.launch, 1));
+    GenerationClient& client = *c.client;
     std::vector<std::array<double, 5>> a;
     std::vector<double> y;
     for (int32_t b : o.batches) {
@@ -485,7 +512,7 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
           for (int r = 0; r < 3; ++r) {
             std::vector<int32_t> prompt = my_prompts[i];
             prompt[0] = 'a' + r;  // No prefix-cache hit.
-            auto t = TimedRequest(*client, prompt, o.output_tokens * 2);
+            auto t = TimedRequest(client, prompt, o.output_tokens * 2);
             if (!t.ok()) {
               status[i] = t.status();
               return;
@@ -514,19 +541,14 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
   }
   {
     progress("serving costs: colocated cluster (0P1D)");
-    launch.prefill = 0;
-    launch.routing = R"({"localPrefillMaxTokens": 1000000000})";
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<ClusterLauncher> cluster, ClusterLauncher::Start(launch));
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
-                        GenerationClient::Create(cluster->grpc_address()));
+    PD_ASSIGN_OR_RETURN(ProfiledCluster c, StartCluster(o.launch, 0));
+    PD_ASSIGN_OR_RETURN(std::vector<Timed> timed,
+                        SingleRequests(*c.client, o.requests, o.prompt_tokens, o.output_tokens,
+                                       prompts));
     // First token at prefill end + colocated_first_token_s; the second at
     // the next step's end + token_delivery_s.
     std::vector<double> first, delivery;
-    for (int32_t r = 0; r < o.requests; ++r) {
-      PD_ASSIGN_OR_RETURN(Timed t,
-                          TimedRequest(*client, FreshPrompt(o.prompt_tokens, prompts),
-                                       o.output_tokens));
-      if (r == 0) continue;
+    for (const Timed& t : timed) {
       first.push_back(t.tokens[0] - prefill);
       delivery.push_back(t.tokens[1] - t.tokens[0] + first.back() -
                          decode_step(1, o.prompt_tokens + 1));
@@ -536,17 +558,12 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
   }
   {
     progress("serving costs: disaggregated cluster (1P1D)");
-    launch.prefill = 1;
-    launch.routing = R"({"localPrefillMaxTokens": 0})";
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<ClusterLauncher> cluster, ClusterLauncher::Start(launch));
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<GenerationClient> client,
-                        GenerationClient::Create(cluster->grpc_address()));
+    PD_ASSIGN_OR_RETURN(ProfiledCluster c, StartCluster(o.launch, 1));
+    PD_ASSIGN_OR_RETURN(std::vector<Timed> timed,
+                        SingleRequests(*c.client, o.requests, o.prompt_tokens, o.output_tokens,
+                                       prompts));
     std::vector<double> first, start;
-    for (int32_t r = 0; r < o.requests; ++r) {
-      PD_ASSIGN_OR_RETURN(Timed t,
-                          TimedRequest(*client, FreshPrompt(o.prompt_tokens, prompts),
-                                       o.output_tokens));
-      if (r == 0) continue;
+    for (const Timed& t : timed) {
       // First token at push end + disaggregated_first_token_s; the second
       // at push end + decode_start_s + a step + token_delivery_s.
       first.push_back(t.tokens[0] - prefill - push_tail);
