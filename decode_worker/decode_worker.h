@@ -135,6 +135,8 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
 
   // pd-decode's metrics, for /metrics (decode_metrics.h).
   const MetricsRegistry& metrics() { return metrics_.registry(); }
+  // Blocks of its KV pool (what it announces in etcd).
+  int32_t num_kv_blocks() const { return loop_->num_kv_blocks(); }
 
  private:
   class DecodeCall;

@@ -91,6 +91,8 @@ class PrefillWorker final
   const KvBlockLayout& kv_layout() const { return loop_->kv_layout(); }
   // pd-prefill's metrics, for /metrics (prefill_metrics.h).
   const MetricsRegistry& metrics() { return metrics_->registry(); }
+  // Blocks of its KV pool (what it announces in etcd).
+  int32_t num_kv_blocks() const { return loop_->num_kv_blocks(); }
 
  private:
   class PrefillCall;

@@ -37,10 +37,12 @@ absl::Status ValidateWorkers(
 
 }  // namespace
 
-absl::Status ValidateClusterConfig(const wire::ClusterConfig& config) {
-  if (config.decode_workers().empty()) {
+absl::Status ValidateClusterConfig(const wire::ClusterConfig& config,
+                                   bool workers_discovered) {
+  if (config.decode_workers().empty() && !workers_discovered) {
     return absl::InvalidArgumentError(
-        "the cluster has no decode_workers; at least one is needed");
+        "the cluster has no decode_workers; at least one is needed (or "
+        "discover the workers through etcd: pd-router --etcd)");
   }
   absl::flat_hash_set<std::string> ids;
   PD_RETURN_IF_ERROR(ValidateWorkers(config.prefill_workers(), "prefill", ids));
@@ -49,7 +51,8 @@ absl::Status ValidateClusterConfig(const wire::ClusterConfig& config) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<wire::ClusterConfig> ParseClusterConfig(std::string_view json) {
+absl::StatusOr<wire::ClusterConfig> ParseClusterConfig(std::string_view json,
+                                                      bool workers_discovered) {
   wire::ClusterConfig config;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
@@ -61,11 +64,12 @@ absl::StatusOr<wire::ClusterConfig> ParseClusterConfig(std::string_view json) {
         "cluster config is not valid: ", std::string(status.message())));
   }
   if (config.model().empty()) config.set_model("builtin:tiny");
-  PD_RETURN_IF_ERROR(ValidateClusterConfig(config));
+  PD_RETURN_IF_ERROR(ValidateClusterConfig(config, workers_discovered));
   return config;
 }
 
-absl::StatusOr<wire::ClusterConfig> LoadClusterConfig(const std::string& path) {
+absl::StatusOr<wire::ClusterConfig> LoadClusterConfig(const std::string& path,
+                                                     bool workers_discovered) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(
@@ -73,7 +77,7 @@ absl::StatusOr<wire::ClusterConfig> LoadClusterConfig(const std::string& path) {
   }
   std::ostringstream text;
   text << in.rdbuf();
-  absl::StatusOr<wire::ClusterConfig> config = ParseClusterConfig(text.str());
+  absl::StatusOr<wire::ClusterConfig> config = ParseClusterConfig(text.str(), workers_discovered);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", config.status().message()));

@@ -24,17 +24,20 @@ namespace pdserve {
 // An empty "model" becomes "builtin:tiny". INVALID_ARGUMENT with the parser's
 // or validator's message on failure.
 absl::StatusOr<internal::v1::ClusterConfig> ParseClusterConfig(
-    std::string_view json);
+    std::string_view json, bool workers_discovered = false);
 
 // Reads the file at `path` and parses it as above. NOT_FOUND when the file
 // cannot be read; errors name the path.
 absl::StatusOr<internal::v1::ClusterConfig> LoadClusterConfig(
-    const std::string& path);
+    const std::string& path, bool workers_discovered = false);
 
-// INVALID_ARGUMENT naming the first problem: no decode worker, a worker
-// with an empty id or address, an id used twice (across both roles), or a
-// routing section with an unknown policy or a negative threshold.
-absl::Status ValidateClusterConfig(const internal::v1::ClusterConfig& config);
+// INVALID_ARGUMENT naming the first problem: no decode worker (unless
+// `workers_discovered`: workers then come from etcd, and the lists may be
+// empty), a worker with an empty id or address, an id used twice (across
+// both roles), or a routing section with an unknown policy or a negative
+// threshold.
+absl::Status ValidateClusterConfig(const internal::v1::ClusterConfig& config,
+                                   bool workers_discovered = false);
 
 }  // namespace pdserve
 

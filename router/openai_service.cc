@@ -12,6 +12,7 @@
 #include "engine/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "router/api_keys.h"
+#include "router/etcd_discovery.h"
 #include "router/openai_api.h"
 #include "router/orchestrator.h"
 #include "router/router_metrics.h"
@@ -215,11 +216,16 @@ void OpenAiService::Handle(HttpRequest request,
   if (path == "/health") {
     if (!get) return RespondError(*exchange, absl::InvalidArgumentError("use GET"));
     const bool serving = deps_.registry->healthy_decode() > 0;
+    const v1::Discovery discovery = DiscoveryStatus(deps_.discovery);
+    nlohmann::json d = {{"source", discovery.source()}, {"connected", discovery.connected()}};
+    if (!discovery.error().empty()) d["error"] = discovery.error();
+    if (!discovery.since().empty()) d["since"] = discovery.since();
     exchange->Respond(
         serving ? 200 : 503, std::string(kJson),
         DumpJson({{"status", serving ? "ok" : "unavailable"},
                   {"prefill_workers", deps_.registry->healthy_prefill()},
-                  {"decode_workers", deps_.registry->healthy_decode()}}));
+                  {"decode_workers", deps_.registry->healthy_decode()},
+                  {"discovery", std::move(d)}}));
     return;
   }
   if (path == "/metrics") {

@@ -29,6 +29,7 @@
 namespace pdserve {
 
 class ApiKeys;
+class EtcdDiscovery;
 class RequestOrchestrator;
 class RouterMetrics;
 class ServedModel;
@@ -43,6 +44,8 @@ class OpenAiService {
     RouterMetrics* metrics = nullptr;
     // Null or empty: no key required.
     const ApiKeys* api_keys = nullptr;
+    // Null: the workers come from the cluster config.
+    const EtcdDiscovery* discovery = nullptr;
     // Deadline of a generation request. Default: 10 min.
     absl::Duration request_deadline = absl::Minutes(10);
   };

@@ -786,7 +786,6 @@ RequestOrchestrator::RequestOrchestrator(
       // Random start: ids stay unique across router restarts too, as far as
       // the workers' leftover state is concerned.
       next_id_((RandomU64() >> 2) + 1),
-      decode_workers_(registry->decode_workers()),
       admission_([this] { AdmissionLoop(); }),
       stall_watch_([this] { StallWatchLoop(); }) {}
 
@@ -949,7 +948,7 @@ const WorkerEndpoint* RequestOrchestrator::PlaceLocked(Choice& choice,
   const WorkerEndpoint* preferred = nullptr;
   // The request's blocks on each decode worker, at its block size.
   absl::flat_hash_map<const WorkerEndpoint*, int64_t> blocks;
-  for (const WorkerEndpoint* w : decode_workers_) {
+  for (const WorkerEndpoint* w : registry_->decode_workers()) {
     const WorkerRegistry::KvCapacity capacity = registry_->DecodeCapacity(w);
     if (!capacity.usable) continue;
     blocks[w] = BlocksForTokens(choice.reserve_tokens,

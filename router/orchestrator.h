@@ -240,8 +240,6 @@ class RequestOrchestrator {
   RouterMetrics* const metrics_;
   const Options options_;
   std::atomic<uint64_t> next_id_;
-  // The registry's decode workers, fixed for its life.
-  const std::vector<const WorkerEndpoint*> decode_workers_;
   std::atomic<int64_t> running_ = 0;
   // Choices not ended (placed or queued) and Release calls in flight: what
   // WaitUntilIdle waits for.

@@ -33,7 +33,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
         "default_deadline, control_timeout and decode_stall_timeout must be "
         "positive (and the stall timeout finite)");
   }
-  PD_RETURN_IF_ERROR(ValidateClusterConfig(options.cluster));
+  PD_RETURN_IF_ERROR(
+      ValidateClusterConfig(options.cluster, !options.etcd_endpoints.empty()));
 
   std::unique_ptr<Router> router(new Router());
   PD_ASSIGN_OR_RETURN(router->api_keys_, ApiKeys::Create(options.api_keys));
@@ -49,6 +50,12 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
                               .head_dim = config.head_dim},
           WorkerRegistry::Options{.poll_interval = options.poll_interval,
                                   .load_timeout = options.load_timeout}));
+  if (!options.etcd_endpoints.empty()) {
+    PD_ASSIGN_OR_RETURN(router->discovery_,
+                        EtcdDiscovery::Start({.endpoints = options.etcd_endpoints,
+                                              .prefix = options.etcd_prefix},
+                                             router->registry_.get()));
+  }
   RouterMetrics::Options metrics;
   for (const auto& w : options.cluster.prefill_workers()) {
     metrics.prefill_workers.push_back(w.id());
@@ -69,7 +76,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
   router->AddGauges();
   router->service_ = std::make_unique<RouterService>(
       router->model_, router->registry_.get(), router->orchestrator_.get(),
-      &router->api_keys_, options.default_deadline, router->metrics_.get());
+      &router->api_keys_, options.default_deadline, router->metrics_.get(),
+      router->discovery_.get());
   if (!options.http_listen.empty()) {
     router->openai_ = std::make_unique<OpenAiService>(OpenAiService::Deps{
         .model = router->model_,
@@ -77,6 +85,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
         .orchestrator = router->orchestrator_.get(),
         .metrics = router->metrics_.get(),
         .api_keys = &router->api_keys_,
+        .discovery = router->discovery_.get(),
         .request_deadline = options.default_deadline});
     HttpServer::Options http = options.http;
     http.listen = options.http_listen;
@@ -170,6 +179,15 @@ void Router::AddGauges() {
           out->push_back({{w.id, "free"}, double(w.last_report.free_blocks())});
         }
       });
+  if (discovery_ != nullptr) {
+    r.AddCallbackGauge("pdserve_router_etcd_connected",
+                       "1 while the worker view follows etcd; 0 while etcd is "
+                       "unreachable and the router serves from its last view.",
+                       [this] { return discovery_->state().connected ? 1.0 : 0.0; });
+    r.AddCallbackGauge("pdserve_router_etcd_workers",
+                       "Workers registered in etcd, as the router last saw them.",
+                       [this] { return double(discovery_->state().workers); });
+  }
 }
 
 int64_t Router::running_requests() const {

@@ -26,6 +26,7 @@
 #include "grpcpp/grpcpp.h"
 #include "pdserve/internal/v1/cluster_config.pb.h"
 #include "router/api_keys.h"
+#include "router/etcd_discovery.h"
 
 namespace pdserve {
 
@@ -72,6 +73,12 @@ struct RouterOptions {
   // `authorization: Bearer <key>` for one of them (ApiKeys). Each must be a
   // valid key (api_keys.h). Default: none (open).
   std::vector<std::string> api_keys;
+  // etcd endpoints ("http://host:port"): workers are also discovered there
+  // (router/etcd_discovery.h), and the config's lists may be empty.
+  // Default: none (the config's workers only).
+  std::vector<std::string> etcd_endpoints;
+  // The cluster's key prefix in etcd. Default: "/pdserve/".
+  std::string etcd_prefix = "/pdserve/";
 };
 
 class Router {
@@ -113,6 +120,7 @@ class Router {
   ApiKeys api_keys_;
   std::shared_ptr<const ServedModel> model_;
   std::unique_ptr<WorkerRegistry> registry_;
+  std::unique_ptr<EtcdDiscovery> discovery_;  // Null without etcd.
   std::unique_ptr<RequestOrchestrator> orchestrator_;
   std::unique_ptr<RouterMetrics> metrics_;
   std::unique_ptr<RouterService> service_;

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
+#include "common/etcd_flags.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "router/api_keys.h"
@@ -77,7 +78,8 @@ int main(int argc, char** argv) {
     std::cerr << "pd-router: --config is required\n";
     return 2;
   }
-  auto cluster = pdserve::LoadClusterConfig(absl::GetFlag(FLAGS_config));
+  const std::vector<std::string> etcd = pdserve::EtcdEndpointsFromFlags();
+  auto cluster = pdserve::LoadClusterConfig(absl::GetFlag(FLAGS_config), !etcd.empty());
   if (!cluster.ok()) {
     std::cerr << "pd-router: " << cluster.status() << "\n";
     return 1;
@@ -98,6 +100,8 @@ int main(int argc, char** argv) {
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.http.threads = absl::GetFlag(FLAGS_http_threads);
   options.api_keys = absl::GetFlag(FLAGS_api_key);
+  options.etcd_endpoints = etcd;
+  options.etcd_prefix = pdserve::EtcdPrefixFromFlags();
   if (const std::string file = absl::GetFlag(FLAGS_api_key_file);
       !file.empty()) {
     auto keys = pdserve::ReadApiKeyFile(file);

@@ -226,13 +226,15 @@ RouterService::RouterService(std::shared_ptr<const ServedModel> model,
                              RequestOrchestrator* orchestrator,
                              const ApiKeys* api_keys,
                              absl::Duration default_deadline,
-                             RouterMetrics* metrics)
+                             RouterMetrics* metrics,
+                             const EtcdDiscovery* discovery)
     : model_(std::move(model)),
       registry_(registry),
       orchestrator_(orchestrator),
       api_keys_(api_keys),
       default_deadline_(default_deadline),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      discovery_(discovery) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
@@ -313,6 +315,7 @@ grpc::ServerUnaryReactor* RouterService::Health(
       usage->set_fallbacks(c.fallbacks());
     }
   }
+  *response->mutable_discovery() = DiscoveryStatus(discovery_);
   response->set_serving(response->decode_workers() > 0);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

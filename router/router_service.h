@@ -32,6 +32,7 @@
 #include "grpcpp/grpcpp.h"
 #include "pdserve/v1/generation.grpc.pb.h"
 #include "router/api_keys.h"
+#include "router/etcd_discovery.h"
 #include "router/orchestrator.h"
 #include "router/router_metrics.h"
 #include "router/served_model.h"
@@ -52,7 +53,8 @@ class RouterService final : public RouterServiceBase {
   RouterService(std::shared_ptr<const ServedModel> model,
                 WorkerRegistry* registry, RequestOrchestrator* orchestrator,
                 const ApiKeys* api_keys,
-                absl::Duration default_deadline, RouterMetrics* metrics);
+                absl::Duration default_deadline, RouterMetrics* metrics,
+                const EtcdDiscovery* discovery = nullptr);
 
   // GenerateRequest in, GenerateResponse messages out.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(
@@ -77,6 +79,7 @@ class RouterService final : public RouterServiceBase {
   const ApiKeys* const api_keys_;
   const absl::Duration default_deadline_;
   RouterMetrics* const metrics_;
+  const EtcdDiscovery* const discovery_;  // Null: workers from the config.
 };
 
 }  // namespace pdserve

@@ -66,25 +66,90 @@ absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(
   if (!policy.ok()) return policy.status();
   std::unique_ptr<WorkerRegistry> registry(new WorkerRegistry(
       std::move(expected), options, *std::move(policy)));
-  auto add = [&](const wire::WorkerConfig& w, WorkerRole role) {
-    auto endpoint = std::make_unique<WorkerEndpoint>();
-    endpoint->role = role;
-    endpoint->id = w.id();
-    endpoint->address = w.address();
-    endpoint->channel = MakeChannel(w.address());
-    if (role == WorkerRole::kDecode) {
-      endpoint->decode = wire::DecodeWorker::NewStub(endpoint->channel);
-    } else {
-      endpoint->prefill = wire::PrefillWorker::NewStub(endpoint->channel);
-    }
-    auto state = std::make_unique<WorkerState>();
-    state->endpoint = std::move(endpoint);
-    registry->workers_.push_back(std::move(state));
-  };
-  for (const auto& w : config.prefill_workers()) add(w, WorkerRole::kPrefill);
-  for (const auto& w : config.decode_workers()) add(w, WorkerRole::kDecode);
+  {
+    absl::MutexLock lock(&registry->mu_);
+    auto add = [&](const wire::WorkerConfig& w, WorkerRole role) {
+      registry->workers_.push_back(NewState(role, w.id(), w.address()));
+      registry->workers_.back()->configured = true;
+    };
+    for (const auto& w : config.prefill_workers()) add(w, WorkerRole::kPrefill);
+    for (const auto& w : config.decode_workers()) add(w, WorkerRole::kDecode);
+  }
   registry->poller_ = std::thread([r = registry.get()] { r->PollLoop(); });
   return registry;
+}
+
+std::unique_ptr<WorkerRegistry::WorkerState> WorkerRegistry::NewState(
+    WorkerRole role, const std::string& id, const std::string& address) {
+  auto endpoint = std::make_unique<WorkerEndpoint>();
+  endpoint->role = role;
+  endpoint->id = id;
+  endpoint->address = address;
+  endpoint->channel = MakeChannel(address);
+  if (role == WorkerRole::kDecode) {
+    endpoint->decode = wire::DecodeWorker::NewStub(endpoint->channel);
+  } else {
+    endpoint->prefill = wire::PrefillWorker::NewStub(endpoint->channel);
+  }
+  auto state = std::make_unique<WorkerState>();
+  state->endpoint = std::move(endpoint);
+  return state;
+}
+
+absl::Status WorkerRegistry::AddWorker(WorkerRole role, const std::string& id,
+                                       const std::string& address) {
+  if (id.empty() || address.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a worker needs an id and an address, not '", id, "' at '", address, "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  WorkerState* revived = nullptr;
+  for (auto& w : workers_) {
+    const WorkerEndpoint& e = *w->endpoint;
+    if (e.id != id) continue;
+    if (w->configured) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker id '", id, "' belongs to a worker of the cluster config"));
+    }
+    if (e.role == role && e.address == address) {
+      revived = w.get();
+    } else if (w->member) {
+      RemoveLocked(w.get(), absl::StrCat("replaced by the ", RoleName(role), " worker at ",
+                                         address));
+    }
+  }
+  if (revived != nullptr) {
+    if (revived->member) return absl::OkStatus();
+    revived->member = true;
+    revived->has_report = false;
+    revived->warned = false;
+  } else {
+    workers_.push_back(NewState(role, id, address));
+  }
+  PD_LOG(INFO) << RoleName(role) << " worker " << id << " at " << address
+               << " joined; polling it";
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::RemoveWorker(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  for (auto& w : workers_) {
+    if (w->endpoint->id != id || !w->member) continue;
+    if (w->configured) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker '", id, "' is in the cluster config and cannot be removed"));
+    }
+    RemoveLocked(w.get(), "it left");
+  }
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::RemoveLocked(WorkerState* w, const std::string& why) {
+  w->member = false;
+  w->healthy = false;
+  kv_index_.Drop(w->endpoint->id);
+  PD_LOG(INFO) << RoleName(w->endpoint->role) << " worker " << w->endpoint->id << " at "
+               << w->endpoint->address << " removed: " << why;
 }
 
 WorkerRegistry::~WorkerRegistry() {
@@ -113,7 +178,14 @@ void WorkerRegistry::PollLoop() {
       if (stopping_) return;
     }
     next = absl::Now() + options_.poll_interval;
-    for (auto& w : workers_) StartPoll(w.get());
+    std::vector<WorkerState*> members;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& w : workers_) {
+        if (w->member) members.push_back(w.get());
+      }
+    }
+    for (WorkerState* w : members) StartPoll(w);
   }
 }
 
@@ -121,7 +193,7 @@ void WorkerRegistry::StartPoll(WorkerState* w) {
   grpc::ClientContext* context;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_ || w->poll_in_flight) return;
+    if (stopping_ || w->poll_in_flight || !w->member) return;
     w->poll_in_flight = true;
     ++polls_in_flight_;
     w->polled_tokens = w->dispatched_tokens;
@@ -154,6 +226,7 @@ void WorkerRegistry::OnPollDone(WorkerState* w, const grpc::Status& status) {
   w->poll_in_flight = false;
   --polls_in_flight_;
   const WorkerEndpoint& e = *w->endpoint;
+  if (!w->member) return;  // Removed while the poll was in flight.
   if (!status.ok()) {
     if (w->healthy) {
       MarkUnhealthy(
@@ -260,7 +333,7 @@ const WorkerEndpoint* WorkerRegistry::Pick(
   for (size_t k = 0; k < n; ++k) {
     const WorkerState& w = *workers_[(start + k) % n];
     const WorkerEndpoint* e = w.endpoint.get();
-    if (e->role != role || !w.healthy || !w.compatible) continue;
+    if (e->role != role || !w.member || !w.healthy || !w.compatible) continue;
     if (std::find(exclude.begin(), exclude.end(), e) != exclude.end()) {
       continue;
     }
@@ -307,7 +380,7 @@ RouteDecision WorkerRegistry::Route(
                               : 16;
     for (const auto& w : workers_) {
       const WorkerEndpoint* e = w->endpoint.get();
-      if (!w->healthy || !w->compatible) continue;
+      if (!w->member || !w->healthy || !w->compatible) continue;
       const auto exclude = e->role == WorkerRole::kDecode ? exclude_decode
                                                           : exclude_prefill;
       if (std::find(exclude.begin(), exclude.end(), e) != exclude.end()) {
@@ -369,9 +442,9 @@ RouteDecision WorkerRegistry::Route(
 
 void WorkerRegistry::NoteDispatched(const WorkerEndpoint* worker,
                                     int64_t tokens) {
+  absl::MutexLock lock(&mu_);
   WorkerState* w = StateOf(worker);
   if (w == nullptr) return;
-  absl::MutexLock lock(&mu_);
   w->dispatched_tokens += tokens;
   ++w->dispatched_requests;
   if (worker->role == WorkerRole::kDecode) {
@@ -384,7 +457,11 @@ void WorkerRegistry::NoteDispatched(const WorkerEndpoint* worker,
 
 void WorkerRegistry::ReportCallFailure(const WorkerEndpoint* worker,
                                        const absl::Status& status) {
-  WorkerState* w = StateOf(worker);
+  WorkerState* w;
+  {
+    absl::MutexLock lock(&mu_);
+    w = StateOf(worker);
+  }
   if (w == nullptr) return;
   const absl::StatusCode code = status.code();
   if (code != absl::StatusCode::kUnavailable &&
@@ -406,11 +483,11 @@ void WorkerRegistry::ReportCallFailure(const WorkerEndpoint* worker,
 
 WorkerRegistry::KvCapacity WorkerRegistry::DecodeCapacity(
     const WorkerEndpoint* worker) const {
+  absl::MutexLock lock(&mu_);
   for (const auto& w : workers_) {
     if (w->endpoint.get() != worker) continue;
-    absl::MutexLock lock(&mu_);
     return KvCapacity{
-        .usable = w->healthy && w->compatible,
+        .usable = w->member && w->healthy && w->compatible,
         .total_blocks = w->report.total_blocks(),
         .block_size = static_cast<int32_t>(w->report.layout().block_size())};
   }
@@ -418,9 +495,10 @@ WorkerRegistry::KvCapacity WorkerRegistry::DecodeCapacity(
 }
 
 std::vector<const WorkerEndpoint*> WorkerRegistry::decode_workers() const {
+  absl::MutexLock lock(&mu_);
   std::vector<const WorkerEndpoint*> out;
   for (const auto& w : workers_) {
-    if (w->endpoint->role == WorkerRole::kDecode) out.push_back(w->endpoint.get());
+    if (w->member && w->endpoint->role == WorkerRole::kDecode) out.push_back(w->endpoint.get());
   }
   return out;
 }
@@ -429,7 +507,7 @@ int WorkerRegistry::healthy_prefill() const {
   absl::MutexLock lock(&mu_);
   int n = 0;
   for (const auto& w : workers_) {
-    n += w->endpoint->role == WorkerRole::kPrefill && w->healthy &&
+    n += w->member && w->endpoint->role == WorkerRole::kPrefill && w->healthy &&
          w->compatible;
   }
   return n;
@@ -439,8 +517,8 @@ int WorkerRegistry::healthy_decode() const {
   absl::MutexLock lock(&mu_);
   int n = 0;
   for (const auto& w : workers_) {
-    n +=
-        w->endpoint->role == WorkerRole::kDecode && w->healthy && w->compatible;
+    n += w->member && w->endpoint->role == WorkerRole::kDecode && w->healthy &&
+         w->compatible;
   }
   return n;
 }
@@ -449,6 +527,7 @@ std::vector<WorkerSnapshot> WorkerRegistry::Snapshot() const {
   absl::MutexLock lock(&mu_);
   std::vector<WorkerSnapshot> out;
   for (const auto& w : workers_) {
+    if (!w->member) continue;
     out.push_back({w->endpoint->id, w->endpoint->role,
                    w->healthy && w->compatible, w->report});
   }

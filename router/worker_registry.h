@@ -21,6 +21,13 @@
 // logged as an error and never chosen; a different model name, block size
 // or dtype than the other workers is logged as an error.
 //
+// Membership: the cluster config's workers are members from the start;
+// AddWorker and RemoveWorker change the set at run time (discovery through
+// etcd, router/etcd_discovery.h). A removed worker is never chosen or
+// polled again, but its entry stays, so that the WorkerEndpoint pointers
+// of requests still running on it remain valid (their calls fail and the
+// requests migrate); the same id and address added again revives it.
+//
 // Thread-safety: all methods may be called from any thread.
 // Ownership: the registry owns the channels, stubs and the poller; the
 // WorkerEndpoint pointers it hands out live as long as the registry.
@@ -49,8 +56,8 @@ namespace pdserve {
 
 enum class WorkerRole { kPrefill, kDecode };
 
-// One configured worker: its identity and stubs, fixed for the registry's
-// life. The stubs are thread-safe.
+// One worker: its identity and stubs, fixed for the registry's life. The
+// stubs are thread-safe.
 struct WorkerEndpoint {
   WorkerRole role;
   std::string id;
@@ -163,12 +170,28 @@ class WorkerRegistry {
     int32_t block_size = 0;
   };
   KvCapacity DecodeCapacity(const WorkerEndpoint* worker) const;
-  // Every configured decode worker, fixed for the registry's life.
+  // The decode workers that are members now.
   std::vector<const WorkerEndpoint*> decode_workers() const;
+
+  // Makes the worker `id` at `address` a member (polled from now on, chosen
+  // once healthy). An id that is a member already with another address or
+  // role is replaced: its old entry is removed first. INVALID_ARGUMENT for
+  // an empty id or address; FAILED_PRECONDITION for an id of the cluster
+  // config (static workers are not replaced from outside).
+  absl::Status AddWorker(WorkerRole role, const std::string& id,
+                         const std::string& address);
+  // Ends the membership of `id` (nothing when it is not a member): it is
+  // no longer chosen nor polled. FAILED_PRECONDITION for an id of the
+  // cluster config.
+  absl::Status RemoveWorker(const std::string& id);
 
  private:
   struct WorkerState {
     std::unique_ptr<WorkerEndpoint> endpoint;
+    // From the cluster config (never removed).
+    bool configured = false;
+    // Chosen and polled; false once removed.
+    bool member = true;
     bool healthy = false;
     bool compatible = true;
     bool has_report = false;
@@ -201,7 +224,11 @@ class WorkerRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkUnhealthy(WorkerState* worker, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  WorkerState* StateOf(const WorkerEndpoint* endpoint);
+  WorkerState* StateOf(const WorkerEndpoint* endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new entry (a member, not yet healthy) for a worker.
+  static std::unique_ptr<WorkerState> NewState(WorkerRole role, const std::string& id,
+                                               const std::string& address);
+  void RemoveLocked(WorkerState* w, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const WorkerEndpoint* Pick(WorkerRole role,
                              std::span<const WorkerEndpoint* const> exclude);
 
@@ -209,11 +236,11 @@ class WorkerRegistry {
   const Options options_;
   const std::unique_ptr<RoutingPolicy> policy_;  // Thread-safe.
   KvIndex kv_index_;                             // Thread-safe.
-  // Fixed after Create(); the states' fields are guarded by mu_ (apart from
-  // `endpoint`, which is const after Create()).
-  std::vector<std::unique_ptr<WorkerState>> workers_;
-
   mutable absl::Mutex mu_;
+  // Every worker ever added, members or not (never erased: see
+  // "Membership"). The states' fields are guarded by mu_ too, apart from
+  // `endpoint`, which is fixed once the state is added.
+  std::vector<std::unique_ptr<WorkerState>> workers_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int polls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rotation_ ABSL_GUARDED_BY(mu_) = 0;

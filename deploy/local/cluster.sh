@@ -5,6 +5,10 @@
 #   deploy/local/cluster.sh up   [options]   start, wait until healthy, return
 #   deploy/local/cluster.sh down [--dir D]   stop (SIGTERM, then SIGKILL after 10 s)
 #   deploy/local/cluster.sh run  [options]   up, then wait for Ctrl-C, then down
+#   deploy/local/cluster.sh add  --dir D --role decode|prefill --name NAME
+#                                            one more worker, with the flags of
+#                                            that role given to `up` (--etcd
+#                                            clusters: the routers find it)
 #
 # Options:
 #   --prefill N        prefill workers (default 1; 0 = colocated: decode
@@ -27,6 +31,11 @@
 #   --cpu-share S      hold every worker to S CPUs of time (e.g. 0.5), each in
 #                      its own cgroup (deploy/local/cpu_share.sh; needs root);
 #                      the router is not limited (default: no limit)
+#   --etcd             discover the workers through etcd: start an etcd in D
+#                      (etcd-server), register every worker there and let
+#                      the router watch it; cluster.json lists no worker
+#                      (docs/deployment.md, "Discovery")
+#   --etcd-endpoints U use this etcd (http://HOST:PORT,...) instead
 #   --prefill-args A, --decode-args A, --router-args A
 #                      extra flags for every worker of that kind, e.g.
 #                      --decode-args "--kv_transport=ucx:shm,tcp" (KV
@@ -44,7 +53,7 @@ cmd="${1:-}"
 shift || true
 prefill=1 decode=1 model=builtin:tiny dir="$root/build/local-cluster" bin="$root/build"
 router_port=0 http_port=0 prefill_args="" decode_args="" router_args="" routing=""
-routing_policy="" cpu_share=""
+routing_policy="" cpu_share="" etcd="" role="" name=""
 while (($#)); do
   case "$1" in
     --prefill) prefill="$2"; shift 2 ;;
@@ -58,6 +67,10 @@ while (($#)); do
     --decode-args) decode_args="$2"; shift 2 ;;
     --router-args) router_args="$2"; shift 2 ;;
     --routing) routing="$2"; shift 2 ;;
+    --etcd) etcd=local; shift ;;
+    --etcd-endpoints) etcd="$2"; shift 2 ;;
+    --role) role="$2"; shift 2 ;;
+    --name) name="$2"; shift 2 ;;
     --routing-policy) routing_policy="$2"; shift 2 ;;
     --cpu-share) cpu_share="$2"; shift 2 ;;
     *) echo "cluster.sh: unknown option $1" >&2; exit 2 ;;
@@ -97,7 +110,7 @@ down() {
   [[ -d "$dir" ]] || return 0
   local pids=() groups=()
   for f in "$dir"/*.pid; do
-    [[ -e "$f" ]] || continue
+    [[ -e "$f" && "$f" != "$dir/etcd.pid" ]] || continue
     local pid
     pid="$(cat "$f")"
     kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
@@ -116,6 +129,68 @@ down() {
     sleep 0.2
   fi
   "$root/deploy/local/cpu_share.sh" remove "${groups[@]}"
+  # etcd last, so that the workers could withdraw their registrations.
+  if [[ -e "$dir/etcd.pid" ]]; then
+    local pid
+    pid="$(cat "$dir/etcd.pid")"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$dir/etcd.pid"
+  fi
+}
+
+free_port() {  # A TCP port nobody listens on now.
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Starts etcd in $dir (client port in $dir/etcd.port) and sets $etcd to it.
+start_etcd() {
+  command -v etcd >/dev/null || die "--etcd needs etcd (Debian package etcd-server; deploy/install-deps.sh)"
+  local client peer
+  client="$(free_port)" peer="$(free_port)"
+  rm -rf "$dir/etcd.data"
+  etcd --name pdserve --data-dir "$dir/etcd.data" \
+    --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "pdserve=http://127.0.0.1:$peer" >"$dir/etcd.log" 2>&1 &
+  echo $! >"$dir/etcd.pid"
+  printf %s "$client" >"$dir/etcd.port"
+  etcd="http://127.0.0.1:$client"
+  for _ in $(seq 1 100); do
+    ETCDCTL_API=3 etcdctl --endpoints="$etcd" endpoint health >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  die "etcd did not come up; see $dir/etcd.log"
+}
+
+# Starts worker NAME of ROLE with the flags of its role.
+start_worker() {  # start_worker ROLE NAME
+  local etcd_flags=()
+  [[ -z "$etcd" ]] || etcd_flags=(--etcd="$etcd")
+  if [[ "$1" == decode ]]; then
+    # shellcheck disable=SC2086
+    start "$2" "$bin/decode_worker/pd-decode" --listen=127.0.0.1:0 --worker_id="$2" \
+      --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/$2.metrics_port" \
+      --model="$model" "${etcd_flags[@]}" $decode_args
+  else
+    # shellcheck disable=SC2086
+    start "$2" "$bin/prefill_worker/pd-prefill" --listen=127.0.0.1:0 \
+      --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/$2.metrics_port" \
+      --worker_id="$2" --model="$model" "${etcd_flags[@]}" $prefill_args
+  fi
+}
+
+add() {
+  [[ -f "$dir/cluster.env" ]] || die "no cluster in $dir (run up first)"
+  [[ "$role" == decode || "$role" == prefill ]] || die "--role must be decode or prefill"
+  [[ "$name" =~ ^[A-Za-z0-9._-]+$ ]] || die "--name must be a worker id (letters, digits, . _ -)"
+  [[ ! -e "$dir/$name.pid" ]] || die "$name exists already in $dir"
+  # shellcheck disable=SC1091
+  source "$dir/cluster.env"
+  start_worker "$role" "$name"
+  wait_port "$name"
+  echo "started $role worker $name at 127.0.0.1:$(cat "$dir/$name.port")${etcd:+ (registered in etcd $etcd)}"
 }
 
 up() {
@@ -128,19 +203,16 @@ up() {
   fi
   mkdir -p "$dir"
   down  # A cluster left over in this directory.
+  [[ "$etcd" != local ]] || start_etcd
+  # What `add` needs to start more workers like these.
+  declare -p bin model prefill_args decode_args etcd cpu_share >"$dir/cluster.env"
   local workers=()
   for ((i = 0; i < decode; i++)); do
-    # shellcheck disable=SC2086
-    start "decode-$i" "$bin/decode_worker/pd-decode" --listen=127.0.0.1:0 --worker_id="decode-$i" \
-      --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/decode-$i.metrics_port" \
-      --model="$model" $decode_args
+    start_worker decode "decode-$i"
     workers+=("decode-$i")
   done
   for ((i = 0; i < prefill; i++)); do
-    # shellcheck disable=SC2086
-    start "prefill-$i" "$bin/prefill_worker/pd-prefill" --listen=127.0.0.1:0 \
-      --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/prefill-$i.metrics_port" \
-      --worker_id="prefill-$i" --model="$model" $prefill_args
+    start_worker prefill "prefill-$i"
     workers+=("prefill-$i")
   done
   for w in "${workers[@]}"; do wait_port "$w"; done
@@ -161,18 +233,29 @@ up() {
   routing_entry=""
   [ -z "$routing" ] || routing_entry=",
   \"routing\": $routing"
-  cat >"$dir/cluster.json" <<JSON
+  local router_etcd=()
+  if [[ -n "$etcd" ]]; then
+    # The workers are in etcd; the config gives the model and the routing.
+    cat >"$dir/cluster.json" <<JSON
+{
+  "model": "$model"$routing_entry
+}
+JSON
+    router_etcd=(--etcd="$etcd")
+  else
+    cat >"$dir/cluster.json" <<JSON
 {
   "model": "$model",
   "prefill_workers": $(json_list prefill "$prefill"),
   "decode_workers": $(json_list decode "$decode")$routing_entry
 }
 JSON
+  fi
   # shellcheck disable=SC2086
   rm -f "$dir/router.http_port"
   start router "$bin/router/pd-router" --listen="127.0.0.1:$router_port" \
     --http_listen="127.0.0.1:$http_port" --http_port_file="$dir/router.http_port" \
-    --config="$dir/cluster.json" $router_args
+    --config="$dir/cluster.json" "${router_etcd[@]}" $router_args
   wait_port router
   if [[ -s "$dir/router.http_port" ]]; then cp "$dir/router.http_port" "$dir/router.metrics_port"; fi
   # Every process's /metrics, for Prometheus's file_sd_configs.
@@ -209,11 +292,12 @@ dirname_of() {
 case "$cmd" in
   up) up ;;
   down) down ;;
+  add) add ;;
   run)
     up
     trap 'down; exit 0' INT TERM
     echo "Ctrl-C stops the cluster."
     while true; do sleep 1; done
     ;;
-  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -45,6 +45,9 @@ struct ClusterSpec {
   // goes to a prefill worker when one is up, so that the tests exercise
   // the KV hand-off.
   std::string routing = R"({"localPrefillMaxTokens": 0})";
+  // Workers register in an etcd the launcher starts (cluster.sh --etcd),
+  // and the router discovers them there.
+  bool etcd = false;
 };
 
 class LocalCluster {
@@ -62,7 +65,7 @@ class LocalCluster {
         binary_dir, "' --prefill ", spec.prefill, " --decode ", spec.decode, " --model '",
         spec.model, "' --prefill-args '", spec.prefill_args, "' --decode-args '",
         spec.decode_args, "' --router-args '", spec.router_args, "' --routing '",
-        spec.routing, "'");
+        spec.routing, "'", spec.etcd ? " --etcd" : "");
     if (std::system(cmd.c_str()) != 0) {
       return absl::UnavailableError(absl::StrCat("cluster did not start: ", cmd,
                                                  "\nrouter log:\n", c->Log("router")));
@@ -98,6 +101,8 @@ class LocalCluster {
     return std::stoi(Read(name + ".metrics_port"));
   }
   std::string Log(const std::string& name) const { return Read(name + ".log"); }
+  // The run directory (ports, pids, logs of every process).
+  std::string dir() const { return dir_.string(); }
 
   // kill -9: the process vanishes without a word to its peers.
   bool Kill(const std::string& name) { return ::kill(Pid(name), SIGKILL) == 0; }

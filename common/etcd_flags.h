@@ -1,0 +1,41 @@
+// The etcd flags of pdserve's processes (docs/deployment.md, "Discovery"):
+//   every process:  --etcd=http://HOST:2379[,...]  --etcd_prefix=/pdserve/
+//   workers only:   --advertise=HOST:PORT  --etcd_lease_ttl=10s
+// (the worker ones come with pdserve_etcd_worker_flags). Flags are read
+// only by the mains, through these functions.
+#ifndef PDSERVE_COMMON_ETCD_FLAGS_H_
+#define PDSERVE_COMMON_ETCD_FLAGS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/etcd_registration.h"
+#include "pdserve/internal/v1/cluster_config.pb.h"
+
+namespace pdserve {
+
+// --etcd as a list; empty when discovery is off.
+std::vector<std::string> EtcdEndpointsFromFlags();
+// --etcd_prefix, ending in '/'.
+std::string EtcdPrefixFromFlags();
+
+// Where a worker's registration lives: "<prefix>workers/<id>".
+std::string WorkerRegistrationKey(const std::string& prefix, const std::string& id);
+
+// The address routers should reach a worker at: `advertise` when set, else
+// `listen`'s host with the bound `port`. INVALID_ARGUMENT when `listen`'s
+// host is a wildcard (0.0.0.0, [::], empty) and `advertise` is not set.
+absl::StatusOr<std::string> AdvertisedAddress(const std::string& listen, int port,
+                                              const std::string& advertise);
+
+// With --etcd set: registers `worker` (its address made from `listen`,
+// `port` and --advertise) under --etcd_prefix with a --etcd_lease_ttl
+// lease and keeps it there. Null without --etcd.
+absl::StatusOr<std::unique_ptr<EtcdRegistration>> RegisterWorkerFromFlags(
+    internal::v1::WorkerRegistration worker, const std::string& listen, int port);
+
+}  // namespace pdserve
+
+#endif  // PDSERVE_COMMON_ETCD_FLAGS_H_
