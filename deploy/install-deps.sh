@@ -19,6 +19,7 @@ APT_PACKAGES=(
   libcpp-httplib-dev     # pd-http-bench only: the HTTP library Beast was measured against
   clang libclang-rt-dev  # the libFuzzer targets (tests/fuzz): clang and its fuzzer runtime
   prometheus             # promtool and the server: the /metrics tests (tests/common, tests/metrics)
+  etcd-server etcd-client  # discovery: the etcd tests, cluster.sh --etcd (etcdctl checks its health)
   python3
 )
 

@@ -5,6 +5,11 @@
 //   pd-router --config=cluster.json [--listen=127.0.0.1:0] [--port_file=F]
 //             [--http_listen=127.0.0.1:8000] [--http_port_file=F]
 //             [--api_key=K1,K2] [--api_key_file=PATH]
+//             [--etcd=http://HOST:2379 [--etcd_prefix=/pdserve/]]
+//
+// With --etcd the workers are also discovered in etcd, where they register
+// themselves (router/etcd_discovery.h); the config then gives the model and
+// the routing, and its worker lists may be empty.
 //
 // API keys: the keys of --api_key (a comma-separated list) and of
 // --api_key_file (one per line) together; with any, every call but Health
