@@ -20,6 +20,10 @@ APT_PACKAGES=(
   clang libclang-rt-dev  # the libFuzzer targets (tests/fuzz): clang and its fuzzer runtime
   prometheus             # promtool and the server: the /metrics tests (tests/common, tests/metrics)
   python3
+  podman buildah runc    # the container image and its test (deploy/container, tests/deploy);
+                         # runc: crun refuses hybrid cgroup v1/v2 hosts
+  mmdebstrap             # the image's Debian base where no registry is reachable
+  curl                   # tests/deploy/container_test.sh: the HTTP API of the containers
 )
 
 missing=()
