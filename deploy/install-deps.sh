@@ -54,6 +54,9 @@ PYPI_TEST_PACKAGES=(
                                 # (ctest pd_bench_aiperf_crosscheck; brings
                                 # tokenizers and transformers)
   matplotlib                    # pd-bench --plot_dir (planner/plot_bench.py)
+  kubernetes-validate           # deploy/k8s against the Kubernetes schemas
+                                # (ctest k8s_manifests_test; brings PyYAML;
+                                # kubectl itself is not a bookworm package)
 )
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
   "${PYPI_TEST_PACKAGES[@]}"
