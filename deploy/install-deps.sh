@@ -24,6 +24,7 @@ APT_PACKAGES=(
                          # runc: crun refuses hybrid cgroup v1/v2 hosts
   mmdebstrap             # the image's Debian base where no registry is reachable
   curl                   # tests/deploy/container_test.sh: the HTTP API of the containers
+  systemd                # systemd-analyze: ctest systemd_units_test (deploy/systemd)
 )
 
 missing=()
