@@ -21,6 +21,11 @@ APT_PACKAGES=(
   prometheus             # promtool and the server: the /metrics tests (tests/common, tests/metrics)
   etcd-server etcd-client  # discovery: the etcd tests, cluster.sh --etcd (etcdctl checks its health)
   python3
+  podman buildah runc    # the container image and its test (deploy/container, tests/deploy);
+                         # runc: crun refuses hybrid cgroup v1/v2 hosts
+  mmdebstrap             # the image's Debian base where no registry is reachable
+  curl                   # tests/deploy/container_test.sh: the HTTP API of the containers
+  systemd                # systemd-analyze: ctest systemd_units_test (deploy/systemd)
 )
 
 missing=()
@@ -51,6 +56,9 @@ PYPI_TEST_PACKAGES=(
                                 # (ctest pd_bench_aiperf_crosscheck; brings
                                 # tokenizers and transformers)
   matplotlib                    # pd-bench --plot_dir (planner/plot_bench.py)
+  kubernetes-validate           # deploy/k8s against the Kubernetes schemas
+                                # (ctest k8s_manifests_test; brings PyYAML;
+                                # kubectl itself is not a bookworm package)
 )
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
   "${PYPI_TEST_PACKAGES[@]}"
