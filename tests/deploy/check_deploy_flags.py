@@ -34,12 +34,12 @@ BINARIES = {
 # discovery, TLS, graceful drain). Each entry goes once the binary has the
 # flag (the check then says so): keep this list short and explicit.
 PENDING = {
-    "pd-router": {"etcd", "etcd_prefix", "tls_cert_file", "tls_key_file",
+    "pd-router": {"tls_cert_file", "tls_key_file",
                   "tls_client_ca_file", "mtls_cert_file", "mtls_key_file",
                   "mtls_ca_file"},
-    "pd-prefill": {"etcd", "etcd_prefix", "advertise", "drain_timeout",
+    "pd-prefill": {"drain_timeout",
                    "mtls_cert_file", "mtls_key_file", "mtls_ca_file"},
-    "pd-decode": {"etcd", "etcd_prefix", "advertise", "drain_timeout",
+    "pd-decode": {"drain_timeout",
                   "mtls_cert_file", "mtls_key_file", "mtls_ca_file"},
 }
 
