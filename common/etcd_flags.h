@@ -30,11 +30,23 @@ std::string WorkerRegistrationKey(const std::string& prefix, const std::string& 
 absl::StatusOr<std::string> AdvertisedAddress(const std::string& listen, int port,
                                               const std::string& advertise);
 
-// With --etcd set: registers `worker` (its address made from `listen`,
-// `port` and --advertise) under --etcd_prefix with a --etcd_lease_ttl
-// lease and keeps it there. Null without --etcd.
+// What a worker announces (internal::v1::WorkerRegistration's fields).
+struct WorkerAnnouncement {
+  std::string role;  // "prefill" or "decode"
+  std::string id;
+  std::string model;
+  std::string kv_transports;  // Comma-separated, as --kv_transport.
+  int64_t kv_blocks = 0;
+  int32_t block_size = 0;
+  // --listen and the port it bound: the address, unless --advertise.
+  std::string listen;
+  int port = 0;
+};
+
+// With --etcd set: registers `worker` under --etcd_prefix with a
+// --etcd_lease_ttl lease and keeps it there. Null without --etcd.
 absl::StatusOr<std::unique_ptr<EtcdRegistration>> RegisterWorkerFromFlags(
-    internal::v1::WorkerRegistration worker, const std::string& listen, int port);
+    const WorkerAnnouncement& worker);
 
 }  // namespace pdserve
 

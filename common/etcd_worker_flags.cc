@@ -1,6 +1,7 @@
 // The worker-only etcd flags (common/etcd_flags.h).
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/etcd_flags.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -15,16 +16,25 @@ ABSL_FLAG(absl::Duration, etcd_lease_ttl, absl::Seconds(10),
 namespace pdserve {
 
 absl::StatusOr<std::unique_ptr<EtcdRegistration>> RegisterWorkerFromFlags(
-    internal::v1::WorkerRegistration worker, const std::string& listen, int port) {
+    const WorkerAnnouncement& announcement) {
   const std::vector<std::string> endpoints = EtcdEndpointsFromFlags();
   if (endpoints.empty()) return std::unique_ptr<EtcdRegistration>();
-  if (worker.id().empty()) {
+  if (announcement.id.empty()) {
     return absl::InvalidArgumentError("--etcd needs --worker_id: the worker's name in the cluster");
   }
-  absl::StatusOr<std::string> address =
-      AdvertisedAddress(listen, port, absl::GetFlag(FLAGS_advertise));
+  absl::StatusOr<std::string> address = AdvertisedAddress(
+      announcement.listen, announcement.port, absl::GetFlag(FLAGS_advertise));
   if (!address.ok()) return address.status();
+  internal::v1::WorkerRegistration worker;
+  worker.set_id(announcement.id);
+  worker.set_role(announcement.role);
   worker.set_address(*address);
+  worker.set_model(announcement.model);
+  for (absl::string_view t : absl::StrSplit(announcement.kv_transports, ',', absl::SkipEmpty())) {
+    worker.add_kv_transports(std::string(t));
+  }
+  worker.set_kv_blocks(announcement.kv_blocks);
+  worker.set_block_size(announcement.block_size);
   std::string json;
   if (auto s = google::protobuf::util::MessageToJsonString(worker, &json); !s.ok()) {
     return absl::InternalError(absl::StrCat("cannot render the registration: ", s.ToString()));

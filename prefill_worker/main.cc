@@ -11,7 +11,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/etcd_flags.h"
 #include "common/log.h"
@@ -88,17 +87,15 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  pdserve::internal::v1::WorkerRegistration announce;
-  announce.set_id(w.worker_id);
-  announce.set_role("prefill");
-  announce.set_model(w.engine.model);
-  for (absl::string_view t : absl::StrSplit(w.kv_transport, ',', absl::SkipEmpty())) {
-    announce.add_kv_transports(std::string(t));
-  }
-  announce.set_kv_blocks((*server)->worker().num_kv_blocks());
-  announce.set_block_size(w.engine.block_size);
   auto registration = pdserve::RegisterWorkerFromFlags(
-      std::move(announce), options.listen_address, (*server)->port());
+      {.role = "prefill",
+       .id = w.worker_id,
+       .model = w.engine.model,
+       .kv_transports = w.kv_transport,
+       .kv_blocks = (*server)->worker().num_kv_blocks(),
+       .block_size = w.engine.block_size,
+       .listen = options.listen_address,
+       .port = (*server)->port()});
   if (!registration.ok()) {
     PD_LOG(ERROR) << "pd-prefill: " << registration.status();
     (*server)->Shutdown();
