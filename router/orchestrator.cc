@@ -948,8 +948,8 @@ const WorkerEndpoint* RequestOrchestrator::PlaceLocked(Choice& choice,
   const WorkerEndpoint* preferred = nullptr;
   // The request's blocks on each decode worker, at its block size.
   absl::flat_hash_map<const WorkerEndpoint*, int64_t> blocks;
-  for (const WorkerEndpoint* w : registry_->decode_workers()) {
-    const WorkerRegistry::KvCapacity capacity = registry_->DecodeCapacity(w);
+  for (const WorkerRegistry::KvCapacity& capacity : registry_->DecodeCapacities()) {
+    const WorkerEndpoint* w = capacity.worker;
     if (!capacity.usable) continue;
     blocks[w] = BlocksForTokens(choice.reserve_tokens,
                                 capacity.block_size > 0 ? capacity.block_size

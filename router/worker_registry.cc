@@ -481,24 +481,16 @@ void WorkerRegistry::ReportCallFailure(const WorkerEndpoint* worker,
   StartPoll(w);
 }
 
-WorkerRegistry::KvCapacity WorkerRegistry::DecodeCapacity(
-    const WorkerEndpoint* worker) const {
+std::vector<WorkerRegistry::KvCapacity> WorkerRegistry::DecodeCapacities() const {
   absl::MutexLock lock(&mu_);
+  std::vector<KvCapacity> out;
   for (const auto& w : workers_) {
-    if (w->endpoint.get() != worker) continue;
-    return KvCapacity{
-        .usable = w->member && w->healthy && w->compatible,
-        .total_blocks = w->report.total_blocks(),
-        .block_size = static_cast<int32_t>(w->report.layout().block_size())};
-  }
-  return {};
-}
-
-std::vector<const WorkerEndpoint*> WorkerRegistry::decode_workers() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<const WorkerEndpoint*> out;
-  for (const auto& w : workers_) {
-    if (w->member && w->endpoint->role == WorkerRole::kDecode) out.push_back(w->endpoint.get());
+    if (!w->member || w->endpoint->role != WorkerRole::kDecode) continue;
+    out.push_back(
+        {.worker = w->endpoint.get(),
+         .usable = w->healthy && w->compatible,
+         .total_blocks = w->report.total_blocks(),
+         .block_size = static_cast<int32_t>(w->report.layout().block_size())});
   }
   return out;
 }

@@ -163,15 +163,16 @@ class WorkerRegistry {
   // A decode worker's KV pool as of its last report: what admission
   // weighs a request's blocks against.
   struct KvCapacity {
+    const WorkerEndpoint* worker = nullptr;
     // Healthy and compatible: it may be chosen.
     bool usable = false;
     int64_t total_blocks = 0;
     // Tokens per block; 0 before the first report.
     int32_t block_size = 0;
   };
-  KvCapacity DecodeCapacity(const WorkerEndpoint* worker) const;
-  // The decode workers that are members now.
-  std::vector<const WorkerEndpoint*> decode_workers() const;
+  // Every decode worker that is a member now, with its pool, read under one
+  // lock (admission calls it for each request it places).
+  std::vector<KvCapacity> DecodeCapacities() const;
 
   // Makes the worker `id` at `address` a member (polled from now on, chosen
   // once healthy). An id that is a member already with another address or
