@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/tls_flags.h"
 #include "engine/engine_flags.h"
 #include "prefill_worker/prefill_server.h"
 
@@ -71,6 +72,16 @@ int main(int argc, char** argv) {
   w.transfer_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
 
+  absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> mtls =
+      pdserve::InternalTlsFromFlags();
+  if (!mtls.ok()) {
+    PD_LOG(ERROR) << "pd-prefill: " << mtls.status();
+    return 2;
+  }
+  if (*mtls) {
+    options.credentials =
+        (*mtls)->ServerCredentials(pdserve::ClientCertificates::kRequire);
+  }
   auto server = pdserve::PrefillServer::Start(options);
   if (!server.ok()) {
     PD_LOG(ERROR) << "pd-prefill: " << server.status();
@@ -87,7 +98,8 @@ int main(int argc, char** argv) {
     }
   }
   const bool announced = pdserve::AnnounceAndWaitForSignal(
-      "pd-prefill", (*server)->port(), absl::GetFlag(FLAGS_port_file));
+      "pd-prefill", (*server)->port(), absl::GetFlag(FLAGS_port_file),
+      [&] { pdserve::ReloadAndLog("pd-prefill", {mtls->get()}); });
   (*server)->Shutdown();
   return announced ? 0 : 1;
 }

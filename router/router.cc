@@ -47,8 +47,10 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
                               .num_layers = config.num_layers,
                               .num_kv_heads = config.num_kv_heads,
                               .head_dim = config.head_dim},
-          WorkerRegistry::Options{.poll_interval = options.poll_interval,
-                                  .load_timeout = options.load_timeout}));
+          WorkerRegistry::Options{
+              .poll_interval = options.poll_interval,
+              .load_timeout = options.load_timeout,
+              .channel_credentials = options.worker_credentials}));
   RouterMetrics::Options metrics;
   for (const auto& w : options.cluster.prefill_workers()) {
     metrics.prefill_workers.push_back(w.id());
@@ -94,7 +96,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
     router->http_for_gauges_.store(router->http_.get());
   }
 
-  auto started = StartGrpcServer(options.listen, {router->service_.get()});
+  auto started = StartGrpcServer(options.listen, {router->service_.get()},
+                                 options.credentials);
   if (!started.ok()) {
     router->Shutdown(absl::ZeroDuration());
     return started.status();

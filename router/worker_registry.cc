@@ -22,14 +22,16 @@ const char* RoleName(WorkerRole role) {
 }
 
 // Reconnect quickly once a worker comes back: gRPC's default backoff grows
-// to two minutes.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+// to two minutes. Null `credentials`: plaintext.
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 bool SameModel(const std::string& a, const std::string& b) {
@@ -71,7 +73,8 @@ absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(
     endpoint->role = role;
     endpoint->id = w.id();
     endpoint->address = w.address();
-    endpoint->channel = MakeChannel(w.address());
+    endpoint->channel =
+        MakeChannel(w.address(), options.channel_credentials);
     if (role == WorkerRole::kDecode) {
       endpoint->decode = wire::DecodeWorker::NewStub(endpoint->channel);
     } else {

@@ -108,6 +108,9 @@ class WorkerRegistry {
     absl::Duration poll_interval = absl::Milliseconds(100);
     // Deadline of one GetLoad. Default: 1 s.
     absl::Duration load_timeout = absl::Seconds(1);
+    // Credentials of the channels to the workers (internal mTLS,
+    // common/tls.h); null: plaintext. Default: null.
+    std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
   };
 
   // Creates channels to every worker of `config` (which must have passed

@@ -27,6 +27,14 @@
 #   --cpu-share S      hold every worker to S CPUs of time (e.g. 0.5), each in
 #                      its own cgroup (deploy/local/cpu_share.sh; needs root);
 #                      the router is not limited (default: no limit)
+#   --tls D            TLS and mTLS end to end (docs/security.md): the router
+#                      serves gRPC and HTTPS with D/node.crt, and every
+#                      process authenticates its peers by D/ca.crt. Makes
+#                      the CA and node.crt (for 127.0.0.1 and localhost)
+#                      with openssl when D has no ca.crt; otherwise uses
+#                      D/ca.crt, D/node.crt and D/node.key as they are.
+#                      Clients: pdctl --tls_root_certs=D/ca.crt,
+#                      curl --cacert D/ca.crt (default: plaintext)
 #   --prefill-args A, --decode-args A, --router-args A
 #                      extra flags for every worker of that kind, e.g.
 #                      --decode-args "--kv_transport=ucx:shm,tcp" (KV
@@ -44,7 +52,7 @@ cmd="${1:-}"
 shift || true
 prefill=1 decode=1 model=builtin:tiny dir="$root/build/local-cluster" bin="$root/build"
 router_port=0 http_port=0 prefill_args="" decode_args="" router_args="" routing=""
-routing_policy="" cpu_share=""
+routing_policy="" cpu_share="" tls_dir=""
 while (($#)); do
   case "$1" in
     --prefill) prefill="$2"; shift 2 ;;
@@ -60,6 +68,7 @@ while (($#)); do
     --routing) routing="$2"; shift 2 ;;
     --routing-policy) routing_policy="$2"; shift 2 ;;
     --cpu-share) cpu_share="$2"; shift 2 ;;
+    --tls) tls_dir="$2"; shift 2 ;;
     *) echo "cluster.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -76,6 +85,28 @@ wait_port() {
     sleep 0.1
   done
   die "$name did not start within 60 s; see $dir/$name.log"
+}
+
+# --tls: a CA and one certificate for every process of this machine, unless
+# the directory has them already.
+make_certificates() {
+  local d="$1"
+  [[ -s "$d/ca.crt" ]] && return 0
+  mkdir -p "$d"
+  (
+    cd "$d"
+    umask 077
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -keyout ca.key -out ca.crt -days 365 -subj "/CN=pdserve local CA" \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -keyout node.key -out node.csr -subj "/CN=pdserve local node"
+    printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+      "extendedKeyUsage=serverAuth,clientAuth" "basicConstraints=CA:FALSE" >node.ext
+    openssl x509 -req -in node.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 \
+      -extfile node.ext -out node.crt
+    rm -f node.csr node.ext
+  ) >"$d/openssl.log" 2>&1 || die "openssl could not make certificates in $d: $(tail -n 3 "$d/openssl.log")"
 }
 
 # The cgroup of a worker under --cpu-share: one per run directory and name.
@@ -128,19 +159,28 @@ up() {
   fi
   mkdir -p "$dir"
   down  # A cluster left over in this directory.
+  local mtls_args="" router_tls_args="" pdctl_tls_args="" scheme=http
+  if [[ -n "$tls_dir" ]]; then
+    make_certificates "$tls_dir"
+    tls_dir="$(cd "$tls_dir" && pwd)"
+    mtls_args="--mtls_cert_file=$tls_dir/node.crt --mtls_key_file=$tls_dir/node.key --mtls_ca_file=$tls_dir/ca.crt"
+    router_tls_args="--tls_cert_file=$tls_dir/node.crt --tls_key_file=$tls_dir/node.key"
+    pdctl_tls_args="--tls_root_certs=$tls_dir/ca.crt"
+    scheme=https
+  fi
   local workers=()
   for ((i = 0; i < decode; i++)); do
     # shellcheck disable=SC2086
     start "decode-$i" "$bin/decode_worker/pd-decode" --listen=127.0.0.1:0 --worker_id="decode-$i" \
       --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/decode-$i.metrics_port" \
-      --model="$model" $decode_args
+      --model="$model" $mtls_args $decode_args
     workers+=("decode-$i")
   done
   for ((i = 0; i < prefill; i++)); do
     # shellcheck disable=SC2086
     start "prefill-$i" "$bin/prefill_worker/pd-prefill" --listen=127.0.0.1:0 \
       --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/prefill-$i.metrics_port" \
-      --worker_id="prefill-$i" --model="$model" $prefill_args
+      --worker_id="prefill-$i" --model="$model" $mtls_args $prefill_args
     workers+=("prefill-$i")
   done
   for w in "${workers[@]}"; do wait_port "$w"; done
@@ -172,7 +212,7 @@ JSON
   rm -f "$dir/router.http_port"
   start router "$bin/router/pd-router" --listen="127.0.0.1:$router_port" \
     --http_listen="127.0.0.1:$http_port" --http_port_file="$dir/router.http_port" \
-    --config="$dir/cluster.json" $router_args
+    --config="$dir/cluster.json" $mtls_args $router_tls_args $router_args
   wait_port router
   if [[ -s "$dir/router.http_port" ]]; then cp "$dir/router.http_port" "$dir/router.metrics_port"; fi
   # Every process's /metrics, for Prometheus's file_sd_configs.
@@ -187,9 +227,10 @@ JSON
   # Healthy: the router sees every worker.
   local want="prefill_workers: $prefill decode_workers: $decode" status=""
   for _ in $(seq 1 300); do
-    status="$("$bin/client/pdctl" status --server="127.0.0.1:$(cat "$dir/router.port")" 2>&1 || true)"
+    # shellcheck disable=SC2086
+    status="$("$bin/client/pdctl" status --server="127.0.0.1:$(cat "$dir/router.port")" $pdctl_tls_args 2>&1 || true)"
     if grep -q "serving: true" <<<"$status" && grep -q "$want" <<<"$status"; then
-      echo "cluster up: router 127.0.0.1:$(cat "$dir/router.port") (gRPC), http://127.0.0.1:$(cat "$dir/router.http_port") (OpenAI API), $prefill prefill, $decode decode, model $model (logs in $dir)"
+      echo "cluster up: router 127.0.0.1:$(cat "$dir/router.port") (gRPC${tls_dir:+ over TLS}), $scheme://127.0.0.1:$(cat "$dir/router.http_port") (OpenAI API), $prefill prefill, $decode decode, model $model (logs in $dir)"
       return 0
     fi
     sleep 0.1
@@ -215,5 +256,5 @@ case "$cmd" in
     echo "Ctrl-C stops the cluster."
     while true; do sleep 1; done
     ;;
-  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
