@@ -219,7 +219,11 @@ JSON
   local targets="" sep="" w
   for w in router "${workers[@]}"; do
     [[ -s "$dir/$w.metrics_port" ]] || continue
-    targets+="$sep{\"targets\": [\"127.0.0.1:$(cat "$dir/$w.metrics_port")\"], \"labels\": {\"process\": \"$w\"}}"
+    # Under --tls the router's /metrics is on its HTTPS port (the workers'
+    # stay plaintext): Prometheus needs tls_config.ca_file for it.
+    local scheme_label=""
+    [[ -n "$tls_dir" && "$w" == router ]] && scheme_label=", \"__scheme__\": \"https\""
+    targets+="$sep{\"targets\": [\"127.0.0.1:$(cat "$dir/$w.metrics_port")\"], \"labels\": {\"process\": \"$w\"$scheme_label}}"
     sep=", "
   done
   echo "[$targets]" >"$dir/prometheus_targets.json"
