@@ -446,10 +446,13 @@ void Session::Handshake(bool over_capacity) {
         if (ec.category() == net::error::get_ssl_category() &&
             ERR_GET_REASON(ec.value()) == SSL_R_HTTP_REQUEST) {
           // A plaintext client: tell it in words it can read, as plaintext.
-          const std::string answer = ErrorResponse(
-              400, "this port speaks HTTPS: use https:// (TLS)");
-          error_code ignored;
-          net::write(self->raw(), net::buffer(answer), ignored);
+          PD_LOG(INFO) << "HTTP TLS handshake failed: " << ec.message();
+          auto answer = std::make_shared<const std::string>(ErrorResponse(
+              400, "this port speaks HTTPS: use https:// (TLS)"));
+          self->ArmTimer(self->options_.request_timeout);
+          net::async_write(self->raw(), net::buffer(*answer),
+                           [self, answer](error_code, size_t) { self->Close(); });
+          return;
         }
         PD_LOG(INFO) << "HTTP TLS handshake failed: " << ec.message();
         self->Close();
