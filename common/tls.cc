@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
@@ -160,36 +161,35 @@ absl::StatusOr<TlsPem> ReadTlsFiles(const TlsFiles& files) {
   return pem;
 }
 
-// The checked copies gRPC's FileWatcher provider reads, as /proc/self/fd
-// paths of anonymous memory files. Reload swaps a new file in with dup3,
-// atomically: a reader opens the old file or the new one, never half of
-// one. The key and the chain share one file so that they change together
-// (IdentityCopy); gRPC's parse of each skips the other's PEM blocks.
-struct TlsCertificates::Copies {
-  int identity_fd = -1;
-  int ca_fd = -1;  // -1 without a CA.
-};
-
 namespace {
 
-// Replaces the file behind `*fd` with a new one holding `text` (or creates
-// it when *fd is -1).
-absl::Status PutCopy(int* fd, const std::string& text) {
-  const int fresh = MemoryFile(text);
-  if (fresh < 0) {
+// The checked copies gRPC's FileWatcher provider reads are anonymous memory
+// files, named by /proc/self/fd paths. Reload swaps a new file in with
+// dup3, atomically: a reader opens the old file or the new one, never half
+// of one. The key and the chain share one file so that they change
+// together (IdentityCopy); gRPC's parse of each skips the other's PEM
+// blocks.
+//
+// A new copy holding `text`: its descriptor.
+absl::StatusOr<int> NewCopy(const std::string& text) {
+  const int fd = MemoryFile(text);
+  if (fd < 0) {
     return absl::InternalError(
         absl::StrCat("memfd_create: ", std::strerror(errno)));
   }
-  if (*fd < 0) {
-    *fd = fresh;
-    return absl::OkStatus();
-  }
-  if (dup3(fresh, *fd, O_CLOEXEC) < 0) {
-    const int error = errno;
-    close(fresh);
+  return fd;
+}
+
+// Puts a new copy holding `text` behind descriptor `fd`.
+absl::Status ReplaceCopy(int fd, const std::string& text) {
+  absl::StatusOr<int> fresh = NewCopy(text);
+  if (!fresh.ok()) return fresh.status();
+  const int replaced = dup3(*fresh, fd, O_CLOEXEC);
+  const int error = errno;
+  close(*fresh);
+  if (replaced < 0) {
     return absl::InternalError(absl::StrCat("dup3: ", std::strerror(error)));
   }
-  close(fresh);
   return absl::OkStatus();
 }
 
@@ -199,23 +199,29 @@ absl::StatusOr<std::unique_ptr<TlsCertificates>> TlsCertificates::Load(
     const TlsFiles& files) {
   absl::StatusOr<TlsPem> pem = ReadTlsFiles(files);
   if (!pem.ok()) return pem.status();
-  auto copies = std::make_shared<Copies>();
-  absl::Status put = PutCopy(&copies->identity_fd, IdentityCopy(*pem));
-  if (put.ok() && !pem->ca.empty()) put = PutCopy(&copies->ca_fd, pem->ca);
-  if (!put.ok()) {
-    if (copies->identity_fd >= 0) close(copies->identity_fd);
-    return put;
+  absl::StatusOr<int> identity_fd = NewCopy(IdentityCopy(*pem));
+  if (!identity_fd.ok()) return identity_fd.status();
+  int ca_fd = -1;
+  if (!pem->ca.empty()) {
+    absl::StatusOr<int> fd = NewCopy(pem->ca);
+    if (!fd.ok()) {
+      close(*identity_fd);
+      return fd.status();
+    }
+    ca_fd = *fd;
   }
   return std::unique_ptr<TlsCertificates>(
-      new TlsCertificates(files, std::move(copies), *std::move(pem)));
+      new TlsCertificates(files, *identity_fd, ca_fd, *std::move(pem)));
 }
 
-TlsCertificates::TlsCertificates(const TlsFiles& files,
-                                 std::shared_ptr<Copies> copies, TlsPem pem)
-    : files_(files), copies_(std::move(copies)), pem_(std::move(pem)) {
-  const std::string identity = FdPath(copies_->identity_fd);
-  const std::string ca =
-      copies_->ca_fd >= 0 ? FdPath(copies_->ca_fd) : std::string();
+TlsCertificates::TlsCertificates(const TlsFiles& files, int identity_fd,
+                                 int ca_fd, TlsPem pem)
+    : files_(files),
+      identity_fd_(identity_fd),
+      ca_fd_(ca_fd),
+      pem_(std::move(pem)) {
+  const std::string identity = FdPath(identity_fd_);
+  const std::string ca = ca_fd_ >= 0 ? FdPath(ca_fd_) : std::string();
   provider_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       identity, identity, ca,
       static_cast<unsigned>(absl::ToInt64Seconds(kRefreshInterval)));
@@ -232,12 +238,13 @@ absl::Status TlsCertificates::Reload() {
   absl::StatusOr<TlsPem> pem = ReadTlsFiles(files_);
   if (!pem.ok()) return pem.status();
   absl::MutexLock lock(&mu_);
-  absl::Status put = PutCopy(&copies_->identity_fd, IdentityCopy(*pem));
-  if (!put.ok()) return put;
-  if (!pem->ca.empty()) {
+  if (absl::Status s = ReplaceCopy(identity_fd_, IdentityCopy(*pem)); !s.ok()) {
+    return s;
+  }
+  if (ca_fd_ >= 0) {
     // A failure here leaves the new identity with the old CA: still a
     // checked, matching key and chain.
-    if (absl::Status s = PutCopy(&copies_->ca_fd, pem->ca); !s.ok()) return s;
+    if (absl::Status s = ReplaceCopy(ca_fd_, pem->ca); !s.ok()) return s;
   }
   pem_ = *std::move(pem);
   ++generation_;

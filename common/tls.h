@@ -34,6 +34,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -121,13 +122,15 @@ class TlsCertificates {
   const TlsFiles& files() const { return files_; }
 
  private:
-  struct Copies;
-  TlsCertificates(const TlsFiles& files, std::shared_ptr<Copies> copies,
+  TlsCertificates(const TlsFiles& files, int identity_fd, int ca_fd,
                   TlsPem pem);
 
   const TlsFiles files_;
-  // The in-memory files gRPC reads, and the provider reading them.
-  const std::shared_ptr<Copies> copies_;
+  // The checked copies gRPC's provider reads (tls.cc, ReplaceCopy): the key
+  // and the chain in one in-memory file, the CA bundle in another (-1
+  // without a CA). Reload puts new files behind the same descriptors.
+  const int identity_fd_;
+  const int ca_fd_;
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
   mutable absl::Mutex mu_;
   TlsPem pem_ ABSL_GUARDED_BY(mu_);

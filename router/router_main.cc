@@ -77,6 +77,22 @@ ABSL_FLAG(std::string, tls_client_ca_file, "",
           "Public TLS: clients must present a certificate signed by a CA of "
           "this PEM bundle (none: any client; API keys still apply)");
 
+namespace {
+
+// The certificates of the --tls_* flags; null when none is set.
+absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> PublicTlsFromFlags() {
+  absl::StatusOr<std::optional<pdserve::TlsFiles>> files =
+      pdserve::TlsFilesFromFlags("tls", absl::GetFlag(FLAGS_tls_cert_file),
+                                 absl::GetFlag(FLAGS_tls_key_file),
+                                 absl::GetFlag(FLAGS_tls_client_ca_file),
+                                 /*ca_required=*/false);
+  if (!files.ok()) return files.status();
+  if (!files->has_value()) return nullptr;
+  return pdserve::TlsCertificates::Load(**files);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   pdserve::BlockTerminationSignals();
   // Debian's Abseil is built without NDEBUG, so every absl::Mutex lock also
@@ -122,27 +138,18 @@ int main(int argc, char** argv) {
     options.api_keys.insert(options.api_keys.end(), keys->begin(),
                             keys->end());
   }
-  absl::StatusOr<std::optional<pdserve::TlsFiles>> public_files =
-      pdserve::TlsFilesFromFlags("tls", absl::GetFlag(FLAGS_tls_cert_file),
-                                 absl::GetFlag(FLAGS_tls_key_file),
-                                 absl::GetFlag(FLAGS_tls_client_ca_file),
-                                 /*ca_required=*/false);
-  if (!public_files.ok()) {
-    std::cerr << "pd-router: " << public_files.status() << "\n";
+  absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> public_tls =
+      PublicTlsFromFlags();
+  if (!public_tls.ok()) {
+    std::cerr << "pd-router: " << public_tls.status() << "\n";
     return 2;
   }
-  std::unique_ptr<pdserve::TlsCertificates> public_tls;
-  if (public_files->has_value()) {
-    auto loaded = pdserve::TlsCertificates::Load(**public_files);
-    if (!loaded.ok()) {
-      std::cerr << "pd-router: " << loaded.status() << "\n";
-      return 2;
-    }
-    public_tls = *std::move(loaded);
-    options.credentials = public_tls->ServerCredentials(
-        (*public_files)->ca_file.empty() ? pdserve::ClientCertificates::kNone
-                                         : pdserve::ClientCertificates::kRequire);
-    options.http.tls = public_tls.get();
+  if (*public_tls) {
+    options.credentials = (*public_tls)->ServerCredentials(
+        (*public_tls)->files().ca_file.empty()
+            ? pdserve::ClientCertificates::kNone
+            : pdserve::ClientCertificates::kRequire);
+    options.http.tls = public_tls->get();
   }
   absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> mtls =
       pdserve::InternalTlsFromFlags();
@@ -166,7 +173,7 @@ int main(int argc, char** argv) {
   }
   const bool announced = pdserve::AnnounceAndWaitForSignal(
       "pd-router", (*router)->port(), absl::GetFlag(FLAGS_port_file), [&] {
-        pdserve::ReloadAndLog("pd-router", {public_tls.get(), mtls->get()});
+        pdserve::ReloadAndLog("pd-router", {public_tls->get(), mtls->get()});
       });
   (*router)->Shutdown();
   return announced ? 0 : 1;
