@@ -7,8 +7,9 @@
 //   pdctl status --server=HOST:PORT
 //   pdctl convert-llama2c CHECKPOINT.bin TOKENIZER.bin OUT_DIR
 //
-// Remote commands take --api_key (default: $PDSERVE_API_KEY), --tls and
-// --tls_root_certs=PEM_FILE.
+// Remote commands take --api_key (default: $PDSERVE_API_KEY), --tls,
+// --tls_root_certs=PEM_FILE, and --tls_cert=PEM_FILE --tls_key=PEM_FILE for
+// a router that asks for client certificates.
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -52,8 +53,25 @@ ABSL_FLAG(bool, tls, false, "Connect to the router over TLS");
 ABSL_FLAG(std::string, tls_root_certs, "",
           "PEM file of the root certificates for --tls (default: the "
           "system's)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM file of the client certificate chain presented to a router "
+          "that asks for one (with --tls_key; implies --tls)");
+ABSL_FLAG(std::string, tls_key, "", "PEM file of --tls_cert's private key");
 
 namespace {
+
+// The text of the file of `flag`.
+absl::StatusOr<std::string> ReadFlagFile(const std::string& flag,
+                                         const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read --", flag, " file '", path, "'"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 constexpr char kUsage[] =
     "pdctl COMMAND [flags] ARGS\n"
@@ -63,7 +81,8 @@ constexpr char kUsage[] =
     "  tokenize [--model=DIR|builtin:tiny] TEXT               ... and their pieces, locally\n"
     "  status --server=HOST:PORT                              health, workers and models\n"
     "  convert-llama2c CHECKPOINT TOKENIZER OUT_DIR           llama2.c -> HF directory\n"
-    "remote commands: --api_key=KEY (default $PDSERVE_API_KEY), --tls, --tls_root_certs=PEM";
+    "remote commands: --api_key=KEY (default $PDSERVE_API_KEY), --tls, --tls_root_certs=PEM,\n"
+    "  --tls_cert=PEM --tls_key=PEM";
 
 std::string LocalModel() {
   const std::string model = absl::GetFlag(FLAGS_model);
@@ -98,15 +117,26 @@ absl::StatusOr<pdserve::GenerationClient::Options> ClientOptions() {
   options.tls = absl::GetFlag(FLAGS_tls);
   if (const std::string path = absl::GetFlag(FLAGS_tls_root_certs);
       !path.empty()) {
-    std::ifstream in(path);
-    if (!in) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot read --tls_root_certs file '", path, "'"));
-    }
-    std::stringstream pem;
-    pem << in.rdbuf();
+    absl::StatusOr<std::string> pem = ReadFlagFile("tls_root_certs", path);
+    if (!pem.ok()) return pem.status();
     options.tls = true;
-    options.tls_root_certificates = pem.str();
+    options.tls_root_certificates = *std::move(pem);
+  }
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert);
+  const std::string key = absl::GetFlag(FLAGS_tls_key);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError(cert.empty()
+                                          ? "--tls_cert is required with --tls_key"
+                                          : "--tls_key is required with --tls_cert");
+  }
+  if (!cert.empty()) {
+    absl::StatusOr<std::string> chain = ReadFlagFile("tls_cert", cert);
+    if (!chain.ok()) return chain.status();
+    absl::StatusOr<std::string> pem_key = ReadFlagFile("tls_key", key);
+    if (!pem_key.ok()) return pem_key.status();
+    options.tls = true;
+    options.tls_certificate_chain = *std::move(chain);
+    options.tls_private_key = *std::move(pem_key);
   }
   return options;
 }

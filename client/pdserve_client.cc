@@ -109,10 +109,16 @@ absl::StatusOr<std::unique_ptr<GenerationClient>> GenerationClient::Create(
         "the API key has a character other than printable ASCII without "
         "space");
   }
+  if (options.tls_certificate_chain.empty() != options.tls_private_key.empty()) {
+    return absl::InvalidArgumentError(
+        "a client certificate needs its private key and the reverse");
+  }
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (options.tls) {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = options.tls_root_certificates;
+    ssl.pem_cert_chain = options.tls_certificate_chain;
+    ssl.pem_private_key = options.tls_private_key;
     credentials = grpc::SslCredentials(ssl);
   } else {
     credentials = grpc::InsecureChannelCredentials();

@@ -116,12 +116,17 @@ class GenerationClient {
     // PEM root certificates the server's certificate must chain to (with
     // tls); empty: the system's roots. Default: empty.
     std::string tls_root_certificates;
+    // PEM certificate chain and private key presented to a server that
+    // asks for a client certificate (pd-router --tls_client_ca_file); both
+    // or neither, with tls. Default: empty (none presented).
+    std::string tls_certificate_chain;
+    std::string tls_private_key;
   };
 
   // A client of the server at `address` ("host:port"). Connects lazily: an
   // unreachable server shows in the first call. INVALID_ARGUMENT for an
-  // empty address, non-positive timeouts, a bad retry policy or an API key
-  // that cannot be sent.
+  // empty address, non-positive timeouts, a bad retry policy, an API key
+  // that cannot be sent, or a client certificate without its key.
   static absl::StatusOr<std::unique_ptr<GenerationClient>> Create(
       const std::string& address, const Options& options);
   static absl::StatusOr<std::unique_ptr<GenerationClient>> Create(

@@ -1,6 +1,5 @@
-// Starting a gRPC server the way every pdserve process does: plaintext (a
-// cluster network; TLS terminates in front of the router), one address,
-// port 0 picking a free port.
+// Starting a gRPC server the way every pdserve process does: one address,
+// port 0 picking a free port, plaintext or TLS (common/tls.h).
 #ifndef PDSERVE_COMMON_GRPC_SERVER_H_
 #define PDSERVE_COMMON_GRPC_SERVER_H_
 
@@ -9,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 
 namespace pdserve {
@@ -19,10 +19,12 @@ struct StartedServer {
 };
 
 // Serves `services` (which must outlive the server) on `listen_address`
-// ("host:port"). UNAVAILABLE when the address cannot be bound.
+// ("host:port") with `credentials` (null: plaintext). UNAVAILABLE when the
+// address cannot be bound.
 absl::StatusOr<StartedServer> StartGrpcServer(
     const std::string& listen_address,
-    std::initializer_list<grpc::Service*> services);
+    std::initializer_list<grpc::Service*> services,
+    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
 }  // namespace pdserve
 

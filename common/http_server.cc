@@ -17,6 +17,9 @@
 #include "absl/synchronization/mutex.h"
 #include "boost/asio/ip/tcp.hpp"
 #include "boost/asio/post.hpp"
+#include "boost/asio/ssl/context.hpp"
+#include "boost/asio/ssl/error.hpp"
+#include "boost/asio/ssl/stream.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/strand.hpp"
 #include "boost/asio/write.hpp"
@@ -25,6 +28,9 @@
 #include "boost/beast/http/string_body.hpp"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/tls.h"
+#include "openssl/err.h"
+#include "openssl/ssl.h"
 
 namespace pdserve {
 
@@ -71,6 +77,39 @@ std::string WholeResponse(
   return out;
 }
 
+// A TLS context serving `pem`: TLS 1.2 and newer; with a CA, clients must
+// present a certificate it signs.
+absl::StatusOr<std::shared_ptr<net::ssl::context>> MakeTlsContext(
+    const TlsPem& pem) {
+  auto context =
+      std::make_shared<net::ssl::context>(net::ssl::context::tls_server);
+  error_code ec;
+  context->set_options(net::ssl::context::default_workarounds |
+                           net::ssl::context::no_sslv2 |
+                           net::ssl::context::no_sslv3 |
+                           net::ssl::context::no_tlsv1 |
+                           net::ssl::context::no_tlsv1_1,
+                       ec);
+  if (!ec) context->use_certificate_chain(net::buffer(pem.chain), ec);
+  if (!ec) {
+    context->use_private_key(net::buffer(pem.key),
+                             net::ssl::context::pem, ec);
+  }
+  if (!ec && !pem.ca.empty()) {
+    context->add_certificate_authority(net::buffer(pem.ca), ec);
+    if (!ec) {
+      context->set_verify_mode(net::ssl::verify_peer |
+                                   net::ssl::verify_fail_if_no_peer_cert,
+                               ec);
+    }
+  }
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot make the HTTP TLS context: ", ec.message()));
+  }
+  return context;
+}
+
 std::string ErrorResponse(int status, absl::string_view message) {
   // The same error object shape as the OpenAI layer's, so every client sees
   // one kind of error body.
@@ -93,6 +132,9 @@ struct HttpServer::Impl {
         accept_retry(acceptor_strand) {}
 
   void Accept();
+  // The TLS context for a new connection, remade when the certificates
+  // were reloaded; null without TLS.
+  std::shared_ptr<net::ssl::context> TlsContext();
   // False (not registered) once Stop() has begun.
   bool Register(const std::shared_ptr<Session>& session);
   void Unregister(Session* session);
@@ -117,6 +159,9 @@ struct HttpServer::Impl {
   absl::flat_hash_map<Session*, std::weak_ptr<Session>> sessions
       ABSL_GUARDED_BY(mu);
   bool closing ABSL_GUARDED_BY(mu) = false;
+  absl::Mutex tls_mu;
+  std::shared_ptr<net::ssl::context> tls_context ABSL_GUARDED_BY(tls_mu);
+  uint64_t tls_generation ABSL_GUARDED_BY(tls_mu) = 0;
 };
 
 namespace {
@@ -128,17 +173,26 @@ class Exchange;
 // One connection. Every member is touched on the connection's strand only.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(std::shared_ptr<HttpServer::Impl> server, tcp::socket socket)
+  // Plaintext when `tls` is null.
+  Session(std::shared_ptr<HttpServer::Impl> server, tcp::socket socket,
+          std::shared_ptr<net::ssl::context> tls)
       : server_(std::move(server)),
         options_(server_->options),
-        socket_(std::move(socket)),
-        timer_(socket_.get_executor()) {}
+        tls_context_(std::move(tls)),
+        timer_(socket.get_executor()) {
+    if (tls_context_) {
+      tls_.emplace(std::move(socket), *tls_context_);
+    } else {
+      socket_.emplace(std::move(socket));
+    }
+  }
 
   ~Session() { server_->connections.fetch_sub(1); }
 
-  auto executor() { return socket_.get_executor(); }
+  auto executor() { return timer_.get_executor(); }
 
   void Start(bool over_capacity) {
+    if (tls_ && !handshake_done_) return Handshake(over_capacity);
     if (over_capacity) {
       busy_ = true;  // Nothing is read: the answer goes and the socket closes.
       keep_alive_ = false;
@@ -159,6 +213,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void Close();
 
  private:
+  // The TCP socket under TLS, or the plaintext one.
+  tcp::socket& raw() { return tls_ ? tls_->next_layer() : *socket_; }
+  void Handshake(bool over_capacity);
   void ParseOrRead();
   void Read();
   void OnRead(error_code ec, size_t bytes);
@@ -172,7 +229,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
   const std::shared_ptr<HttpServer::Impl> server_;
   const HttpServer::Options& options_;
-  tcp::socket socket_;
+  // Exactly one of socket_ and tls_; the stream refers to the context.
+  const std::shared_ptr<net::ssl::context> tls_context_;
+  std::optional<tcp::socket> socket_;
+  std::optional<net::ssl::stream<tcp::socket>> tls_;
+  bool handshake_done_ = false;
   net::steady_timer timer_;
   std::string in_;  // Bytes read and not yet parsed.
   std::array<char, kReadChunk> read_buffer_;
@@ -361,11 +422,40 @@ void Session::Read() {
     return Close();
   }
   reading_ = true;
-  socket_.async_read_some(
-      net::buffer(read_buffer_),
-      [self = shared_from_this()](error_code ec, size_t bytes) {
-        self->in_.append(self->read_buffer_.data(), bytes);
-        self->OnRead(ec, bytes);
+  auto on_read = [self = shared_from_this()](error_code ec, size_t bytes) {
+    self->in_.append(self->read_buffer_.data(), bytes);
+    self->OnRead(ec, bytes);
+  };
+  if (tls_) {
+    tls_->async_read_some(net::buffer(read_buffer_), std::move(on_read));
+  } else {
+    socket_->async_read_some(net::buffer(read_buffer_), std::move(on_read));
+  }
+}
+
+void Session::Handshake(bool over_capacity) {
+  ArmTimer(options_.request_timeout);
+  tls_->async_handshake(
+      net::ssl::stream_base::server,
+      [self = shared_from_this(), over_capacity](error_code ec) {
+        self->DisarmTimer();
+        if (!ec) {
+          self->handshake_done_ = true;
+          return self->Start(over_capacity);
+        }
+        if (ec.category() == net::error::get_ssl_category() &&
+            ERR_GET_REASON(ec.value()) == SSL_R_HTTP_REQUEST) {
+          // A plaintext client: tell it in words it can read, as plaintext.
+          PD_LOG(INFO) << "HTTP TLS handshake failed: " << ec.message();
+          auto answer = std::make_shared<const std::string>(ErrorResponse(
+              400, "this port speaks HTTPS: use https:// (TLS)"));
+          self->ArmTimer(self->options_.request_timeout);
+          net::async_write(self->raw(), net::buffer(*answer),
+                           [self, answer](error_code, size_t) { self->Close(); });
+          return;
+        }
+        PD_LOG(INFO) << "HTTP TLS handshake failed: " << ec.message();
+        self->Close();
       });
 }
 
@@ -458,10 +548,14 @@ void Session::Write() {
   outbox_.clear();
   // A client that takes nothing for this long is gone.
   ArmTimer(options_.request_timeout);
-  net::async_write(socket_, net::buffer(writing_),
-                   [self = shared_from_this()](error_code ec, size_t) {
-                     self->OnWrite(ec);
-                   });
+  auto on_write = [self = shared_from_this()](error_code ec, size_t) {
+    self->OnWrite(ec);
+  };
+  if (tls_) {
+    net::async_write(*tls_, net::buffer(writing_), std::move(on_write));
+  } else {
+    net::async_write(*socket_, net::buffer(writing_), std::move(on_write));
+  }
 }
 
 void Session::OnWrite(error_code ec) {
@@ -492,8 +586,10 @@ void Session::Close() {
   closed_ = true;
   timer_.cancel();
   error_code ignored;
-  socket_.shutdown(tcp::socket::shutdown_both, ignored);
-  socket_.close(ignored);
+  // Under TLS without a close_notify: the client learns nothing more from
+  // one, and a closing handshake could wait on a client that reads nothing.
+  raw().shutdown(tcp::socket::shutdown_both, ignored);
+  raw().close(ignored);
   if (exchange_ && !response_done_) exchange_->MarkGone();
   exchange_.reset();
   current_exchange_ = nullptr;
@@ -532,13 +628,32 @@ void HttpServer::Impl::Accept() {
           const bool over =
               connections.fetch_add(1) >= options.max_connections;
           socket.set_option(tcp::no_delay(true), ec);
-          auto session = std::make_shared<Session>(self, std::move(socket));
+          auto session = std::make_shared<Session>(self, std::move(socket),
+                                                   TlsContext());
           if (!Register(session)) return;  // Stopping: it closes unused.
           net::post(session->executor(),
                     [session, over] { session->Start(over); });
         }
         Accept();
       });
+}
+
+std::shared_ptr<net::ssl::context> HttpServer::Impl::TlsContext() {
+  if (options.tls == nullptr) return nullptr;
+  const uint64_t generation = options.tls->generation();
+  absl::MutexLock lock(&tls_mu);
+  if (tls_context == nullptr || tls_generation != generation) {
+    absl::StatusOr<std::shared_ptr<net::ssl::context>> fresh =
+        MakeTlsContext(options.tls->pem());
+    if (fresh.ok()) {
+      tls_context = *std::move(fresh);
+    } else {
+      // Checked by TlsCertificates already; keep the context in use.
+      PD_LOG(ERROR) << fresh.status();
+    }
+    tls_generation = generation;
+  }
+  return tls_context;
 }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
@@ -574,6 +689,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   RaiseOpenFileLimit();
   auto impl = std::make_shared<Impl>(options, std::move(handler));
   impl->weak_self = impl;
+  if (options.tls != nullptr) {
+    absl::MutexLock lock(&impl->tls_mu);
+    absl::StatusOr<std::shared_ptr<net::ssl::context>> context =
+        MakeTlsContext(options.tls->pem());
+    if (!context.ok()) return context.status();
+    impl->tls_context = *std::move(context);
+    impl->tls_generation = options.tls->generation();
+  }
   const tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
   impl->acceptor.open(endpoint.protocol(), ec);
   if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);

@@ -24,6 +24,9 @@
 // or before the answer) is noticed at once and the exchange's close
 // callback runs.
 //
+// With Options::tls, every connection first completes a TLS handshake
+// (within request_timeout).
+//
 // Thread-safety: HttpExchange methods from any thread. HttpServer::Stop()
 // from one thread.
 // Ownership: the server owns its threads and connections. An exchange may
@@ -43,6 +46,8 @@
 #include "absl/time/time.h"
 
 namespace pdserve {
+
+class TlsCertificates;
 
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...
@@ -101,6 +106,13 @@ class HttpServer {
     absl::Duration idle_timeout = absl::Seconds(75);
     int max_connections = 16384;
     size_t max_pending_event_bytes = 4 << 20;
+    // Serve HTTPS with these certificates (common/tls.h; with a CA,
+    // clients must present a certificate it signs). Each new connection
+    // uses the certificates of the last successful Reload(); open ones
+    // keep theirs. A plaintext request gets a plaintext 400 and the
+    // connection closes. Must outlive the server. Null: plaintext.
+    // Default: null.
+    const TlsCertificates* tls = nullptr;
   };
 
   using Handler = std::function<void(HttpRequest request,

@@ -30,6 +30,7 @@ sigset_t TerminationSignals() {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
   return set;
 }
 
@@ -40,12 +41,18 @@ void BlockTerminationSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-int WaitForTerminationSignal() {
+int WaitForTerminationSignal(const std::function<void()>& on_reload) {
   const sigset_t set = TerminationSignals();
-  int signal = 0;
-  while (sigwait(&set, &signal) != 0) {
+  while (true) {
+    int signal = 0;
+    if (sigwait(&set, &signal) != 0) continue;
+    if (signal != SIGHUP) return signal;
+    if (on_reload) {
+      on_reload();
+    } else {
+      PD_LOG(INFO) << "SIGHUP: nothing to reload";
+    }
   }
-  return signal;
 }
 
 absl::Status WritePortFile(const std::string& path, int port) {
@@ -62,14 +69,15 @@ absl::Status WritePortFile(const std::string& path, int port) {
 }
 
 bool AnnounceAndWaitForSignal(const std::string& program, int port,
-                              const std::string& port_file) {
+                              const std::string& port_file,
+                              const std::function<void()>& on_reload) {
   if (!port_file.empty()) {
     if (absl::Status s = WritePortFile(port_file, port); !s.ok()) {
       PD_LOG(ERROR) << program << ": " << s;
       return false;
     }
   }
-  const int signal = WaitForTerminationSignal();
+  const int signal = WaitForTerminationSignal(on_reload);
   PD_LOG(INFO) << program << ": signal " << signal << ", shutting down";
   return true;
 }

@@ -15,7 +15,8 @@ absl::StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(
   PD_ASSIGN_OR_RETURN(std::unique_ptr<DecodeWorker> worker,
                       DecodeWorker::Create(options.worker));
   PD_ASSIGN_OR_RETURN(StartedServer started,
-                      StartGrpcServer(options.listen_address, {worker.get()}));
+                      StartGrpcServer(options.listen_address, {worker.get()},
+                                      options.credentials));
   if (options.worker.worker_id.empty()) {
     worker->set_worker_id(absl::StrCat("decode-", started.port));
   }

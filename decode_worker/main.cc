@@ -14,6 +14,7 @@
 #include "common/etcd_flags.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/tls_flags.h"
 #include "decode_worker/decode_server.h"
 #include "engine/engine_flags.h"
 
@@ -78,6 +79,16 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_reservation_timeout_ms));
   w.kv_quarantine = absl::Milliseconds(absl::GetFlag(FLAGS_kv_quarantine_ms));
 
+  absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> mtls =
+      pdserve::InternalTlsFromFlags();
+  if (!mtls.ok()) {
+    PD_LOG(ERROR) << "pd-decode: " << mtls.status();
+    return 2;
+  }
+  if (*mtls) {
+    options.credentials =
+        (*mtls)->ServerCredentials(pdserve::ClientCertificates::kRequire);
+  }
   auto server = pdserve::DecodeServer::Start(options);
   if (!server.ok()) {
     PD_LOG(ERROR) << "pd-decode: " << server.status();
@@ -108,7 +119,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const bool announced = pdserve::AnnounceAndWaitForSignal(
-      "pd-decode", (*server)->port(), absl::GetFlag(FLAGS_port_file));
+      "pd-decode", (*server)->port(), absl::GetFlag(FLAGS_port_file),
+      [&] { pdserve::ReloadAndLog("pd-decode", {mtls->get()}); });
   // Leave the routers' view first, then stop serving.
   registration->reset();
   (*server)->Shutdown();

@@ -16,6 +16,9 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev googletest  # unit tests
   libucx-dev             # kv_transfer "ucx" transport (built when found)
   libboost-dev           # Boost.Beast/Asio: the router's HTTP server
+  libssl-dev             # OpenSSL: TLS certificates (common/tls.h) and HTTPS (Asio SSL)
+  openssl curl           # the TLS tests make certificates with openssl and speak HTTPS with curl;
+                         # cluster.sh --tls makes a local CA with openssl
   libcpp-httplib-dev     # pd-http-bench only: the HTTP library Beast was measured against
   clang libclang-rt-dev  # the libFuzzer targets (tests/fuzz): clang and its fuzzer runtime
   prometheus             # promtool and the server: the /metrics tests (tests/common, tests/metrics)

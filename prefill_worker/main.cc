@@ -15,6 +15,7 @@
 #include "common/etcd_flags.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/tls_flags.h"
 #include "engine/engine_flags.h"
 #include "prefill_worker/prefill_server.h"
 
@@ -72,6 +73,16 @@ int main(int argc, char** argv) {
   w.transfer_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
 
+  absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> mtls =
+      pdserve::InternalTlsFromFlags();
+  if (!mtls.ok()) {
+    PD_LOG(ERROR) << "pd-prefill: " << mtls.status();
+    return 2;
+  }
+  if (*mtls) {
+    options.credentials =
+        (*mtls)->ServerCredentials(pdserve::ClientCertificates::kRequire);
+  }
   auto server = pdserve::PrefillServer::Start(options);
   if (!server.ok()) {
     PD_LOG(ERROR) << "pd-prefill: " << server.status();
@@ -102,7 +113,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const bool announced = pdserve::AnnounceAndWaitForSignal(
-      "pd-prefill", (*server)->port(), absl::GetFlag(FLAGS_port_file));
+      "pd-prefill", (*server)->port(), absl::GetFlag(FLAGS_port_file),
+      [&] { pdserve::ReloadAndLog("pd-prefill", {mtls->get()}); });
   // Leave the routers' view first, then stop serving.
   registration->reset();
   (*server)->Shutdown();

@@ -15,7 +15,8 @@ absl::StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(
   PD_ASSIGN_OR_RETURN(std::unique_ptr<PrefillWorker> worker,
                       PrefillWorker::Create(options.worker));
   PD_ASSIGN_OR_RETURN(StartedServer started,
-                      StartGrpcServer(options.listen_address, {worker.get()}));
+                      StartGrpcServer(options.listen_address, {worker.get()},
+                                      options.credentials));
   if (options.worker.worker_id.empty()) {
     worker->set_worker_id(absl::StrCat("prefill-", started.port));
   }

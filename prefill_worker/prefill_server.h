@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/http_server.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "prefill_worker/prefill_worker.h"
 
@@ -20,6 +21,9 @@ struct PrefillServerOptions {
   // gRPC address ("host:port"; port 0 picks a free one).
   // Default: "127.0.0.1:0".
   std::string listen_address = "127.0.0.1:0";
+  // The gRPC server's credentials (internal mTLS, common/tls.h); null:
+  // plaintext. Default: null.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
   // An empty worker.worker_id becomes "prefill-<bound port>".
   PrefillWorkerOptions worker;
   // Address of the /metrics and /health HTTP endpoint ("host:port"; port 0

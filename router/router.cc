@@ -48,8 +48,10 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
                               .num_layers = config.num_layers,
                               .num_kv_heads = config.num_kv_heads,
                               .head_dim = config.head_dim},
-          WorkerRegistry::Options{.poll_interval = options.poll_interval,
-                                  .load_timeout = options.load_timeout}));
+          WorkerRegistry::Options{
+              .poll_interval = options.poll_interval,
+              .load_timeout = options.load_timeout,
+              .channel_credentials = options.worker_credentials}));
   if (!options.etcd_endpoints.empty()) {
     PD_ASSIGN_OR_RETURN(router->discovery_,
                         EtcdDiscovery::Start({.endpoints = options.etcd_endpoints,
@@ -103,7 +105,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
     router->http_for_gauges_.store(router->http_.get());
   }
 
-  auto started = StartGrpcServer(options.listen, {router->service_.get()});
+  auto started = StartGrpcServer(options.listen, {router->service_.get()},
+                                 options.credentials);
   if (!started.ok()) {
     router->Shutdown(absl::ZeroDuration());
     return started.status();

@@ -41,6 +41,12 @@ struct RouterOptions {
   // gRPC address to listen on; port 0 picks a free port. Default:
   // "127.0.0.1:0".
   std::string listen = "127.0.0.1:0";
+  // Credentials of the public gRPC API (TLS, common/tls.h); null:
+  // plaintext. Default: null.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Credentials of the channels to the workers (internal mTLS); null:
+  // plaintext. Default: null.
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials;
   // The model and the workers; must pass ValidateClusterConfig. Default:
   // empty (Start fails).
   internal::v1::ClusterConfig cluster;

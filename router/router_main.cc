@@ -15,6 +15,11 @@
 // --api_key_file (one per line) together; with any, every call but Health
 // needs `authorization: Bearer <key>`. Prefer the file: a command line is
 // visible to every user of the machine (ps).
+//
+// TLS (docs/security.md): --tls_cert_file and --tls_key_file serve the
+// public gRPC and HTTP APIs over TLS (--tls_client_ca_file: clients must
+// present a certificate it signs); --mtls_* (common/tls_flags.h): mTLS to
+// the workers. SIGHUP re-reads every certificate file.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -27,6 +32,7 @@
 #include "common/etcd_flags.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/tls_flags.h"
 #include "router/api_keys.h"
 #include "router/cluster_config.h"
 #include "router/router.h"
@@ -68,6 +74,30 @@ ABSL_FLAG(std::vector<std::string>, api_key, {},
 ABSL_FLAG(std::string, api_key_file, "",
           "File of API keys, one per line (blank lines and #comments "
           "ignored), added to --api_key");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "Public TLS: PEM certificate chain of the gRPC and HTTP APIs (with "
+          "--tls_key_file; none: plaintext). Re-read on SIGHUP");
+ABSL_FLAG(std::string, tls_key_file, "",
+          "Public TLS: PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "Public TLS: clients must present a certificate signed by a CA of "
+          "this PEM bundle (none: any client; API keys still apply)");
+
+namespace {
+
+// The certificates of the --tls_* flags; null when none is set.
+absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> PublicTlsFromFlags() {
+  absl::StatusOr<std::optional<pdserve::TlsFiles>> files =
+      pdserve::TlsFilesFromFlags("tls", absl::GetFlag(FLAGS_tls_cert_file),
+                                 absl::GetFlag(FLAGS_tls_key_file),
+                                 absl::GetFlag(FLAGS_tls_client_ca_file),
+                                 /*ca_required=*/false);
+  if (!files.ok()) return files.status();
+  if (!files->has_value()) return nullptr;
+  return pdserve::TlsCertificates::Load(**files);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   pdserve::BlockTerminationSignals();
@@ -117,6 +147,26 @@ int main(int argc, char** argv) {
     options.api_keys.insert(options.api_keys.end(), keys->begin(),
                             keys->end());
   }
+  absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> public_tls =
+      PublicTlsFromFlags();
+  if (!public_tls.ok()) {
+    std::cerr << "pd-router: " << public_tls.status() << "\n";
+    return 2;
+  }
+  if (*public_tls) {
+    options.credentials = (*public_tls)->ServerCredentials(
+        (*public_tls)->files().ca_file.empty()
+            ? pdserve::ClientCertificates::kNone
+            : pdserve::ClientCertificates::kRequire);
+    options.http.tls = public_tls->get();
+  }
+  absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> mtls =
+      pdserve::InternalTlsFromFlags();
+  if (!mtls.ok()) {
+    std::cerr << "pd-router: " << mtls.status() << "\n";
+    return 2;
+  }
+  if (*mtls) options.worker_credentials = (*mtls)->ChannelCredentials();
   auto router = pdserve::Router::Start(options);
   if (!router.ok()) {
     std::cerr << "pd-router: " << router.status() << "\n";
@@ -131,7 +181,9 @@ int main(int argc, char** argv) {
     }
   }
   const bool announced = pdserve::AnnounceAndWaitForSignal(
-      "pd-router", (*router)->port(), absl::GetFlag(FLAGS_port_file));
+      "pd-router", (*router)->port(), absl::GetFlag(FLAGS_port_file), [&] {
+        pdserve::ReloadAndLog("pd-router", {public_tls->get(), mtls->get()});
+      });
   (*router)->Shutdown();
   return announced ? 0 : 1;
 }

@@ -22,14 +22,16 @@ const char* RoleName(WorkerRole role) {
 }
 
 // Reconnect quickly once a worker comes back: gRPC's default backoff grows
-// to two minutes.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+// to two minutes. Null `credentials`: plaintext.
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 bool SameModel(const std::string& a, const std::string& b) {
@@ -69,7 +71,7 @@ absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(
   {
     absl::MutexLock lock(&registry->mu_);
     auto add = [&](const wire::WorkerConfig& w, WorkerRole role) {
-      registry->workers_.push_back(NewState(role, w.id(), w.address()));
+      registry->workers_.push_back(registry->NewState(role, w.id(), w.address()));
       registry->workers_.back()->configured = true;
     };
     for (const auto& w : config.prefill_workers()) add(w, WorkerRole::kPrefill);
@@ -85,7 +87,7 @@ std::unique_ptr<WorkerRegistry::WorkerState> WorkerRegistry::NewState(
   endpoint->role = role;
   endpoint->id = id;
   endpoint->address = address;
-  endpoint->channel = MakeChannel(address);
+  endpoint->channel = MakeChannel(address, options_.channel_credentials);
   if (role == WorkerRole::kDecode) {
     endpoint->decode = wire::DecodeWorker::NewStub(endpoint->channel);
   } else {

@@ -115,6 +115,9 @@ class WorkerRegistry {
     absl::Duration poll_interval = absl::Milliseconds(100);
     // Deadline of one GetLoad. Default: 1 s.
     absl::Duration load_timeout = absl::Seconds(1);
+    // Credentials of the channels to the workers (internal mTLS,
+    // common/tls.h); null: plaintext. Default: null.
+    std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
   };
 
   // Creates channels to every worker of `config` (which must have passed
@@ -227,8 +230,8 @@ class WorkerRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   WorkerState* StateOf(const WorkerEndpoint* endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new entry (a member, not yet healthy) for a worker.
-  static std::unique_ptr<WorkerState> NewState(WorkerRole role, const std::string& id,
-                                               const std::string& address);
+  std::unique_ptr<WorkerState> NewState(WorkerRole role, const std::string& id,
+                                        const std::string& address);
   void RemoveLocked(WorkerState* w, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const WorkerEndpoint* Pick(WorkerRole role,
                              std::span<const WorkerEndpoint* const> exclude);

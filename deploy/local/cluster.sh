@@ -36,6 +36,14 @@
 #                      the router watch it; cluster.json lists no worker
 #                      (docs/deployment.md, "Discovery")
 #   --etcd-endpoints U use this etcd (http://HOST:PORT,...) instead
+#   --tls D            TLS and mTLS end to end (docs/security.md): the router
+#                      serves gRPC and HTTPS with D/node.crt, and every
+#                      process authenticates its peers by D/ca.crt. Makes
+#                      the CA and node.crt (for 127.0.0.1 and localhost)
+#                      with openssl when D has no ca.crt; otherwise uses
+#                      D/ca.crt, D/node.crt and D/node.key as they are.
+#                      Clients: pdctl --tls_root_certs=D/ca.crt,
+#                      curl --cacert D/ca.crt (default: plaintext)
 #   --prefill-args A, --decode-args A, --router-args A
 #                      extra flags for every worker of that kind, e.g.
 #                      --decode-args "--kv_transport=ucx:shm,tcp" (KV
@@ -53,7 +61,7 @@ cmd="${1:-}"
 shift || true
 prefill=1 decode=1 model=builtin:tiny dir="$root/build/local-cluster" bin="$root/build"
 router_port=0 http_port=0 prefill_args="" decode_args="" router_args="" routing=""
-routing_policy="" cpu_share="" etcd="" role="" name=""
+routing_policy="" cpu_share="" etcd="" role="" name="" tls_dir=""
 while (($#)); do
   case "$1" in
     --prefill) prefill="$2"; shift 2 ;;
@@ -73,6 +81,7 @@ while (($#)); do
     --name) name="$2"; shift 2 ;;
     --routing-policy) routing_policy="$2"; shift 2 ;;
     --cpu-share) cpu_share="$2"; shift 2 ;;
+    --tls) tls_dir="$2"; shift 2 ;;
     *) echo "cluster.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -89,6 +98,28 @@ wait_port() {
     sleep 0.1
   done
   die "$name did not start within 60 s; see $dir/$name.log"
+}
+
+# --tls: a CA and one certificate for every process of this machine, unless
+# the directory has them already.
+make_certificates() {
+  local d="$1"
+  [[ -s "$d/ca.crt" ]] && return 0
+  mkdir -p "$d"
+  (
+    cd "$d"
+    umask 077
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -keyout ca.key -out ca.crt -days 365 -subj "/CN=pdserve local CA" \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -keyout node.key -out node.csr -subj "/CN=pdserve local node"
+    printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+      "extendedKeyUsage=serverAuth,clientAuth" "basicConstraints=CA:FALSE" >node.ext
+    openssl x509 -req -in node.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 \
+      -extfile node.ext -out node.crt
+    rm -f node.csr node.ext
+  ) >"$d/openssl.log" 2>&1 || die "openssl could not make certificates in $d: $(tail -n 3 "$d/openssl.log")"
 }
 
 # The cgroup of a worker under --cpu-share: one per run directory and name.
@@ -172,12 +203,12 @@ start_worker() {  # start_worker ROLE NAME
     # shellcheck disable=SC2086
     start "$2" "$bin/decode_worker/pd-decode" --listen=127.0.0.1:0 --worker_id="$2" \
       --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/$2.metrics_port" \
-      --model="$model" "${etcd_flags[@]}" $decode_args
+      --model="$model" "${etcd_flags[@]}" $mtls_args $decode_args
   else
     # shellcheck disable=SC2086
     start "$2" "$bin/prefill_worker/pd-prefill" --listen=127.0.0.1:0 \
       --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/$2.metrics_port" \
-      --worker_id="$2" --model="$model" "${etcd_flags[@]}" $prefill_args
+      --worker_id="$2" --model="$model" "${etcd_flags[@]}" $mtls_args $prefill_args
   fi
 }
 
@@ -203,9 +234,18 @@ up() {
   fi
   mkdir -p "$dir"
   down  # A cluster left over in this directory.
+  local mtls_args="" router_tls_args="" pdctl_tls_args="" scheme=http
+  if [[ -n "$tls_dir" ]]; then
+    make_certificates "$tls_dir"
+    tls_dir="$(cd "$tls_dir" && pwd)"
+    mtls_args="--mtls_cert_file=$tls_dir/node.crt --mtls_key_file=$tls_dir/node.key --mtls_ca_file=$tls_dir/ca.crt"
+    router_tls_args="--tls_cert_file=$tls_dir/node.crt --tls_key_file=$tls_dir/node.key"
+    pdctl_tls_args="--tls_root_certs=$tls_dir/ca.crt"
+    scheme=https
+  fi
   [[ "$etcd" != local ]] || start_etcd
   # What `add` needs to start more workers like these.
-  declare -p bin model prefill_args decode_args etcd cpu_share >"$dir/cluster.env"
+  declare -p bin model prefill_args decode_args etcd cpu_share mtls_args >"$dir/cluster.env"
   local workers=()
   for ((i = 0; i < decode; i++)); do
     start_worker decode "decode-$i"
@@ -255,14 +295,18 @@ JSON
   rm -f "$dir/router.http_port"
   start router "$bin/router/pd-router" --listen="127.0.0.1:$router_port" \
     --http_listen="127.0.0.1:$http_port" --http_port_file="$dir/router.http_port" \
-    --config="$dir/cluster.json" "${router_etcd[@]}" $router_args
+    --config="$dir/cluster.json" "${router_etcd[@]}" $mtls_args $router_tls_args $router_args
   wait_port router
   if [[ -s "$dir/router.http_port" ]]; then cp "$dir/router.http_port" "$dir/router.metrics_port"; fi
   # Every process's /metrics, for Prometheus's file_sd_configs.
   local targets="" sep="" w
   for w in router "${workers[@]}"; do
     [[ -s "$dir/$w.metrics_port" ]] || continue
-    targets+="$sep{\"targets\": [\"127.0.0.1:$(cat "$dir/$w.metrics_port")\"], \"labels\": {\"process\": \"$w\"}}"
+    # Under --tls the router's /metrics is on its HTTPS port (the workers'
+    # stay plaintext): Prometheus needs tls_config.ca_file for it.
+    local scheme_label=""
+    [[ -n "$tls_dir" && "$w" == router ]] && scheme_label=", \"__scheme__\": \"https\""
+    targets+="$sep{\"targets\": [\"127.0.0.1:$(cat "$dir/$w.metrics_port")\"], \"labels\": {\"process\": \"$w\"$scheme_label}}"
     sep=", "
   done
   echo "[$targets]" >"$dir/prometheus_targets.json"
@@ -270,9 +314,10 @@ JSON
   # Healthy: the router sees every worker.
   local want="prefill_workers: $prefill decode_workers: $decode" status=""
   for _ in $(seq 1 300); do
-    status="$("$bin/client/pdctl" status --server="127.0.0.1:$(cat "$dir/router.port")" 2>&1 || true)"
+    # shellcheck disable=SC2086
+    status="$("$bin/client/pdctl" status --server="127.0.0.1:$(cat "$dir/router.port")" $pdctl_tls_args 2>&1 || true)"
     if grep -q "serving: true" <<<"$status" && grep -q "$want" <<<"$status"; then
-      echo "cluster up: router 127.0.0.1:$(cat "$dir/router.port") (gRPC), http://127.0.0.1:$(cat "$dir/router.http_port") (OpenAI API), $prefill prefill, $decode decode, model $model (logs in $dir)"
+      echo "cluster up: router 127.0.0.1:$(cat "$dir/router.port") (gRPC${tls_dir:+ over TLS}), $scheme://127.0.0.1:$(cat "$dir/router.http_port") (OpenAI API), $prefill prefill, $decode decode, model $model (logs in $dir)"
       return 0
     fi
     sleep 0.1
@@ -299,5 +344,5 @@ case "$cmd" in
     echo "Ctrl-C stops the cluster."
     while true; do sleep 1; done
     ;;
-  *) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,56p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -48,6 +48,10 @@ struct ClusterSpec {
   // Workers register in an etcd the launcher starts (cluster.sh --etcd),
   // and the router discovers them there.
   bool etcd = false;
+  // cluster.sh --tls: TLS and mTLS with DIR/ca.crt, DIR/node.crt and
+  // DIR/node.key (made there when DIR has no ca.crt); the stubs below then
+  // connect over TLS, presenting node.crt. Empty: plaintext.
+  std::string tls_dir = "";
 };
 
 class LocalCluster {
@@ -65,13 +69,22 @@ class LocalCluster {
         binary_dir, "' --prefill ", spec.prefill, " --decode ", spec.decode, " --model '",
         spec.model, "' --prefill-args '", spec.prefill_args, "' --decode-args '",
         spec.decode_args, "' --router-args '", spec.router_args, "' --routing '",
-        spec.routing, "'", spec.etcd ? " --etcd" : "");
+        spec.routing, "'", spec.etcd ? " --etcd" : "",
+        spec.tls_dir.empty() ? "" : " --tls '" + spec.tls_dir + "'");
     if (std::system(cmd.c_str()) != 0) {
       return absl::UnavailableError(absl::StrCat("cluster did not start: ", cmd,
                                                  "\nrouter log:\n", c->Log("router")));
     }
+    c->credentials_ = grpc::InsecureChannelCredentials();
+    if (!spec.tls_dir.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = ReadFile(spec.tls_dir + "/ca.crt");
+      ssl.pem_cert_chain = ReadFile(spec.tls_dir + "/node.crt");
+      ssl.pem_private_key = ReadFile(spec.tls_dir + "/node.key");
+      c->credentials_ = grpc::SslCredentials(ssl);
+    }
     c->router_ = pdserve::v1::Generation::NewStub(
-        grpc::CreateChannel(c->Address("router"), grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(c->Address("router"), c->credentials_));
     return c;
   }
 
@@ -168,14 +181,19 @@ class LocalCluster {
 
   std::unique_ptr<pdserve::internal::v1::DecodeWorker::Stub> DecodeStub(const std::string& name) {
     return pdserve::internal::v1::DecodeWorker::NewStub(
-        grpc::CreateChannel(Address(name), grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(Address(name), credentials_));
   }
   std::unique_ptr<pdserve::internal::v1::PrefillWorker::Stub> PrefillStub(const std::string& name) {
     return pdserve::internal::v1::PrefillWorker::NewStub(
-        grpc::CreateChannel(Address(name), grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(Address(name), credentials_));
   }
 
  private:
+  static std::string ReadFile(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
   // Each decode worker still answering must have all its blocks free again
   // and no canary violation (a killed one is skipped).
   void CheckKvReturned() {
@@ -221,6 +239,8 @@ class LocalCluster {
   int prefill_ = 0;
   std::filesystem::path dir_;
   std::unique_ptr<pdserve::v1::Generation::Stub> router_;
+  // The credentials of every stub (TLS ones with ClusterSpec::tls_dir).
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
 };
 
 }  // namespace pdserve::testing_util
