@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -46,6 +47,14 @@ int WaitForTerminationSignal() {
   while (sigwait(&set, &signal) != 0) {
   }
   return signal;
+}
+
+int WaitForTerminationSignalFor(absl::Duration timeout) {
+  const sigset_t set = TerminationSignals();
+  const timespec wait = absl::ToTimespec(std::max(timeout, absl::ZeroDuration()));
+  // EINTR (another signal) or EAGAIN (the timeout) both answer none.
+  const int signal = sigtimedwait(&set, nullptr, &wait);
+  return signal > 0 ? signal : 0;
 }
 
 absl::Status WritePortFile(const std::string& path, int port) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace pdserve {
 
@@ -15,6 +16,8 @@ void BlockTerminationSignals();
 
 // Waits until SIGINT or SIGTERM arrives; returns its number.
 int WaitForTerminationSignal();
+// The same for at most `timeout`: the signal's number, or 0 when none came.
+int WaitForTerminationSignalFor(absl::Duration timeout);
 
 // Writes `port` and a newline to `path` atomically (a temporary file renamed
 // into place), so a launcher polling for the file never reads half of it.
