@@ -78,8 +78,9 @@ std::vector<std::vector<int32_t>> References(const std::string& model,
   return out;
 }
 
-// A cluster of builtin:llama-110m workers, one engine thread each; pools
-// big enough for its KV (about 18 KiB a token).
+// A cluster of builtin:llama-110m workers, one engine thread each; 64 MiB
+// pools hold over 2,500 tokens of its KV (12 layers, 4 KV heads of 64:
+// at most 24 KiB a token).
 ClusterSpec SlowCluster(int prefill, int decode, const std::string& drain_timeout) {
   ClusterSpec spec{.prefill = prefill, .decode = decode, .model = "builtin:llama-110m"};
   spec.prefill_args =
@@ -213,12 +214,13 @@ class DrainTest : public ::testing::Test {
     if (cluster_ != nullptr) StopAndReap(*cluster_, spec_.prefill, spec_.decode);
     cluster_.reset();
   }
-  LocalCluster& Start(const ClusterSpec& spec) {
+  // The cluster, or null (the test failed then).
+  LocalCluster* Start(const ClusterSpec& spec) {
     spec_ = spec;
     auto started = LocalCluster::Start(spec);
     EXPECT_TRUE(started.ok()) << started.status();
     if (started.ok()) cluster_ = *std::move(started);
-    return *cluster_;
+    return cluster_.get();
   }
 
   ClusterSpec spec_;
@@ -230,8 +232,9 @@ class DrainTest : public ::testing::Test {
 // drain go to the other decode worker and succeed; the drained worker
 // exits 0 long before its timeout; the other one gives back every block.
 TEST_F(DrainTest, DecodeWorkerFinishesItsStreamsAndExits) {
-  LocalCluster& cluster = Start(SlowCluster(1, 2, "120s"));
-  ASSERT_NE(cluster_, nullptr);
+  LocalCluster* up = Start(SlowCluster(1, 2, "120s"));
+  ASSERT_NE(up, nullptr);
+  LocalCluster& cluster = *up;
   std::vector<Case> running, during;
   for (int i = 0; i < 4; ++i) running.push_back({RandomPrompt(16 + i, 10 + i), Greedy(48)});
   for (int i = 0; i < 3; ++i) during.push_back({RandomPrompt(12 + i, 50 + i), Greedy(16)});
@@ -273,7 +276,19 @@ TEST_F(DrainTest, DecodeWorkerFinishesItsStreamsAndExits) {
       absl::Seconds(20)))
       << "decode-0 never reported draining";
 
+  // Once the router has seen the report, no new request goes to decode-0.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return SampleValue(Metrics(cluster.MetricsPort("router")),
+                           R"(pdserve_router_healthy_workers{role="decode"})") == 1;
+      },
+      absl::Seconds(20)))
+      << "the router still counts decode-0 as taking new work";
+  const double routed_to_draining = RoutedTo(cluster, "decode", "decode-0");
+  const double routed_to_other = RoutedTo(cluster, "decode", "decode-1");
   const std::vector<StreamResult> got_during = RunConcurrently(cluster, during);
+  EXPECT_EQ(RoutedTo(cluster, "decode", "decode-0"), routed_to_draining);
+  EXPECT_EQ(RoutedTo(cluster, "decode", "decode-1") - routed_to_other, during.size());
   streams.join();
   for (size_t i = 0; i < running.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("running stream ", i));
@@ -308,8 +323,9 @@ TEST_F(DrainTest, PrefillWorkerFinishesItsPrefillsAndExits) {
   ASSERT_EQ(want_running.size(), running.size());
   ASSERT_EQ(want_during.size(), during.size());
 
-  LocalCluster& cluster = Start(SlowCluster(2, 1, "120s"));
-  ASSERT_NE(cluster_, nullptr);
+  LocalCluster* up = Start(SlowCluster(2, 1, "120s"));
+  ASSERT_NE(up, nullptr);
+  LocalCluster& cluster = *up;
   auto prefill0 = cluster.PrefillStub("prefill-0");
   std::vector<StreamResult> got;
   std::thread streams([&] { got = RunConcurrently(cluster, running); });
@@ -363,8 +379,9 @@ class DrainCutShortTest : public DrainTest,
 // the idle cluster's run.
 TEST_P(DrainCutShortTest, StreamMigratesAndCompletes) {
   const CutShortCase& p = GetParam();
-  LocalCluster& cluster = Start(SlowCluster(0, 2, p.drain_timeout));
-  ASSERT_NE(cluster_, nullptr);
+  LocalCluster* up = Start(SlowCluster(0, 2, p.drain_timeout));
+  ASSERT_NE(up, nullptr);
+  LocalCluster& cluster = *up;
   const Case c{RandomPrompt(20, 33), Greedy(160)};
   const std::vector<StreamResult> idle = RunConcurrently(cluster, {c});
   ASSERT_TRUE(idle[0].status.ok()) << idle[0].status.error_message();
@@ -432,8 +449,9 @@ TEST_F(DrainTest, RollingRestartUnderLoadLosesNoRequest) {
   ClusterSpec spec{.prefill = 2, .decode = 2};
   spec.prefill_args += " --drain_timeout=60s";
   spec.decode_args += " --drain_timeout=60s";
-  LocalCluster& cluster = Start(spec);
-  ASSERT_NE(cluster_, nullptr);
+  LocalCluster* up = Start(spec);
+  ASSERT_NE(up, nullptr);
+  LocalCluster& cluster = *up;
 
   std::atomic<bool> stop = false;
   std::atomic<int> completed = 0;
