@@ -86,9 +86,10 @@ int64_t AwaitDrain(DrainableWorker& worker, const DrainProgress& progress) {
                << absl::FormatDuration(absl::Now() - progress.started) << " ("
                << why << "): "
                << std::max<int64_t>(progress.in_flight_at_start - left, 0)
-               << " request(s) finished, " << left
-               << " left (their streams end with the process; the router "
-                  "migrates them)";
+               << " request(s) finished, " << left << " left"
+               << (left > 0 ? " (they end with the process; the router "
+                              "migrates their streams)"
+                            : "");
   return left;
 }
 

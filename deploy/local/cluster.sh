@@ -107,11 +107,12 @@ down() {
     groups+=("$(cgroup_of "$(basename "$f" .pid)")")
     rm -f "$f"
   done
-  # A worker drains on SIGTERM (docs/router.md, "Drain"): an idle one exits
-  # at once, a busy one would finish its requests first. `down` is quick
-  # rather than graceful: a second SIGTERM after 1 s ends the drain. (For a
-  # graceful stop of one worker, send it one SIGTERM and wait.)
-  local stopped=0
+  # A worker drains on SIGTERM (docs/router.md, "Drain"): it finishes its
+  # requests and waits (at most 2 s) for a router to read that it drains.
+  # `down` is quick rather than graceful: a second SIGTERM after 1 s ends
+  # the drain. (For a graceful stop of one worker, send it one SIGTERM and
+  # wait.)
+  local stopped=0 i
   for i in $(seq 1 100); do
     local alive=0
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
