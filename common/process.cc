@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -53,6 +54,19 @@ int WaitForTerminationSignal(const std::function<void()>& on_reload) {
       PD_LOG(INFO) << "SIGHUP: nothing to reload";
     }
   }
+}
+
+int WaitForTerminationSignalFor(absl::Duration timeout,
+                                const std::function<void()>& on_reload) {
+  const sigset_t set = TerminationSignals();
+  const timespec wait = absl::ToTimespec(std::max(timeout, absl::ZeroDuration()));
+  // EINTR (another signal) or EAGAIN (the timeout) both answer none.
+  const int signal = sigtimedwait(&set, nullptr, &wait);
+  if (signal == SIGHUP) {
+    if (on_reload) on_reload();
+    return 0;
+  }
+  return signal > 0 ? signal : 0;
 }
 
 absl::Status WritePortFile(const std::string& path, int port) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace pdserve {
 
@@ -19,6 +20,10 @@ void BlockTerminationSignals();
 // Waits until SIGINT or SIGTERM arrives; returns its number. Each SIGHUP
 // before it runs `on_reload` (when set) on the calling thread, then waits on.
 int WaitForTerminationSignal(const std::function<void()>& on_reload = {});
+// The same for at most `timeout`: the signal's number, or 0 when none came
+// (a SIGHUP runs `on_reload` and answers 0 too).
+int WaitForTerminationSignalFor(absl::Duration timeout,
+                                const std::function<void()>& on_reload = {});
 
 // Writes `port` and a newline to `path` atomically (a temporary file renamed
 // into place), so a launcher polling for the file never reads half of it.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "engine/kv_layout.h"
@@ -196,6 +197,7 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
                             w->metrics_.engine().OnStep(stats);
                           }));
   w->metrics_.WatchLoop(w->loop_.get());
+  AddDrainingGauge(&w->metrics_.registry(), w);
   PD_RETURN_IF_ERROR(w->receiver_->Start(
       [w](const kv::TransportCapabilities& caps,
           bool* staged) -> absl::StatusOr<std::span<std::byte>> {
@@ -240,6 +242,31 @@ DecodeWorker::~DecodeWorker() {
 void DecodeWorker::set_worker_id(std::string id) {
   absl::MutexLock lock(&mu_);
   worker_id_ = std::move(id);
+}
+
+void DecodeWorker::StartDraining() {
+  draining_.store(true, std::memory_order_release);
+}
+
+int64_t DecodeWorker::RequestsInFlight() {
+  // On the loop thread, after every command posted before: a Reserve or
+  // Decode that got past the draining check is counted.
+  struct Probe {
+    absl::Notification answered;
+    int64_t requests = 0;
+  };
+  auto probe = std::make_shared<Probe>();
+  loop_->Post([this, probe](Generator& g) {
+    probe->requests = int64_t{g.num_running()} + g.num_waiting() +
+                      static_cast<int64_t>(reservations_.size());
+    probe->answered.Notify();
+  });
+  if (probe->answered.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    return probe->requests;
+  }
+  const EngineLoad load = loop_->load();
+  return std::max<int64_t>(int64_t{load.running} + load.waiting + load.reserved,
+                           1);
 }
 
 std::string DecodeWorker::worker_id() const {
@@ -350,6 +377,7 @@ void DecodeWorker::StartDecode(const std::shared_ptr<DecodeCall>& call,
     return Begin(call, absl::InvalidArgumentError("request_id must be set"));
   }
   if (!call->request().has_first_token()) {
+    if (draining()) return Begin(call, DrainingError("decode"));
     return Begin(call, generator.Add(FromWire(call->request().request())));
   }
   auto it = reservations_.find(id);
@@ -493,6 +521,10 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(
                                request->prompt_block_hashes().end());
   loop_->Post([this, id, num_tokens, prompt_tokens, hashes = std::move(hashes),
                response, reactor](Generator& g) {
+    if (draining()) {
+      reactor->Finish(ToGrpcStatus(DrainingError("decode")));
+      return;
+    }
     absl::StatusOr<KvReservation> reserved =
         g.Reserve(id, num_tokens, prompt_tokens, hashes);
     if (!reserved.ok()) {
@@ -553,6 +585,10 @@ grpc::ServerUnaryReactor* DecodeWorker::GetLoad(
   ToWire(loop_->kv_layout(), response->mutable_layout());
   ToWire(load, response);
   ToWire(loop_->kv_events(), *request, response);
+  if (draining()) {
+    response->set_draining(true);
+    drain_reported_.store(true, std::memory_order_release);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

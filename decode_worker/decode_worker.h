@@ -25,6 +25,14 @@
 // still waiting for the KV; a reservation that no Decode takes within the
 // reservation timeout is dropped.
 //
+// Draining (common/drain.h): once StartDraining() ran, Reserve and a
+// Decode without first_token (a local prefill) are refused with
+// UNAVAILABLE "... draining ..." (checked on the loop thread, so a
+// reservation is either made before the drain or refused); a Decode that
+// takes a reservation made before, and every stream running, are served
+// to their end. RequestsInFlight() counts what is left: requests in the
+// engine plus reservations open.
+//
 // Fencing (kv_transfer/landing_fence.h): each reservation is a landing
 // with an id no other landing ever had; every KV write and the KvComplete
 // carry it. A dropped reservation's blocks are held back from the pool
@@ -53,6 +61,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/drain.h"
 #include "decode_worker/decode_metrics.h"
 #include "engine/engine_loop.h"
 #include "kv_transfer/kv_receiver.h"
@@ -90,7 +99,8 @@ struct DecodeWorkerOptions {
   std::string kv_fault;
 };
 
-class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
+class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService,
+                           public DrainableWorker {
  public:
   // Loads the model, allocates the KV pool and registers it with every
   // transport, starts the engine loop and the notification threads.
@@ -121,6 +131,8 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   grpc::ServerWriteReactor<internal::v1::DecodeResponse>* Decode(
       grpc::CallbackServerContext* context,
       const internal::v1::DecodeRequest* request) override;
+  // Draining: UNAVAILABLE (DrainingError) for the ones above that bring new
+  // work (Reserve; Decode without first_token).
   // Frees a reservation; a Decode waiting on it ends with ABORTED.
   grpc::ServerUnaryReactor* Release(
       grpc::CallbackServerContext* context,
@@ -132,6 +144,18 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
       internal::v1::LoadReport* response) override;
 
   void set_worker_id(std::string id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // DrainableWorker.
+  void StartDraining() override;
+  bool draining() const override {
+    return draining_.load(std::memory_order_acquire);
+  }
+  // Asks the loop (waits up to 1 s for its answer; unanswered, the last
+  // published load's count).
+  int64_t RequestsInFlight() override;
+  bool drain_reported() const override {
+    return drain_reported_.load(std::memory_order_acquire);
+  }
 
   // pd-decode's metrics, for /metrics (decode_metrics.h).
   const MetricsRegistry& metrics() { return metrics_.registry(); }
@@ -210,6 +234,11 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService {
   DecodeMetrics metrics_;
   // Set once in Create; stopped first (its thread uses the fields above).
   std::unique_ptr<EngineLoop> loop_;
+
+  // Set once by StartDraining; read by the loop thread and scrapes.
+  std::atomic<bool> draining_ = false;
+  // A GetLoad answered `draining`.
+  std::atomic<bool> drain_reported_ = false;
 
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);

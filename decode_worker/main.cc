@@ -1,5 +1,8 @@
 // pd-decode: the decode worker process. Serves
-// pdserve.internal.v1.DecodeWorker until SIGINT or SIGTERM.
+// pdserve.internal.v1.DecodeWorker until SIGINT or SIGTERM, which start a
+// graceful drain (common/drain.h): new work is refused, its streams run to their end,
+// then it exits 0 — at the latest after --drain_timeout, or at once on a
+// second signal.
 //
 //   pd-decode --listen=127.0.0.1:0 --port_file=decode.port --model=builtin:tiny
 //
@@ -11,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
+#include "common/drain.h"
 #include "common/etcd_flags.h"
 #include "common/log.h"
 #include "common/process.h"
@@ -50,6 +54,11 @@ ABSL_FLAG(int64_t, kv_quarantine_ms, 15000,
           "prefill worker never said its push was over; must exceed the "
           "prefill workers' --transfer_timeout_ms");
 
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "After SIGTERM/SIGINT, how long the worker goes on serving the "
+          "requests it has (refusing new ones) before it exits; requests "
+          "still running then are migrated by the router. 0: exit at once");
+
 ABSL_FLAG(std::string, kv_fault, "",
           "Tests only: faults injected into the KV transports, e.g. "
           "'write:delay=200ms:p=0.2,notify:drop:p=0.1,seed=7' "
@@ -63,6 +72,9 @@ int main(int argc, char** argv) {
   pdserve::DecodeServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  // The drain below is the grace period; after it Shutdown only lets the
+  // last writes out before it cancels what is left.
+  options.shutdown_grace = absl::Seconds(1);
   pdserve::DecodeWorkerOptions& w = options.worker;
   absl::StatusOr<pdserve::EngineConfig> engine =
       pdserve::EngineConfigFromFlags();
@@ -118,11 +130,19 @@ int main(int argc, char** argv) {
     (*server)->Shutdown();
     return 1;
   }
+  const auto reload = [&] { pdserve::ReloadAndLog("pd-decode", {mtls->get()}); };
   const bool announced = pdserve::AnnounceAndWaitForSignal(
-      "pd-decode", (*server)->port(), absl::GetFlag(FLAGS_port_file),
-      [&] { pdserve::ReloadAndLog("pd-decode", {mtls->get()}); });
-  // Leave the routers' view first, then stop serving.
-  registration->reset();
+      "pd-decode", (*server)->port(), absl::GetFlag(FLAGS_port_file), reload);
+  if (announced) {
+    // Drain: refuse new work (and say so in load reports) ...
+    const pdserve::DrainProgress drain = pdserve::StartDrain(
+        "pd-decode", (*server)->worker(), absl::GetFlag(FLAGS_drain_timeout));
+    // ... leave every router's view at once (revoke the etcd lease; a
+    // static cluster config has nothing to undo) ...
+    registration->reset();
+    // ... and serve what it holds until done, the timeout, or a 2nd signal.
+    pdserve::AwaitDrain((*server)->worker(), drain, reload);
+  }
   (*server)->Shutdown();
   return announced ? 0 : 1;
 }

@@ -124,6 +124,7 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
           }));
   w->metrics_->engine().WatchLoad(w->loop_.get());
   w->metrics_->WatchSender(w->sender_.get());
+  AddDrainingGauge(&w->metrics_->registry(), w);
   w->loop_->Post([w](Generator& generator) {
     generator.set_kv_layer_observer(
         [w](int32_t layer, std::span<const ComputedKv> computed) {
@@ -178,6 +179,21 @@ bool PrefillWorker::WaitUntilIdle(absl::Time deadline) {
   auto idle = [this]()
                   ABSL_SHARED_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
   return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+void PrefillWorker::StartDraining() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+bool PrefillWorker::draining() const {
+  absl::MutexLock lock(&mu_);
+  return draining_;
+}
+
+bool PrefillWorker::drain_reported() const {
+  absl::MutexLock lock(&mu_);
+  return drain_reported_;
 }
 
 void PrefillWorker::CallDone() {
@@ -268,11 +284,19 @@ absl::StatusOr<std::vector<kv::KvOffer>> PrefillWorker::CheckRequest(
 grpc::ServerUnaryReactor* PrefillWorker::Prefill(
     grpc::CallbackServerContext* context, const wire::PrefillRequest* request,
     wire::PrefillResponse* response) {
+  bool refused;
   {
+    // Under the lock that counts calls: once StartDraining returned, a
+    // call either counts in in_flight_ or is refused here.
     absl::MutexLock lock(&mu_);
     ++in_flight_;
+    refused = draining_;
   }
   auto* call = new PrefillCall(this, request, response);
+  if (refused) {
+    call->Finish(ToGrpcStatus(DrainingError("prefill")));
+    return call;
+  }
   absl::StatusOr<std::vector<kv::KvOffer>> offers = CheckRequest(*request);
   if (!offers.ok()) {
     call->Finish(ToGrpcStatus(offers.status()));
@@ -421,6 +445,8 @@ grpc::ServerUnaryReactor* PrefillWorker::GetLoad(
   {
     absl::MutexLock lock(&mu_);
     response->set_worker_id(worker_id_);
+    response->set_draining(draining_);
+    drain_reported_ = drain_reported_ || draining_;
   }
   response->set_role("prefill");
   response->set_model(options_.engine.model);

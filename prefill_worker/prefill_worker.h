@@ -18,6 +18,10 @@
 // released only from the push's `done`, after the sender has stopped
 // reading them.
 //
+// Draining (common/drain.h): once StartDraining() ran, Prefill calls are
+// refused with UNAVAILABLE "... draining ..."; those in flight run to the
+// end of their push. RequestsInFlight() is in_flight().
+//
 // Thread-safety: the service methods are called by gRPC on any thread and
 // never block. set_worker_id and in_flight from any thread.
 // Destroy only after the server serving it has shut down and
@@ -36,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/drain.h"
 #include "engine/engine_loop.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 #include "kv_transfer/kv_sender.h"
@@ -63,7 +68,8 @@ struct PrefillWorkerOptions {
 };
 
 class PrefillWorker final
-    : public internal::v1::PrefillWorker::CallbackService {
+    : public internal::v1::PrefillWorker::CallbackService,
+      public DrainableWorker {
  public:
   // Loads the model, allocates the KV pool and starts the engine loop and
   // the KV sender. INVALID_ARGUMENT for bad options; NOT_FOUND for an unknown
@@ -87,6 +93,12 @@ class PrefillWorker final
   // Blocks until no Prefill call is in flight or `deadline` passes; true
   // when idle.
   bool WaitUntilIdle(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // DrainableWorker.
+  void StartDraining() override ABSL_LOCKS_EXCLUDED(mu_);
+  bool draining() const override ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t RequestsInFlight() override { return in_flight(); }
+  bool drain_reported() const override ABSL_LOCKS_EXCLUDED(mu_);
 
   const KvBlockLayout& kv_layout() const { return loop_->kv_layout(); }
   // pd-prefill's metrics, for /metrics (prefill_metrics.h).
@@ -132,6 +144,10 @@ class PrefillWorker final
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set once by StartDraining: Prefill calls are refused.
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // A GetLoad answered `draining`.
+  bool drain_reported_ ABSL_GUARDED_BY(mu_) = false;
   // Set while the loop is being destroyed: the sender stops posting to it.
   bool loop_gone_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/drain.h"
 #include "common/log.h"
 #include "engine/kv_layout.h"
 #include "engine/sampler.h"
@@ -127,6 +128,10 @@ class RequestOrchestrator::Choice final
   // This decode worker answered that it has no room: another one, or the
   // queue.
   void RetryFull();
+  // This decode worker is draining (common/drain.h) and refused the new
+  // work: back to admission, neither a migration nor a failure; the
+  // registry no longer offers the worker.
+  void Redirect();
   // This decode worker failed with `failure` (naming it): the choice goes
   // on elsewhere from the tokens relayed so far, or ends UNAVAILABLE when
   // the migration limit is spent.
@@ -159,6 +164,8 @@ class RequestOrchestrator::Choice final
   wire::ReserveRequest reserve_;
   wire::Landing landing_;
   std::vector<const WorkerEndpoint*> tried_prefill_;
+  // Those of tried_prefill_ that refused as draining: no failed attempt.
+  int32_t draining_prefill_ = 0;
   absl::Status last_prefill_error_;
   wire::PrefillResponse prefilled_;
   wire::SampledToken first_token_;
@@ -524,11 +531,16 @@ void RequestOrchestrator::Choice::OnReserved(const absl::Status& status) {
   CallDone();
   if (status.ok()) {
     tried_prefill_.clear();
+    draining_prefill_ = 0;
     last_prefill_error_ = absl::UnavailableError("no healthy prefill worker");
     return StartPrefill();
   }
   if (absl::Status ended = ClientEnded(); !ended.ok()) return End(ended);
   if (absl::IsResourceExhausted(status)) return RetryFull();
+  if (IsDrainingRefusal(status)) {
+    orchestrator_->registry_->ReportCallFailure(decode_, status);
+    return Redirect();
+  }
   if (absl::IsInvalidArgument(status)) {  // See OnPrefilled().
     return End(absl::InternalError(
         absl::StrCat("decode worker ", decode_->id,
@@ -544,12 +556,18 @@ void RequestOrchestrator::Choice::StartPrefill() {
   const WorkerEndpoint* prefill = nullptr;
   if (tried_prefill_.empty()) {
     prefill = route.prefill;
-  } else if (static_cast<int>(tried_prefill_.size()) <=
+  } else if (static_cast<int>(tried_prefill_.size()) - draining_prefill_ <=
              orchestrator_->options_.prefill_retries) {
     prefill = orchestrator_->registry_->PickPrefill(tried_prefill_);
     if (prefill != nullptr && orchestrator_->metrics_ != nullptr) {
       orchestrator_->metrics_->Retried("prefill");
     }
+  }
+  if (prefill == nullptr && IsDrainingRefusal(last_prefill_error_)) {
+    // The last prefill worker asked drains and no other is left: the
+    // choice is placed anew, and may be prefilled by its decode worker.
+    ReleaseLanding();
+    return Redirect();
   }
   if (prefill == nullptr) {
     return PrefillFailed(absl::UnavailableError(absl::StrCat(
@@ -585,7 +603,11 @@ void RequestOrchestrator::Choice::OnPrefilled(const absl::Status& status) {
     orchestrator_->registry_->ReportCallFailure(prefill, status);
     last_prefill_error_ =
         Annotate(status, absl::StrCat("prefill worker ", prefill->id));
-    PD_LOG(WARNING) << "request " << id_ << ": " << last_prefill_error_;
+    if (IsDrainingRefusal(status)) {
+      ++draining_prefill_;
+    } else {
+      PD_LOG(WARNING) << "request " << id_ << ": " << last_prefill_error_;
+    }
     // The router checked everything the client sent, so a worker refusing
     // the request (or the landing) is the cluster's fault, not the
     // client's; another prefill worker would refuse it too.
@@ -705,6 +727,11 @@ void RequestOrchestrator::Choice::OnDecodeDone(const absl::Status& status,
     failure = absl::UnavailableError("the stream ended without a finish reason");
   }
   orchestrator_->registry_->ReportCallFailure(decode_, failure);
+  if (IsDrainingRefusal(failure)) {
+    // Refused before it started (a local prefill): no token came from it.
+    if (disaggregated_) ReleaseLanding();
+    return Redirect();
+  }
   if (disaggregated_ && !absl::IsUnavailable(failure)) ReleaseLanding();
   if (absl::IsInvalidArgument(failure)) {
     // As for prefill: the request was checked, so this is internal.
@@ -728,6 +755,14 @@ void RequestOrchestrator::Choice::RetryFull() {
     orchestrator_->metrics_->Retried("decode");
   }
   Readmit(absl::OkStatus());
+}
+
+void RequestOrchestrator::Choice::Redirect() {
+  if (orchestrator_->metrics_ != nullptr) {
+    orchestrator_->metrics_->Retried("decode");
+  }
+  orchestrator_->Uncommit(*this);
+  orchestrator_->Admit(shared_from_this());
 }
 
 void RequestOrchestrator::Choice::Migrate(const absl::Status& failure) {

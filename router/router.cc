@@ -163,7 +163,9 @@ void Router::AddGauges() {
                      });
   r.AddCallbackGaugeFamily(
       "pdserve_router_healthy_workers",
-      "Workers answering load reports, by role.", {"role"},
+      "Workers answering load reports and taking new work (not draining), "
+      "by role.",
+      {"role"},
       [this](std::vector<LabeledValue>* out) {
         out->push_back({{"prefill"}, double(registry_->healthy_prefill())});
         out->push_back({{"decode"}, double(registry_->healthy_decode())});

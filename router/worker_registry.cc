@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/drain.h"
 #include "common/log.h"
 #include "engine/kv_cache.h"
 #include "engine/kv_layout.h"
@@ -198,6 +199,7 @@ void WorkerRegistry::StartPoll(WorkerState* w) {
     if (stopping_ || w->poll_in_flight || !w->member) return;
     w->poll_in_flight = true;
     ++polls_in_flight_;
+    ++w->polls_started;
     w->polled_tokens = w->dispatched_tokens;
     w->polled_blocks = w->dispatched_blocks;
     w->polled_requests = w->dispatched_requests;
@@ -252,6 +254,8 @@ void WorkerRegistry::OnPollDone(WorkerState* w, const grpc::Status& status) {
     }
   }
   w->has_report = true;
+  SetDraining(w, w->poll_response.draining() ||
+                     (w->draining && w->polls_started <= w->drain_refused_poll));
   if (w->poll_response.has_kv_events()) {
     kv_index_.Apply(e.id,
                     static_cast<int32_t>(w->poll_response.layout().block_size()),
@@ -308,6 +312,16 @@ bool WorkerRegistry::CheckCompatible(const WorkerState& w,
   return true;
 }
 
+void WorkerRegistry::SetDraining(WorkerState* w, bool draining) {
+  if (w->draining == draining) return;
+  w->draining = draining;
+  const WorkerEndpoint& e = *w->endpoint;
+  PD_LOG(INFO) << RoleName(e.role) << " worker " << e.id << " at "
+               << e.address
+               << (draining ? " is draining: no new work goes to it"
+                            : " is no longer draining");
+}
+
 void WorkerRegistry::MarkUnhealthy(WorkerState* w, const std::string& why) {
   if (!w->healthy) return;
   w->healthy = false;
@@ -335,7 +349,9 @@ const WorkerEndpoint* WorkerRegistry::Pick(
   for (size_t k = 0; k < n; ++k) {
     const WorkerState& w = *workers_[(start + k) % n];
     const WorkerEndpoint* e = w.endpoint.get();
-    if (e->role != role || !w.member || !w.healthy || !w.compatible) continue;
+    if (e->role != role || !w.member || !w.healthy || !w.compatible || w.draining) {
+      continue;
+    }
     if (std::find(exclude.begin(), exclude.end(), e) != exclude.end()) {
       continue;
     }
@@ -382,7 +398,7 @@ RouteDecision WorkerRegistry::Route(
                               : 16;
     for (const auto& w : workers_) {
       const WorkerEndpoint* e = w->endpoint.get();
-      if (!w->member || !w->healthy || !w->compatible) continue;
+      if (!w->member || !w->healthy || !w->compatible || w->draining) continue;
       const auto exclude = e->role == WorkerRole::kDecode ? exclude_decode
                                                           : exclude_prefill;
       if (std::find(exclude.begin(), exclude.end(), e) != exclude.end()) {
@@ -465,6 +481,15 @@ void WorkerRegistry::ReportCallFailure(const WorkerEndpoint* worker,
     w = StateOf(worker);
   }
   if (w == nullptr) return;
+  if (IsDrainingRefusal(status)) {
+    {
+      absl::MutexLock lock(&mu_);
+      SetDraining(w, true);
+      w->drain_refused_poll = w->polls_started;
+    }
+    StartPoll(w);
+    return;
+  }
   const absl::StatusCode code = status.code();
   if (code != absl::StatusCode::kUnavailable &&
       code != absl::StatusCode::kInternal &&
@@ -490,7 +515,7 @@ std::vector<WorkerRegistry::KvCapacity> WorkerRegistry::DecodeCapacities() const
     if (!w->member || w->endpoint->role != WorkerRole::kDecode) continue;
     out.push_back(
         {.worker = w->endpoint.get(),
-         .usable = w->healthy && w->compatible,
+         .usable = w->healthy && w->compatible && !w->draining,
          .total_blocks = w->report.total_blocks(),
          .block_size = static_cast<int32_t>(w->report.layout().block_size())});
   }
@@ -502,7 +527,7 @@ int WorkerRegistry::healthy_prefill() const {
   int n = 0;
   for (const auto& w : workers_) {
     n += w->member && w->endpoint->role == WorkerRole::kPrefill && w->healthy &&
-         w->compatible;
+         w->compatible && !w->draining;
   }
   return n;
 }
@@ -512,7 +537,7 @@ int WorkerRegistry::healthy_decode() const {
   int n = 0;
   for (const auto& w : workers_) {
     n += w->member && w->endpoint->role == WorkerRole::kDecode && w->healthy &&
-         w->compatible;
+         w->compatible && !w->draining;
   }
   return n;
 }

@@ -10,7 +10,11 @@
 //            since its last report; ties go to fewer running + waiting;
 //   prefill: fewest pending prompt tokens, plus the prompt tokens the router
 //            sent it since its last report (so a burst spreads).
-// Remaining ties rotate. Route() instead asks the cluster config's routing
+// Remaining ties rotate. A draining worker (its report says `draining`,
+// or a call to it was refused as draining: common/drain.h) is healthy but
+// never chosen, and holds no KV room for admission, until a report from
+// a poll started after the refusal says otherwise (a restarted process).
+// Route() instead asks the cluster config's routing
 // policy (router/routing_policy.h) for a decode worker and a prefill worker
 // (or local prefill) at once, weighing the prefix blocks each worker holds:
 // the registry keeps a KvIndex fed from the reports' prefix-cache events
@@ -151,7 +155,9 @@ class WorkerRegistry {
   // prefill worker `tokens` prompt tokens.
   void NoteDispatched(const WorkerEndpoint* worker, int64_t tokens);
 
-  // A call to `worker` failed with `status`. UNAVAILABLE from a decode
+  // A call to `worker` failed with `status`. A draining refusal
+  // (IsDrainingRefusal) marks it draining at once, not unhealthy.
+  // Otherwise UNAVAILABLE from a decode
   // worker marks it unhealthy at once; from a prefill worker only when its
   // channel is down (a live prefill worker answers UNAVAILABLE itself when
   // it cannot reach the decode worker). Either way the worker is polled now
@@ -159,6 +165,7 @@ class WorkerRegistry {
   void ReportCallFailure(const WorkerEndpoint* worker,
                          const absl::Status& status);
 
+  // Workers that take new work: healthy, compatible, not draining.
   int healthy_prefill() const;
   int healthy_decode() const;
   std::vector<WorkerSnapshot> Snapshot() const;
@@ -200,6 +207,11 @@ class WorkerRegistry {
     bool compatible = true;
     bool has_report = false;
     bool warned = false;  // Said once that it does not answer yet.
+    // Refusing new work (see the class comment). A report from a poll
+    // numbered at most drain_refused_poll predates a refusal seen then.
+    bool draining = false;
+    uint64_t polls_started = 0;
+    uint64_t drain_refused_poll = 0;
     internal::v1::LoadReport report;
     // Work sent since the last report, and the part of it sent before the
     // poll now in flight (which that poll's report will include).
@@ -227,6 +239,9 @@ class WorkerRegistry {
                        const internal::v1::LoadReport& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkUnhealthy(WorkerState* worker, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs a change.
+  void SetDraining(WorkerState* worker, bool draining)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   WorkerState* StateOf(const WorkerEndpoint* endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new entry (a member, not yet healthy) for a worker.

@@ -3,7 +3,10 @@
 # pd-prefill and y pd-decode workers on loopback, with one model.
 #
 #   deploy/local/cluster.sh up   [options]   start, wait until healthy, return
-#   deploy/local/cluster.sh down [--dir D]   stop (SIGTERM, then SIGKILL after 10 s)
+#   deploy/local/cluster.sh down [--dir D]   stop: SIGTERM (workers drain), a
+#                                            second SIGTERM after 1 s (ends
+#                                            any drain still going), SIGKILL
+#                                            after 10 s
 #   deploy/local/cluster.sh run  [options]   up, then wait for Ctrl-C, then down
 #   deploy/local/cluster.sh add  --dir D --role decode|prefill --name NAME
 #                                            one more worker, with the flags of
@@ -148,11 +151,19 @@ down() {
     groups+=("$(cgroup_of "$(basename "$f" .pid)")")
     rm -f "$f"
   done
-  local stopped=0
-  for _ in $(seq 1 100); do
+  # A worker drains on SIGTERM (docs/router.md, "Drain"): it finishes its
+  # requests and waits (at most 2 s) for a router to read that it drains.
+  # `down` is quick rather than graceful: a second SIGTERM after 1 s ends
+  # the drain. (For a graceful stop of one worker, send it one SIGTERM and
+  # wait.)
+  local stopped=0 i
+  for i in $(seq 1 100); do
     local alive=0
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
     ((alive)) || { stopped=1; break; }
+    if ((i == 10)); then
+      for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    fi
     sleep 0.1
   done
   if ((!stopped)); then

@@ -128,11 +128,23 @@ class LocalCluster {
   // `name` no longer runs (its command line is gone with it).
   absl::Status Restart(const std::string& name, absl::Duration down_for = absl::ZeroDuration()) {
     const pid_t old_pid = Pid(name);
-    std::ifstream cmdline_file(absl::StrCat("/proc/", old_pid, "/cmdline"));
-    const std::string cmdline(std::istreambuf_iterator<char>(cmdline_file), {});
-    if (cmdline.empty()) {
+    const std::string command = PinnedCommandLine(name);
+    if (command.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(name, " is not running"));
     }
+    ::kill(old_pid, SIGKILL);
+    for (int i = 0; i < 500 && ProcessRunning(old_pid); ++i) absl::SleepFor(absl::Milliseconds(10));
+    absl::SleepFor(down_for);
+    return Relaunch(name, command);
+  }
+
+  // The command line `name` runs with, its gRPC (and the router's HTTP)
+  // port pinned to the one it has now: what Relaunch starts again. Empty
+  // when `name` does not run.
+  std::string PinnedCommandLine(const std::string& name) const {
+    std::ifstream cmdline_file(absl::StrCat("/proc/", Pid(name), "/cmdline"));
+    const std::string cmdline(std::istreambuf_iterator<char>(cmdline_file), {});
+    if (cmdline.empty()) return "";
     const std::string port(absl::StripAsciiWhitespace(Read(name + ".port")));
     const std::string http_port(absl::StripAsciiWhitespace(Read("router.http_port")));
     std::string command;
@@ -144,9 +156,14 @@ class LocalCluster {
       }
       absl::StrAppend(&command, "'", pinned, "' ");
     }
-    ::kill(old_pid, SIGKILL);
-    for (int i = 0; i < 500 && ProcessRunning(old_pid); ++i) absl::SleepFor(absl::Milliseconds(10));
-    absl::SleepFor(down_for);
+    return command;
+  }
+
+  // Starts `command` (PinnedCommandLine's, taken while `name` ran) as
+  // `name` again, once the old process is gone. Returns once the router
+  // serves every worker again (healthy and taking new work); UNAVAILABLE
+  // if that takes over 30 s.
+  absl::Status Relaunch(const std::string& name, const std::string& command) {
     std::filesystem::remove(dir_ / (name + ".port"));
     const std::string start =
         absl::StrCat(command, ">>'", (dir_ / (name + ".log")).string(), "' 2>&1 & echo $! >'",

@@ -50,12 +50,8 @@ constexpr int kTokensBeforeFailure = 20;
 using Case = testing_util::StreamCase;
 using testing_util::ToRequest;
 
-struct StreamResult {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
-  v1::Usage usage;
-};
+using testing_util::GenerateStream;
+using testing_util::StreamResult;
 
 SamplingParams Greedy(int32_t max_tokens) {
   return {.temperature = 0.0f, .max_tokens = max_tokens, .ignore_eos = true};
@@ -76,27 +72,6 @@ std::vector<int32_t> Uninterrupted(const Case& c) {
   auto runner = CreateModelRunner(*model, {.num_kv_blocks = 128, .num_threads = 1});
   EXPECT_TRUE(runner.ok()) << runner.status();
   return testing_util::GeneratedTokens(**runner, {RequestId(1), c.prompt, c.sampling});
-}
-
-// Runs one Generate stream to its end; `on_tokens` hears the count of
-// tokens received after each message.
-StreamResult Generate(v1::Generation::Stub& stub, const Case& c,
-                      const std::function<void(size_t)>& on_tokens = nullptr) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-  StreamResult out;
-  auto reader = stub.Generate(&context, ToRequest(c));
-  v1::GenerateResponse message;
-  while (reader->Read(&message)) {
-    out.tokens.insert(out.tokens.end(), message.token_ids().begin(), message.token_ids().end());
-    if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-      out.finish = message.finish_reason();
-      out.usage = message.usage();
-    }
-    if (on_tokens) on_tokens(out.tokens.size());
-  }
-  out.status = reader->Finish();
-  return out;
 }
 
 std::string DecodeName(int i) { return absl::StrCat("decode-", i); }
@@ -150,7 +125,7 @@ StreamResult InterruptedStream(
   absl::Notification frozen;
   StreamResult result;
   std::thread stream([&] {
-    result = Generate(cluster.router(), c, [&](size_t tokens) {
+    result = GenerateStream(cluster.router(), c, [&](size_t tokens) {
       if (tokens < kTokensBeforeFailure || freezing.exchange(true)) return;
       for (int i = 0; i < 2; ++i) Signal(cluster, DecodeName(i), SIGSTOP);
       frozen.Notify();
@@ -296,7 +271,7 @@ TEST(MigrationTest, ConcurrentStreamsAllCompleteWhenADecodeWorkerDies) {
   std::vector<std::thread> streams;
   for (size_t i = 0; i < cases.size(); ++i) {
     streams.emplace_back([&, i] {
-      got[i] = Generate(cluster.router(), cases[i], [&](size_t tokens) {
+      got[i] = GenerateStream(cluster.router(), cases[i], [&](size_t tokens) {
         if (tokens < kTokensBeforeFailure || freezing.exchange(true)) return;
         Signal(cluster, DecodeName(0), SIGSTOP);
         frozen.Notify();

@@ -26,6 +26,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/drain.h"
 #include "decode_worker/decode_server.h"
 #include "engine/generator.h"
 #include "engine/kv_cache.h"
@@ -525,6 +526,41 @@ TEST_F(DecodeWorkerTest, SharedPrefixOfAnotherPromptIsRefused) {
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << s.status.error_message();
   ExpectIdle();
+}
+
+// Draining: new work (a Reserve, a local prefill) is refused UNAVAILABLE
+// "worker is draining"; a reservation made before is decoded to the
+// colocated output and counts as a request in flight until it is; the
+// load report and the gauge say draining.
+TEST_F(DecodeWorkerTest, DrainingRefusesNewWorkAndServesWhatItHas) {
+  TestPrefill prefill;
+  const GenerationRequest r{RequestId(5), RandomPrompt(40, 5), Greedy(16)};
+  wire::Landing landing;
+  ASSERT_TRUE(Reserve(5, 40 + 16, &landing).ok());
+  EXPECT_FALSE(Load().draining());
+  EXPECT_EQ(server_->worker().RequestsInFlight(), 1);
+
+  server_->worker().StartDraining();
+  EXPECT_TRUE(Load().draining());
+  EXPECT_TRUE(server_->worker().drain_reported());
+  wire::Landing refused;
+  const grpc::Status reserve = Reserve(6, 40, &refused);
+  EXPECT_EQ(reserve.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(IsDrainingRefusal(FromGrpcStatus(reserve))) << reserve.error_message();
+  const Stream local = Decode(MakeDecode({RequestId(7), RandomPrompt(10, 7), Greedy(4)}));
+  EXPECT_EQ(local.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(IsDrainingRefusal(FromGrpcStatus(local.status))) << local.status.error_message();
+  EXPECT_EQ(local.messages, 0);
+  EXPECT_EQ(server_->worker().RequestsInFlight(), 1);
+
+  wire::DecodeRequest d = MakeDecode(r);
+  *d.mutable_first_token() = prefill.Prefill(r);
+  prefill.Push(r.id, landing, 40);
+  Stream s = Decode(d);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  s.output.tokens.insert(s.output.tokens.begin(), FromWire(d.first_token()));
+  ExpectSameTokens(s.output, RunOnEngine(r));
+  EXPECT_EQ(server_->worker().RequestsInFlight(), 0);
 }
 
 TEST_F(DecodeWorkerTest, DecodeThatComesBeforeItsKvWaitsForIt) {

@@ -4,8 +4,8 @@
 Every pd-router / pd-prefill / pd-decode command line in rendered Kubernetes
 manifests (--k8s FILE, the output of `kubectl kustomize`) and in the systemd
 units' example environment files (--systemd DIR: the units and DIR/env/)
-must name only flags that `BINARY --helpfull` of this build lists, or that
-PENDING lists, so the manifests cannot drift from the code. Also checks what
+must name only flags that `BINARY --helpfull` of this build lists, so the
+manifests cannot drift from the code. Also checks what
 a flag name alone cannot: a decode worker's --kv_listen is a routable
 address, and each ConfigMap's model is its cluster.json's model.
 
@@ -28,19 +28,6 @@ BINARIES = {
     "pd-router": "router/pd-router",
     "pd-prefill": "prefill_worker/pd-prefill",
     "pd-decode": "decode_worker/pd-decode",
-}
-
-# Flags other branches are adding while this one is written (issue 17: etcd
-# discovery, TLS, graceful drain). Each entry goes once the binary has the
-# flag (the check then says so): keep this list short and explicit.
-PENDING = {
-    "pd-router": {"tls_cert_file", "tls_key_file",
-                  "tls_client_ca_file", "mtls_cert_file", "mtls_key_file",
-                  "mtls_ca_file"},
-    "pd-prefill": {"drain_timeout",
-                   "mtls_cert_file", "mtls_key_file", "mtls_ca_file"},
-    "pd-decode": {"drain_timeout",
-                  "mtls_cert_file", "mtls_key_file", "mtls_ca_file"},
 }
 
 FLAG_LINE = re.compile(r"^\s+--([A-Za-z0-9_]+) \(")
@@ -66,7 +53,6 @@ class Checker:
     def __init__(self, flags):
         self.flags = flags
         self.problems = []
-        self.pending_used = set()
         self.command_lines = 0
 
     def check(self, where, binary, args):
@@ -78,11 +64,7 @@ class Checker:
                 self.problems.append(f"{where}: {binary}: '{arg}' is not a --flag")
                 continue
             name, value = m.group(1), m.group(3)
-            if name in known:
-                pass
-            elif name in PENDING[binary]:
-                self.pending_used.add((binary, name))
-            else:
+            if name not in known:
                 self.problems.append(f"{where}: {binary} has no flag --{name}")
             if binary == "pd-decode" and name == "kv_listen":
                 host = (value or "").rsplit(":", 1)[0]
@@ -92,12 +74,6 @@ class Checker:
                         "KV to this address, so it must be routable")
 
     def report(self):
-        for binary, name in sorted(self.pending_used):
-            print(f"pending flag (not in this build yet): {binary} --{name}")
-        for binary, names in PENDING.items():
-            for name in sorted(names & self.flags[binary]):
-                print(f"note: {binary} --{name} exists now; "
-                      "drop it from PENDING")
         for p in self.problems:
             print(f"FAIL {p}")
         print(f"{self.command_lines} command lines checked, "

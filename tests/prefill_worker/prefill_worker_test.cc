@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/drain.h"
 #include "engine/builtin_tiny.h"
 #include "engine/generator.h"
 #include "engine/kv_cache.h"
@@ -299,6 +300,23 @@ TEST_F(PrefillWorkerTest, OutputEqualsColocatedGreedyAndSeeded) {
   }
   EXPECT_EQ(decode_->block_pool().num_free(),
             decode_->block_pool().num_blocks());
+}
+
+// Draining: a Prefill is refused UNAVAILABLE "worker is draining" and the
+// load report says draining; the worker holds nothing.
+TEST_F(PrefillWorkerTest, DrainingRefusesNewPrefills) {
+  StartServer();
+  const GenerationRequest r{RequestId(1), RandomPrompt(30, 1), Greedy(4)};
+  EXPECT_EQ(Disaggregated(r), Colocated(r));
+  EXPECT_FALSE(GetLoad().draining());
+  server_->worker().StartDraining();
+  EXPECT_TRUE(GetLoad().draining());
+  EXPECT_TRUE(server_->worker().drain_reported());
+  const grpc::Status refused = PrefillTo(ScratchLanding());
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(IsDrainingRefusal(FromGrpcStatus(refused))) << refused.error_message();
+  EXPECT_TRUE(server_->worker().WaitUntilIdle(absl::Now() + absl::Seconds(5)));
+  EXPECT_EQ(server_->worker().RequestsInFlight(), 0);
 }
 
 TEST_F(PrefillWorkerTest, RepeatedPromptFromThePrefixCacheIsShippedToo) {

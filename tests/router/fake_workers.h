@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/drain.h"
 #include "grpcpp/grpcpp.h"
 #include "pdserve/internal/v1/worker.grpc.pb.h"
 
@@ -120,6 +121,12 @@ class FakeServer {
   std::unique_ptr<grpc::Server> server_;
 };
 
+// What a draining worker answers new work (common/drain.h).
+inline grpc::Status DrainingRefusal(absl::string_view role) {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      std::string(DrainingError(role).message()));
+}
+
 class FakeDecodeWorker final : public wire::DecodeWorker::Service {
  public:
   struct Behavior {
@@ -135,6 +142,10 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
     absl::Duration token_delay = absl::ZeroDuration();
     // Tokens per DecodeResponse.
     int tokens_per_message = 1;
+    // Refuses Reserve and local Decode calls as a draining worker does
+    // (common/drain.h); report_draining: its load reports say draining.
+    bool draining = false;
+    bool report_draining = false;
   };
 
   FakeDecodeWorker() : server_(this) {}
@@ -177,6 +188,7 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
                        wire::Landing* landing) override {
     ++reserves;
     const Behavior b = behavior();
+    if (b.draining) return DrainingRefusal("decode");
     if (b.reserve_code != grpc::StatusCode::OK) {
       return grpc::Status(b.reserve_code, "fake: no blocks");
     }
@@ -232,6 +244,7 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
       reserved_.erase(it);
       step = 1;
     } else {
+      if (b.draining) return DrainingRefusal("decode");
       ++decodes_local;
     }
     int sent = 0;
@@ -285,6 +298,7 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
     FillLayout(report);
     report->set_total_blocks(b.total_blocks);
     report->set_free_blocks(b.free_blocks);
+    report->set_draining(b.report_draining);
     ++load_reports;
     absl::MutexLock lock(&mu_);
     report->set_reservations(static_cast<uint32_t>(reserved_.size()));
@@ -309,6 +323,9 @@ class FakePrefillWorker final : public wire::PrefillWorker::Service {
     int fail_times = -1;
     uint64_t pending_prompt_tokens = 0;
     absl::Duration delay = absl::ZeroDuration();
+    // As FakeDecodeWorker's, for Prefill calls.
+    bool draining = false;
+    bool report_draining = false;
   };
 
   FakePrefillWorker() : server_(this) {}
@@ -333,6 +350,7 @@ class FakePrefillWorker final : public wire::PrefillWorker::Service {
     {
       absl::MutexLock lock(&mu_);
       b = behavior_;
+      if (b.draining) return DrainingRefusal("prefill");
       if (b.fail_code != grpc::StatusCode::OK &&
           (b.fail_times < 0 || failures_ < b.fail_times)) {
         ++failures_;
@@ -364,6 +382,7 @@ class FakePrefillWorker final : public wire::PrefillWorker::Service {
     report->set_role("prefill");
     FillLayout(report);
     report->set_pending_prompt_tokens(behavior_.pending_prompt_tokens);
+    report->set_draining(behavior_.report_draining);
     wire::KvTransportCounters* tcp = report->add_kv_transports();
     tcp->set_transport("tcp");
     tcp->set_pushes(3);

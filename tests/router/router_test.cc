@@ -507,6 +507,80 @@ TEST(RouterTest, LeastLoadedDecodeWorkerIsChosen) {
   EXPECT_EQ(c.decode(0).reserves, 0);
 }
 
+// A decode worker that refuses new work as draining before the router saw
+// it drain: each request goes on to the other worker, and that is no
+// migration (none is allowed here).
+TEST(RouterTest, DrainingDecodeWorkersRefusalSendsTheRequestElsewhere) {
+  Cluster c(1, 2, [](RouterOptions& o) {
+    o.cluster.mutable_routing()->set_policy("least_loaded");
+    o.migration_limit = 0;
+  });
+  FakeDecodeWorker::Behavior draining;  // Preferred, and refusing.
+  draining.free_blocks = 5000;
+  draining.total_blocks = 5000;
+  draining.draining = true;
+  c.decode(0).set_behavior(draining);
+  ASSERT_TRUE(c.decode(0).AwaitFreshReport());
+  for (int i = 0; i < 4; ++i) {
+    const Result r = c.Generate(Text("x"));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.text, "Hello, world!");
+  }
+  EXPECT_GE(c.decode(0).reserves, 1);
+  EXPECT_EQ(c.decode(1).decodes_done, 4);
+  // Once its reports say it drains, it is no longer counted or chosen.
+  draining.report_draining = true;
+  c.decode(0).set_behavior(draining);
+  EXPECT_TRUE(c.WaitHealthy(1, 1));
+  const int refused = c.decode(0).reserves;
+  ASSERT_TRUE(c.Generate(Text("x")).status.ok());
+  EXPECT_EQ(c.decode(0).reserves, refused);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
+}
+
+// A prefill worker refusing as draining does not use up the retries (none
+// here): the prefill goes to the other one; and when the only prefill
+// worker drains, the decode worker prefills locally.
+TEST(RouterTest, DrainingPrefillWorkersRefusalIsNoFailedAttempt) {
+  Cluster c(2, 1, [](RouterOptions& o) {
+    o.cluster.mutable_routing()->set_policy("least_loaded");
+    o.prefill_retries = 0;
+  });
+  FakePrefillWorker::Behavior busy;
+  busy.pending_prompt_tokens = 100000;
+  c.prefill(1).set_behavior(busy);
+  FakePrefillWorker::Behavior draining;
+  draining.draining = true;
+  c.prefill(0).set_behavior(draining);
+  absl::SleepFor(absl::Milliseconds(100));  // Reports with prefill-1 busy.
+  for (int i = 0; i < 3; ++i) {
+    const Result r = c.Generate(Text("x"));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.text, "Hello, world!");
+  }
+  EXPECT_GE(c.prefill(0).prefills, 1);
+  EXPECT_EQ(c.prefill(0).prefills_ok, 0);
+  EXPECT_EQ(c.prefill(1).prefills_ok, 3);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
+}
+
+TEST(RouterTest, WhenTheOnlyPrefillWorkerDrainsTheDecodeWorkerPrefills) {
+  Cluster c(1, 1);
+  FakePrefillWorker::Behavior draining;
+  draining.draining = true;
+  draining.report_draining = true;
+  c.prefill(0).set_behavior(draining);
+  for (int i = 0; i < 3; ++i) {
+    const Result r = c.Generate(Text("x"));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.text, "Hello, world!");
+  }
+  EXPECT_EQ(c.prefill(0).prefills_ok, 0);
+  EXPECT_EQ(c.decode(0).decodes_local, 3);
+  EXPECT_TRUE(c.WaitHealthy(0, 1));
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
+}
+
 TEST(RouterTest, LeastLoadedPrefillWorkerIsChosen) {
   Cluster c(2, 1, [](RouterOptions& o) {
     o.cluster.mutable_routing()->set_policy("least_loaded");
