@@ -18,16 +18,17 @@ APT_PACKAGES=(
   libboost-dev           # Boost.Beast/Asio: the router's HTTP server
   libssl-dev             # OpenSSL: TLS certificates (common/tls.h) and HTTPS (Asio SSL)
   openssl curl           # the TLS tests make certificates with openssl and speak HTTPS with curl;
-                         # cluster.sh --tls makes a local CA with openssl
+                         # cluster.sh --tls makes a local CA with openssl; curl also reaches
+                         # the containers' HTTP API in tests/deploy/container_test.sh
   libcpp-httplib-dev     # pd-http-bench only: the HTTP library Beast was measured against
   clang libclang-rt-dev  # the libFuzzer targets (tests/fuzz): clang and its fuzzer runtime
   prometheus             # promtool and the server: the /metrics tests (tests/common, tests/metrics)
   etcd-server etcd-client  # discovery: the etcd tests, cluster.sh --etcd (etcdctl checks its health)
+  iproute2               # ip netns, veth, bridge, tc: the multi-host and network-fault tests
   python3
   podman buildah runc    # the container image and its test (deploy/container, tests/deploy);
                          # runc: crun refuses hybrid cgroup v1/v2 hosts
   mmdebstrap             # the image's Debian base where no registry is reachable
-  curl                   # tests/deploy/container_test.sh: the HTTP API of the containers
   systemd                # systemd-analyze: ctest systemd_units_test (deploy/systemd)
 )
 

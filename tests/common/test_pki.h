@@ -45,14 +45,14 @@ class TestPki {
   }
 
   // A certificate `name` (name.crt, name.key) with common name `cn`, signed
-  // by CA `ca`, for 127.0.0.1 and localhost, server and client use; valid
-  // for `days` (-1: expired yesterday).
+  // by CA `ca`, for the names in `san` (default 127.0.0.1 and localhost),
+  // server and client use; valid for `days` (-1: expired yesterday).
   absl::Status MakeLeaf(const std::string& name, const std::string& ca, const std::string& cn,
-                        int days = 2) {
+                        int days = 2, const std::string& san = "IP:127.0.0.1,DNS:localhost") {
     const std::string ext = Path(name + ".ext");
     {
       std::ofstream out(ext);
-      out << "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+      out << "subjectAltName=" << san << "\n"
           << "extendedKeyUsage=serverAuth,clientAuth\n"
           << "basicConstraints=CA:FALSE\n";
     }

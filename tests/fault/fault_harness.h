@@ -318,11 +318,14 @@ inline std::vector<ClusterProcess> Processes(
 // After a scenario: every process not in `killed` still runs; every such
 // decode worker has all its KV blocks free again within `settle` and
 // counts no canary violation (the clusters run --kv_canary); the router's
-// migrations are read when it reports them.
-inline void CheckProcesses(const std::vector<ClusterProcess>& processes,
-                           const std::set<std::string>& killed,
-                           ScenarioTally& tally,
-                           absl::Duration settle = absl::Seconds(15)) {
+// migrations are read when it reports them. `credentials` reach the
+// workers' gRPC (null: plaintext).
+inline void CheckProcesses(
+    const std::vector<ClusterProcess>& processes,
+    const std::set<std::string>& killed, ScenarioTally& tally,
+    absl::Duration settle = absl::Seconds(15),
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr) {
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
   tally.canary_violations = 0;
   for (const ClusterProcess& p : processes) {
     if (killed.contains(p.name)) continue;
@@ -343,7 +346,7 @@ inline void CheckProcesses(const std::vector<ClusterProcess>& processes,
     }
     if (!p.decode()) continue;
     auto stub = internal_v1::DecodeWorker::NewStub(
-        grpc::CreateChannel(p.address, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(p.address, credentials));
     internal_v1::LoadReport load;
     bool answered = false;
     const absl::Time give_up = absl::Now() + settle;
