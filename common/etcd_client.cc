@@ -3,6 +3,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -55,7 +56,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
 }  // namespace
 
 std::vector<std::string> EtcdClient::SplitEndpoints(const std::string& list) {
-  return absl::StrSplit(list, ',', absl::SkipWhitespace());
+  std::vector<std::string> out;
+  for (absl::string_view e : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    out.emplace_back(absl::StripAsciiWhitespace(e));
+  }
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const Options& options) {

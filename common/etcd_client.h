@@ -93,7 +93,8 @@ class EtcdClient {
   // Connects lazily: an unreachable etcd shows on the first call.
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(const Options& options);
 
-  // Parses a comma-separated endpoint list (the --etcd flags).
+  // Parses a comma-separated endpoint list (the --etcd flags); spaces
+  // around an endpoint and empty entries are dropped.
   static std::vector<std::string> SplitEndpoints(const std::string& list);
 
   absl::Status Put(const std::string& key, const std::string& value, int64_t lease = 0);

@@ -147,7 +147,7 @@ TEST(EtcdClientOptionsTest, BadEndpointsAreRefusedSayingWhy) {
     EXPECT_TRUE(absl::IsInvalidArgument(c.status())) << bad;
   }
   EXPECT_EQ(EtcdClient::SplitEndpoints("http://a:1, http://b:2,,"),
-            (std::vector<std::string>{"http://a:1", " http://b:2"}));
+            (std::vector<std::string>{"http://a:1", "http://b:2"}));
 }
 
 TEST_F(EtcdClientTest, ARegistrationStaysWhileAliveAndGoesWhenWithdrawn) {
