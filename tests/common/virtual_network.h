@@ -11,15 +11,19 @@
 //
 // A host's link can be cut and healed at its switch port (a partition
 // between that host and all the rest). The destructor deletes every
-// namespace, which deletes their links. Needs root and `ip` (iproute2);
+// namespace, which deletes their links; Create deletes those a crashed
+// test process left behind. Needs root and `ip` (iproute2);
 // Create says why when the kernel or the user forbids namespaces.
 //
 // Not thread-safe.
 #ifndef PDSERVE_TESTS_COMMON_VIRTUAL_NETWORK_H_
 #define PDSERVE_TESTS_COMMON_VIRTUAL_NETWORK_H_
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -41,7 +45,8 @@ class VirtualNetwork {
     }
     static int serial = 0;
     std::unique_ptr<VirtualNetwork> n(new VirtualNetwork(serial++));
-    n->DeleteNamespace(n->switch_);  // Left over from a crashed run of this pid.
+    DeleteLeftovers();
+    n->DeleteNamespace(n->switch_);
     const std::string sw = "-n " + n->switch_ + " ";
     for (const std::string& command :
          {"netns add " + n->switch_, sw + "link add br0 type bridge", sw + "link set br0 up",
@@ -124,6 +129,22 @@ class VirtualNetwork {
       return absl::UnavailableError("failed: " + command);
     }
     return absl::OkStatus();
+  }
+  // The namespaces of test processes that died before their destructor
+  // ran (named "pdmh<pid>-..."; deleting them takes their links along).
+  static void DeleteLeftovers() {
+    std::FILE* list = ::popen("ip netns list 2>/dev/null", "r");
+    if (list == nullptr) return;
+    char line[256];
+    while (std::fgets(line, sizeof(line), list) != nullptr) {
+      int pid = 0;
+      char rest[200];
+      if (std::sscanf(line, "pdmh%d-%199s", &pid, rest) != 2) continue;
+      if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+        DeleteNamespace(absl::StrCat("pdmh", pid, "-", rest));
+      }
+    }
+    ::pclose(list);
   }
   static void DeleteNamespace(const std::string& ns) {
     (void)std::system(("ip netns del " + ns + " >/dev/null 2>&1").c_str());
