@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -112,6 +113,29 @@ struct StreamOutcome {
   absl::Duration elapsed;
 };
 
+// One attempt of `request` through `router` within `deadline`: its status
+// and tokens. `on_token` (when set) runs at every token's arrival.
+inline StreamOutcome StreamOnce(v1::Generation::Stub& router,
+                                const v1::GenerateRequest& request,
+                                absl::Duration deadline,
+                                const std::function<void()>& on_token = {}) {
+  StreamOutcome out;
+  out.attempts = 1;
+  const absl::Time start = absl::Now();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(start + deadline));
+  auto reader = router.Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    out.tokens.insert(out.tokens.end(), response.token_ids().begin(),
+                      response.token_ids().end());
+    if (on_token && response.token_ids_size() > 0) on_token();
+  }
+  out.status = reader->Finish();
+  out.elapsed = absl::Now() - start;
+  return out;
+}
+
 struct LoadOptions {
   // Deadline of each attempt. Default: 60 s.
   absl::Duration deadline = absl::Seconds(60);
@@ -157,21 +181,12 @@ class LoadRun {
     const absl::Time start = absl::Now();
     bool counted = false;
     while (true) {
-      ++out.attempts;
-      out.tokens.clear();
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + options.deadline));
-      auto reader = router.Generate(&context, request);
-      v1::GenerateResponse response;
-      while (reader->Read(&response)) {
-        out.tokens.insert(out.tokens.end(), response.token_ids().begin(),
-                          response.token_ids().end());
-        if (!counted && !out.tokens.empty()) {
-          counted = true;
-          ++streaming_;
-        }
-      }
-      out.status = reader->Finish();
+      const int attempts = out.attempts + 1;
+      out = StreamOnce(router, request, options.deadline, [&] {
+        if (!counted) ++streaming_;
+        counted = true;
+      });
+      out.attempts = attempts;
       if (out.status.error_code() != grpc::StatusCode::UNAVAILABLE ||
           !options.retry_unavailable ||
           absl::Now() - start > options.retry_for) {

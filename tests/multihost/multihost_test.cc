@@ -94,7 +94,8 @@ class ContinuousLoad {
       threads_.emplace_back([this, &router] {
         while (!stop_.load()) {
           const size_t i = next_.fetch_add(1) % cases_.size();
-          StreamOutcome out = Run(router, i);
+          StreamOutcome out = fault::StreamOnce(router, testing_util::ToRequest(cases_[i]),
+                                                absl::Seconds(60));
           absl::MutexLock lock(&mu_);
           done_.push_back({i, std::move(out)});
         }
@@ -119,21 +120,6 @@ class ContinuousLoad {
   }
 
  private:
-  StreamOutcome Run(v1::Generation::Stub& router, size_t i) {
-    StreamOutcome out;
-    out.attempts = 1;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    auto reader = router.Generate(&context, testing_util::ToRequest(cases_[i]));
-    v1::GenerateResponse response;
-    while (reader->Read(&response)) {
-      out.tokens.insert(out.tokens.end(), response.token_ids().begin(),
-                        response.token_ids().end());
-    }
-    out.status = reader->Finish();
-    return out;
-  }
-
   const std::vector<StreamCase>& cases_;
   std::atomic<bool> stop_ = false;
   std::atomic<size_t> next_ = 0;
