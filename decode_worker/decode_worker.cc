@@ -406,12 +406,15 @@ void DecodeWorker::ContinuePrefilled(const std::shared_ptr<DecodeCall>& call,
   const wire::DecodeRequest& request = call->request();
   const uint32_t prompt_tokens = request.request().prompt_size();
   absl::Status status;
+  // The request was checked when it was reserved; a landing that does not
+  // match it is a hand-off gone wrong (a notification altered on its way),
+  // which the router answers by prefilling again elsewhere.
   if (it->second.kv_tokens != prompt_tokens) {
-    status = absl::InvalidArgumentError(absl::StrCat(
+    status = absl::DataLossError(absl::StrCat(
         "KV of ", it->second.kv_tokens, " tokens landed for request ", id.value,
         ", whose prompt has ", prompt_tokens));
   } else if (it->second.kv_cached_tokens != it->second.cached_tokens) {
-    status = absl::InvalidArgumentError(absl::StrCat(
+    status = absl::DataLossError(absl::StrCat(
         "the KV push of request ", id.value, " skipped ",
         it->second.kv_cached_tokens, " cached tokens; the landing had ",
         it->second.cached_tokens));

@@ -834,12 +834,13 @@ TEST_F(DecodeWorkerTest, BadDecodesAreRefused) {
   d.mutable_first_token()->set_token_id(258);
   EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Load().reservations(), 0u);
-  // KvComplete for fewer tokens than the prompt has.
+  // KvComplete for fewer tokens than the prompt has: the hand-off went
+  // wrong, not the request (DATA_LOSS, which the router prefills again).
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
   prefill.Notify(landing, RequestId(1), 5);
   d = MakeDecode(good);
   d.mutable_first_token()->set_token_id(7);
-  EXPECT_EQ(code(d), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code(d), grpc::StatusCode::DATA_LOSS);
   // max_tokens 1: the first token was the last.
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
   prefill.Notify(landing, RequestId(1), 8);
