@@ -86,8 +86,12 @@ ClusterSpec SlowCluster(int prefill, int decode, const std::string& drain_timeou
   spec.prefill_args =
       absl::StrCat("--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=64 --drain_timeout=",
                    drain_timeout);
+  // Reservations outlast the slowest prefill queue: under the sanitizers
+  // the 110M model's long prompts wait past the 60 s default, and these
+  // tests are about the drain, not reservation expiry.
   spec.decode_args = absl::StrCat(
-      "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=64 --kv_canary --drain_timeout=",
+      "--num_threads=1 --max_batch_tokens=64 --kv_cache_mb=64 --kv_canary "
+      "--reservation_timeout_ms=600000 --drain_timeout=",
       drain_timeout);
   return spec;
 }
