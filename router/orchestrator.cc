@@ -547,6 +547,11 @@ void RequestOrchestrator::Choice::OnReserved(const absl::Status& status) {
                      " refused the reservation: ", status.message())));
   }
   orchestrator_->registry_->ReportCallFailure(decode_, status);
+  // Unanswered: the worker may have made the reservation and the answer
+  // been lost (a partition). Release it, retried until the worker hears
+  // it, rather than leave its blocks to the reservation timeout; the next
+  // attempt has a new id, so this never releases that one.
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) ReleaseLanding();
   Migrate(Annotate(status, absl::StrCat("Reserve on decode worker ", decode_->id)));
 }
 
