@@ -40,7 +40,8 @@ bool Unreachable(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> tls) {
   grpc::ChannelArguments args;
   // A watch must notice a peer that vanished without closing its socket
   // (a partition). etcd refuses pings more often than every 5 s.
@@ -50,7 +51,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      address, tls != nullptr ? tls : grpc::InsecureChannelCredentials(), args);
 }
 
 }  // namespace
@@ -73,11 +75,17 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const Options& op
   std::unique_ptr<EtcdClient> client(new EtcdClient(options));
   for (const std::string& raw : options.endpoints) {
     absl::string_view e = raw;
-    if (absl::StartsWith(e, "https://")) {
+    if (absl::ConsumePrefix(&e, "https://") && options.tls == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "etcd endpoint '", raw, "': TLS to etcd is not supported yet; use http://"));
+          "etcd endpoint '", raw,
+          "' is https:// but no TLS identity is given: set --etcd_cert_file, "
+          "--etcd_key_file and --etcd_ca_file"));
     }
-    absl::ConsumePrefix(&e, "http://");
+    if (absl::ConsumePrefix(&e, "http://") && options.tls != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoint '", raw,
+          "' is plaintext (http://) but the --etcd_*_file TLS flags are set: use https://"));
+    }
     absl::ConsumeSuffix(&e, "/");
     const size_t colon = e.rfind(':');
     if (e.empty() || colon == absl::string_view::npos || colon == 0 ||
@@ -87,7 +95,7 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const Options& op
     }
     Endpoint endpoint;
     endpoint.address = std::string(e);
-    endpoint.channel = MakeChannel(endpoint.address);
+    endpoint.channel = MakeChannel(endpoint.address, options.tls);
     endpoint.kv = pb::KV::NewStub(endpoint.channel);
     endpoint.lease = pb::Lease::NewStub(endpoint.channel);
     client->endpoints_.push_back(std::move(endpoint));

@@ -83,13 +83,19 @@ class EtcdWatch {
 class EtcdClient {
  public:
   struct Options {
-    // "http://host:port" or "host:port", at least one. Default: none.
+    // "http://host:port", "https://host:port" or "host:port", at least
+    // one. Default: none.
     std::vector<std::string> endpoints;
+    // TLS to etcd (https:// endpoints; bare ones follow): the channel
+    // credentials, e.g. TlsCertificates::ChannelCredentials(). Null:
+    // plaintext (http://). Default: null.
+    std::shared_ptr<grpc::ChannelCredentials> tls;
     // Deadline of every unary call. Default: 2 s.
     absl::Duration call_timeout = absl::Seconds(2);
   };
 
-  // INVALID_ARGUMENT for no endpoint, a malformed one or an https:// one.
+  // INVALID_ARGUMENT for no endpoint, a malformed one, an https:// one
+  // without `tls` or an http:// one with it.
   // Connects lazily: an unreachable etcd shows on the first call.
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(const Options& options);
 

@@ -11,7 +11,24 @@ ABSL_FLAG(std::string, etcd_prefix, "/pdserve/",
           "Key prefix of this cluster in etcd (several clusters can share one "
           "etcd under different prefixes)");
 
+ABSL_FLAG(std::string, etcd_cert_file, "",
+          "TLS to etcd (https:// endpoints): PEM certificate chain this process "
+          "presents to etcd (with --etcd_key_file and --etcd_ca_file; none: "
+          "plaintext). Re-read on SIGHUP");
+ABSL_FLAG(std::string, etcd_key_file, "", "TLS to etcd: PEM private key of --etcd_cert_file");
+ABSL_FLAG(std::string, etcd_ca_file, "",
+          "TLS to etcd: PEM bundle of the CAs that sign etcd's certificates");
+
 namespace pdserve {
+
+absl::StatusOr<std::unique_ptr<TlsCertificates>> EtcdTlsFromFlags() {
+  absl::StatusOr<std::optional<TlsFiles>> files = TlsFilesFromFlags(
+      "etcd", absl::GetFlag(FLAGS_etcd_cert_file), absl::GetFlag(FLAGS_etcd_key_file),
+      absl::GetFlag(FLAGS_etcd_ca_file), /*ca_required=*/true);
+  if (!files.ok()) return files.status();
+  if (!files->has_value()) return nullptr;
+  return TlsCertificates::Load(**files);
+}
 
 std::vector<std::string> EtcdEndpointsFromFlags() {
   return EtcdClient::SplitEndpoints(absl::GetFlag(FLAGS_etcd));

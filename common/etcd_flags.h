@@ -1,5 +1,7 @@
 // The etcd flags of pdserve's processes (docs/deployment.md, "Discovery"):
 //   every process:  --etcd=http://HOST:2379[,...]  --etcd_prefix=/pdserve/
+//                   --etcd_cert_file --etcd_key_file --etcd_ca_file (TLS,
+//                   with https:// endpoints)
 //   workers only:   --advertise=HOST:PORT  --etcd_lease_ttl=10s
 // (the worker ones come with pdserve_etcd_worker_flags). Flags are read
 // only by the mains, through these functions.
@@ -12,9 +14,15 @@
 
 #include "absl/status/statusor.h"
 #include "common/etcd_registration.h"
+#include "common/tls.h"
 #include "pdserve/internal/v1/cluster_config.pb.h"
 
 namespace pdserve {
+
+// The certificates of the --etcd_*_file flags (all three or none); null
+// when none is set. INVALID_ARGUMENT naming the missing flag, or the file
+// that cannot be read or parsed.
+absl::StatusOr<std::unique_ptr<TlsCertificates>> EtcdTlsFromFlags();
 
 // --etcd as a list; empty when discovery is off.
 std::vector<std::string> EtcdEndpointsFromFlags();
@@ -44,9 +52,11 @@ struct WorkerAnnouncement {
 };
 
 // With --etcd set: registers `worker` under --etcd_prefix with a
-// --etcd_lease_ttl lease and keeps it there. Null without --etcd.
+// --etcd_lease_ttl lease and keeps it there, over TLS with `etcd_tls`
+// (EtcdTlsFromFlags; null: plaintext), which must outlive the
+// registration. Null without --etcd.
 absl::StatusOr<std::unique_ptr<EtcdRegistration>> RegisterWorkerFromFlags(
-    const WorkerAnnouncement& worker);
+    const WorkerAnnouncement& worker, const TlsCertificates* etcd_tls);
 
 }  // namespace pdserve
 

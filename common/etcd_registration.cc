@@ -15,6 +15,7 @@ absl::StatusOr<std::unique_ptr<EtcdRegistration>> EtcdRegistration::Start(
   }
   absl::StatusOr<std::unique_ptr<EtcdClient>> client =
       EtcdClient::Create({.endpoints = options.endpoints,
+                          .tls = options.tls,
                           .call_timeout = std::min(absl::Seconds(2), options.ttl / 3)});
   if (!client.ok()) return client.status();
   std::unique_ptr<EtcdRegistration> r(new EtcdRegistration(options, *std::move(client)));

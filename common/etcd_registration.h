@@ -32,6 +32,8 @@ class EtcdRegistration {
   struct Options {
     // etcd endpoints ("http://host:port"). Default: none (required).
     std::vector<std::string> endpoints;
+    // TLS to etcd (EtcdClient::Options::tls). Default: null (plaintext).
+    std::shared_ptr<grpc::ChannelCredentials> tls;
     // The key and its value. Default: none (required).
     std::string key;
     std::string value;

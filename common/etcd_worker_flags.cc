@@ -16,7 +16,7 @@ ABSL_FLAG(absl::Duration, etcd_lease_ttl, absl::Seconds(10),
 namespace pdserve {
 
 absl::StatusOr<std::unique_ptr<EtcdRegistration>> RegisterWorkerFromFlags(
-    const WorkerAnnouncement& announcement) {
+    const WorkerAnnouncement& announcement, const TlsCertificates* etcd_tls) {
   const std::vector<std::string> endpoints = EtcdEndpointsFromFlags();
   if (endpoints.empty()) return std::unique_ptr<EtcdRegistration>();
   if (announcement.id.empty()) {
@@ -40,6 +40,8 @@ absl::StatusOr<std::unique_ptr<EtcdRegistration>> RegisterWorkerFromFlags(
     return absl::InternalError(absl::StrCat("cannot render the registration: ", s.ToString()));
   }
   return EtcdRegistration::Start({.endpoints = endpoints,
+                                  .tls = etcd_tls != nullptr ? etcd_tls->ChannelCredentials()
+                                                             : nullptr,
                                   .key = WorkerRegistrationKey(EtcdPrefixFromFlags(), worker.id()),
                                   .value = json,
                                   .ttl = absl::GetFlag(FLAGS_etcd_lease_ttl)});

@@ -91,6 +91,12 @@ int main(int argc, char** argv) {
     PD_LOG(ERROR) << "pd-prefill: " << mtls.status();
     return 2;
   }
+  absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> etcd_tls =
+      pdserve::EtcdTlsFromFlags();
+  if (!etcd_tls.ok()) {
+    PD_LOG(ERROR) << "pd-prefill: " << etcd_tls.status();
+    return 2;
+  }
   if (*mtls) {
     options.credentials =
         (*mtls)->ServerCredentials(pdserve::ClientCertificates::kRequire);
@@ -118,13 +124,16 @@ int main(int argc, char** argv) {
        .kv_blocks = (*server)->worker().num_kv_blocks(),
        .block_size = w.engine.block_size,
        .listen = options.listen_address,
-       .port = (*server)->port()});
+       .port = (*server)->port()},
+      etcd_tls->get());
   if (!registration.ok()) {
     PD_LOG(ERROR) << "pd-prefill: " << registration.status();
     (*server)->Shutdown();
     return 1;
   }
-  const auto reload = [&] { pdserve::ReloadAndLog("pd-prefill", {mtls->get()}); };
+  const auto reload = [&] {
+    pdserve::ReloadAndLog("pd-prefill", {mtls->get(), etcd_tls->get()});
+  };
   const bool announced = pdserve::AnnounceAndWaitForSignal(
       "pd-prefill", (*server)->port(), absl::GetFlag(FLAGS_port_file), reload);
   if (announced) {

@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<EtcdDiscovery>> EtcdDiscovery::Start(const Option
     return absl::InvalidArgumentError("etcd discovery: retry_interval must be positive");
   }
   absl::StatusOr<std::unique_ptr<EtcdClient>> client =
-      EtcdClient::Create({.endpoints = options.endpoints});
+      EtcdClient::Create({.endpoints = options.endpoints, .tls = options.tls});
   if (!client.ok()) return client.status();
   std::unique_ptr<EtcdDiscovery> d(new EtcdDiscovery(options, *std::move(client), registry));
   d->workers_prefix_ = options.prefix + "workers/";

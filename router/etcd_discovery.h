@@ -42,6 +42,8 @@ class EtcdDiscovery {
   struct Options {
     // etcd endpoints ("http://host:port"). Default: none (required).
     std::vector<std::string> endpoints;
+    // TLS to etcd (EtcdClient::Options::tls). Default: null (plaintext).
+    std::shared_ptr<grpc::ChannelCredentials> tls;
     // The cluster's key prefix, ending in '/'. Default: "/pdserve/".
     std::string prefix = "/pdserve/";
     // Wait between attempts while etcd is unreachable. Default: 1 s.

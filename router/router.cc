@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(
   if (!options.etcd_endpoints.empty()) {
     PD_ASSIGN_OR_RETURN(router->discovery_,
                         EtcdDiscovery::Start({.endpoints = options.etcd_endpoints,
+                                              .tls = options.etcd_tls,
                                               .prefix = options.etcd_prefix},
                                              router->registry_.get()));
   }

@@ -85,6 +85,8 @@ struct RouterOptions {
   std::vector<std::string> etcd_endpoints;
   // The cluster's key prefix in etcd. Default: "/pdserve/".
   std::string etcd_prefix = "/pdserve/";
+  // TLS to etcd (EtcdClient::Options::tls). Default: null (plaintext).
+  std::shared_ptr<grpc::ChannelCredentials> etcd_tls;
 };
 
 class Router {

@@ -167,6 +167,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (*mtls) options.worker_credentials = (*mtls)->ChannelCredentials();
+  absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> etcd_tls =
+      pdserve::EtcdTlsFromFlags();
+  if (!etcd_tls.ok()) {
+    std::cerr << "pd-router: " << etcd_tls.status() << "\n";
+    return 2;
+  }
+  if (*etcd_tls) options.etcd_tls = (*etcd_tls)->ChannelCredentials();
   auto router = pdserve::Router::Start(options);
   if (!router.ok()) {
     std::cerr << "pd-router: " << router.status() << "\n";
@@ -182,7 +189,8 @@ int main(int argc, char** argv) {
   }
   const bool announced = pdserve::AnnounceAndWaitForSignal(
       "pd-router", (*router)->port(), absl::GetFlag(FLAGS_port_file), [&] {
-        pdserve::ReloadAndLog("pd-router", {public_tls->get(), mtls->get()});
+        pdserve::ReloadAndLog("pd-router",
+                              {public_tls->get(), mtls->get(), etcd_tls->get()});
       });
   (*router)->Shutdown();
   return announced ? 0 : 1;

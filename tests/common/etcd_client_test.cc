@@ -5,10 +5,13 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "common/etcd_registration.h"
+#include "common/tls.h"
 #include "tests/common/etcd_server.h"
+#include "tests/common/test_pki.h"
 
 namespace pdserve {
 namespace {
@@ -188,6 +191,111 @@ TEST_F(EtcdClientTest, ARegistrationOutlivesAnEtcdOutage) {
   absl::SleepFor(absl::Seconds(4));  // Past the TTL.
   ASSERT_TRUE(server_->Resume().ok());
   ASSERT_TRUE(WaitForKey("/r/w", true, absl::Seconds(10)));
+}
+
+// etcd over TLS with client certificates (its --client-cert-auth): the
+// cluster's certificate is let in; another CA's, an expired one and a
+// plaintext client are refused; a scheme that does not match the TLS
+// setting is refused before any connection.
+class EtcdTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::system("command -v etcd >/dev/null 2>&1") != 0) {
+      GTEST_SKIP() << "etcd is not installed (Debian package etcd-server; deploy/install-deps.sh)";
+    }
+    ASSERT_TRUE(pki_.MakeCa("ca").ok());
+    ASSERT_TRUE(pki_.MakeLeaf("etcd", "ca", "etcd").ok());
+    ASSERT_TRUE(pki_.MakeLeaf("worker", "ca", "worker").ok());
+    auto server = EtcdServer::Start(testing_util::EtcdTlsFiles{
+        .cert_file = pki_.Cert("etcd"), .key_file = pki_.Key("etcd"), .ca_file = pki_.Cert("ca")});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  // A client presenting certificate `name`, trusting CA `ca`.
+  std::unique_ptr<EtcdClient> Client(const std::string& name, const std::string& ca = "ca") {
+    auto tls = TlsCertificates::Load(
+        {.cert_file = pki_.Cert(name), .key_file = pki_.Key(name), .ca_file = pki_.Cert(ca)});
+    EXPECT_TRUE(tls.ok()) << tls.status();
+    if (!tls.ok()) return nullptr;
+    certificates_.push_back(*std::move(tls));
+    auto client = EtcdClient::Create(
+        {.endpoints = {server_->endpoint()}, .tls = certificates_.back()->ChannelCredentials()});
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  testing_util::TestPki pki_;
+  std::unique_ptr<EtcdServer> server_;
+  std::vector<std::unique_ptr<TlsCertificates>> certificates_;
+};
+
+TEST_F(EtcdTlsTest, TheClustersCertificateIsLetInAndARegistrationWorks) {
+  std::unique_ptr<EtcdClient> client = Client("worker");
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Put("/t/a", "1").ok());
+  auto listing = client->List("/t/");
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  ASSERT_EQ(listing->kvs.size(), 1u);
+  EXPECT_EQ(listing->kvs[0].value, "1");
+
+  auto registration = EtcdRegistration::Start({.endpoints = {server_->endpoint()},
+                                               .tls = certificates_.back()->ChannelCredentials(),
+                                               .key = "/t/w",
+                                               .value = "x",
+                                               .ttl = absl::Seconds(2)});
+  ASSERT_TRUE(registration.ok()) << registration.status();
+  bool present = false;
+  for (int i = 0; i < 100 && !present; ++i) {
+    auto l = client->List("/t/w");
+    present = l.ok() && !l->kvs.empty();
+    if (!present) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(present);
+}
+
+TEST_F(EtcdTlsTest, AnotherCasCertificateAnExpiredOneAndPlaintextAreRefused) {
+  ASSERT_TRUE(pki_.MakeCa("other-ca").ok());
+  ASSERT_TRUE(pki_.MakeLeaf("stranger", "other-ca", "stranger").ok());
+  ASSERT_TRUE(pki_.MakeLeaf("expired", "ca", "expired", /*days=*/-1).ok());
+  for (const char* name : {"stranger", "expired"}) {
+    std::unique_ptr<EtcdClient> client = Client(name);
+    ASSERT_NE(client, nullptr);
+    const absl::Status put = client->Put("/t/x", "1");
+    EXPECT_TRUE(absl::IsUnavailable(put)) << name << ": " << put;
+  }
+  // Trusting another CA, the client refuses etcd's certificate.
+  std::unique_ptr<EtcdClient> doubter = Client("stranger", "other-ca");
+  ASSERT_NE(doubter, nullptr);
+  const absl::Status doubted = doubter->Put("/t/x", "1");
+  EXPECT_TRUE(absl::IsUnavailable(doubted)) << doubted;
+  // A plaintext client (a bare host:port without TLS) gets no answer.
+  std::string bare = server_->endpoint();
+  bare.erase(0, bare.find("://") + 3);
+  auto plain = EtcdClient::Create({.endpoints = {bare}});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(absl::IsUnavailable((*plain)->Put("/t/x", "1")));
+  // Nothing got in.
+  std::unique_ptr<EtcdClient> client = Client("worker");
+  ASSERT_NE(client, nullptr);
+  auto listing = client->List("/t/x");
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_TRUE(listing->kvs.empty());
+}
+
+TEST_F(EtcdTlsTest, ASchemeThatDoesNotMatchTheTlsSettingIsRefusedAtOnce) {
+  auto https_without_tls = EtcdClient::Create({.endpoints = {server_->endpoint()}});
+  ASSERT_TRUE(absl::IsInvalidArgument(https_without_tls.status()));
+  EXPECT_NE(https_without_tls.status().message().find("--etcd_cert_file"), std::string::npos)
+      << https_without_tls.status();
+  auto tls = TlsCertificates::Load(
+      {.cert_file = pki_.Cert("worker"), .key_file = pki_.Key("worker"), .ca_file = pki_.Cert("ca")});
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  auto http_with_tls =
+      EtcdClient::Create({.endpoints = {"http://127.0.0.1:2379"}, .tls = (*tls)->ChannelCredentials()});
+  ASSERT_TRUE(absl::IsInvalidArgument(http_with_tls.status()));
+  EXPECT_NE(http_with_tls.status().message().find("use https://"), std::string::npos)
+      << http_with_tls.status();
 }
 
 }  // namespace
