@@ -46,7 +46,8 @@
 #                      with openssl when D has no ca.crt; otherwise uses
 #                      D/ca.crt, D/node.crt and D/node.key as they are.
 #                      Clients: pdctl --tls_root_certs=D/ca.crt,
-#                      curl --cacert D/ca.crt (default: plaintext)
+#                      curl --cacert D/ca.crt (default: plaintext). With
+#                      --etcd, etcd serves https:// with node.crt too
 #   --prefill-args A, --decode-args A, --router-args A
 #                      extra flags for every worker of that kind, e.g.
 #                      --decode-args "--kv_transport=ucx:shm,tcp" (KV
@@ -189,18 +190,27 @@ free_port() {  # A TCP port nobody listens on now.
 # Starts etcd in $dir (client port in $dir/etcd.port) and sets $etcd to it.
 start_etcd() {
   command -v etcd >/dev/null || die "--etcd needs etcd (Debian package etcd-server; deploy/install-deps.sh)"
-  local client peer
+  local client peer scheme=http tls=() etcdctl_tls=()
   client="$(free_port)" peer="$(free_port)"
+  if [[ -n "$tls_dir" ]]; then
+    # Under --tls etcd serves https:// only and wants the cluster's client
+    # certificate; every process gets the --etcd_*_file flags.
+    scheme=https
+    tls=(--cert-file "$tls_dir/node.crt" --key-file "$tls_dir/node.key"
+      --trusted-ca-file "$tls_dir/ca.crt" --client-cert-auth)
+    etcdctl_tls=(--cacert "$tls_dir/ca.crt" --cert "$tls_dir/node.crt" --key "$tls_dir/node.key")
+    mtls_args+=" --etcd_cert_file=$tls_dir/node.crt --etcd_key_file=$tls_dir/node.key --etcd_ca_file=$tls_dir/ca.crt"
+  fi
   rm -rf "$dir/etcd.data"
   etcd --name pdserve --data-dir "$dir/etcd.data" \
-    --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
+    --listen-client-urls "$scheme://127.0.0.1:$client" --advertise-client-urls "$scheme://127.0.0.1:$client" \
     --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
-    --initial-cluster "pdserve=http://127.0.0.1:$peer" >"$dir/etcd.log" 2>&1 &
+    --initial-cluster "pdserve=http://127.0.0.1:$peer" "${tls[@]}" >"$dir/etcd.log" 2>&1 &
   echo $! >"$dir/etcd.pid"
   printf %s "$client" >"$dir/etcd.port"
-  etcd="http://127.0.0.1:$client"
+  etcd="$scheme://127.0.0.1:$client"
   for _ in $(seq 1 100); do
-    ETCDCTL_API=3 etcdctl --endpoints="$etcd" endpoint health >/dev/null 2>&1 && return 0
+    ETCDCTL_API=3 etcdctl --endpoints="$etcd" "${etcdctl_tls[@]}" endpoint health >/dev/null 2>&1 && return 0
     sleep 0.1
   done
   die "etcd did not come up; see $dir/etcd.log"
@@ -355,5 +365,5 @@ case "$cmd" in
     echo "Ctrl-C stops the cluster."
     while true; do sleep 1; done
     ;;
-  *) sed -n '2,56p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,60p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -245,6 +245,44 @@ std::string Decode(const std::string& id) {
                       " --model=builtin:tiny --num_threads=1 --kv_cache_mb=16");
 }
 
+// cluster.sh --etcd --tls: etcd serves https:// only and requires the
+// cluster's client certificate; the workers register and the router
+// discovers them over TLS, and the cluster serves. A plaintext etcdctl
+// gets nothing.
+TEST(TlsClusterTest, DiscoveryThroughEtcdOverTls) {
+  if (std::system("command -v etcd >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "etcd is not installed (Debian package etcd-server; deploy/install-deps.sh)";
+  }
+  TestPki pki;
+  ClusterSpec spec;
+  spec.etcd = true;
+  spec.tls_dir = pki.Path("cluster");
+  auto cluster = LocalCluster::Start(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string ca = spec.tls_dir + "/ca.crt";
+  auto stub = Stub((*cluster)->Address("router"), TlsClient(ca));
+  const v1::HealthResponse health = WaitForHealth(*stub, [](const v1::HealthResponse& h) {
+    return h.discovery().connected() && h.decode_workers() == 1 && h.prefill_workers() == 1;
+  });
+  EXPECT_EQ(health.discovery().source(), "etcd");
+  EXPECT_TRUE(health.discovery().connected()) << health.DebugString();
+  Generated g = Generate(*stub, Request(8));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens.size(), 8u);
+
+  const std::string etcd =
+      absl::StrCat("127.0.0.1:", ReadFile((*cluster)->dir() + "/etcd.port"));
+  Output plain = RunCommand(absl::StrCat("env ETCDCTL_API=3 etcdctl --dial-timeout=2s --endpoints=http://",
+                                         etcd, " get --prefix /pdserve/ 2>&1"));
+  EXPECT_NE(plain.exit_code, 0) << plain.text;
+  Output with_cert = RunCommand(absl::StrCat(
+      "env ETCDCTL_API=3 etcdctl --endpoints=https://", etcd, " --cacert=", ca,
+      " --cert=", spec.tls_dir, "/node.crt --key=", spec.tls_dir,
+      "/node.key get --prefix --keys-only /pdserve/ 2>&1"));
+  EXPECT_EQ(with_cert.exit_code, 0) << with_cert.text;
+  EXPECT_TRUE(absl::StrContains(with_cert.text, "/pdserve/workers/decode-0")) << with_cert.text;
+}
+
 TEST(TlsClusterTest, RouterDoesNotUseWorkersWithAnotherCaOrAnExpiredCertificate) {
   TestPki pki;
   ASSERT_TRUE(pki.MakeCa("ca").ok());

@@ -3,7 +3,7 @@
 // bridge (tests/common/virtual_network.h) — and etcd on one more. Workers
 // register in etcd and the router finds them there; KV crosses hosts over
 // the transport under test (tcp, ucx:tcp; and tcp with mTLS between all
-// processes, each with its own host's certificate).
+// processes and to etcd, each with its own host's certificate).
 //
 // One run, in phases, under a continuous load of concurrent streams whose
 // every output is compared with the colocated engine's:
@@ -204,26 +204,47 @@ class MultiHostTest : public ::testing::TestWithParam<Variant> {
     return absl::StrCat(network_->address(name), ":", std::stoi(port.empty() ? "0" : port));
   }
 
+  // Process `name`'s flags for mTLS to its peers and to etcd, with its
+  // host's certificate.
   std::string MtlsFlags(const std::string& name) const {
     if (!GetParam().mtls) return "";
     return absl::StrCat(" --mtls_cert_file=", pki_->Cert(name), " --mtls_key_file=",
-                        pki_->Key(name), " --mtls_ca_file=", pki_->Cert("ca"));
+                        pki_->Key(name), " --mtls_ca_file=", pki_->Cert("ca"),
+                        " --etcd_cert_file=", pki_->Cert(name), " --etcd_key_file=",
+                        pki_->Key(name), " --etcd_ca_file=", pki_->Cert("ca"));
   }
 
+  // etcdctl against the cluster's etcd, as the test.
+  std::string Etcdctl() const {
+    std::string command = "ETCDCTL_API=3 etcdctl --endpoints=" + etcd_;
+    if (GetParam().mtls) {
+      absl::StrAppend(&command, " --cacert=", pki_->Cert("ca"), " --cert=", pki_->Cert("test"),
+                      " --key=", pki_->Key("test"));
+    }
+    return command;
+  }
+
+  // With mTLS, etcd serves https:// only and requires a certificate of
+  // the cluster's CA.
   void StartEtcd() {
+    const std::string scheme = GetParam().mtls ? "https" : "http";
+    std::string tls;
+    if (GetParam().mtls) {
+      tls = absl::StrCat(" --cert-file ", pki_->Cert("etcd"), " --key-file ",
+                         pki_->Key("etcd"), " --trusted-ca-file ", pki_->Cert("ca"),
+                         " --client-cert-auth");
+    }
     ASSERT_NO_FATAL_FAILURE(
         Launch("etcd", "etcd",
-               absl::StrCat("--name m --data-dir ", File("etcd.data"),
-                            " --listen-client-urls http://{ip}:2379"
-                            " --advertise-client-urls http://{ip}:2379"
-                            " --listen-peer-urls http://{ip}:2380"
+               absl::StrCat("--name m --data-dir ", File("etcd.data"), " --listen-client-urls ",
+                            scheme, "://{ip}:2379 --advertise-client-urls ", scheme,
+                            "://{ip}:2379 --listen-peer-urls http://{ip}:2380"
                             " --initial-advertise-peer-urls http://{ip}:2380"
-                            " --initial-cluster m=http://{ip}:2380")));
-    etcd_ = absl::StrCat("http://", network_->address("etcd"), ":2379");
+                            " --initial-cluster m=http://{ip}:2380",
+                            tls)));
+    etcd_ = absl::StrCat(scheme, "://", network_->address("etcd"), ":2379");
     for (int i = 0; i < 100; ++i) {
-      if (std::system(absl::StrCat("ETCDCTL_API=3 etcdctl --endpoints=", etcd_,
-                                   " endpoint health >/dev/null 2>&1")
-                          .c_str()) == 0) {
+      if (std::system((Etcdctl() + " endpoint health >/dev/null 2>&1").c_str()) == 0) {
         return;
       }
       absl::SleepFor(absl::Milliseconds(100));
@@ -334,8 +355,7 @@ class MultiHostTest : public ::testing::TestWithParam<Variant> {
 
   // Whether etcd holds worker `name`'s registration (asked with etcdctl).
   bool Registered(const std::string& name) const {
-    return std::system(absl::StrCat("ETCDCTL_API=3 etcdctl --endpoints=", etcd_,
-                                    " get --keys-only /pdserve/workers/", name,
+    return std::system(absl::StrCat(Etcdctl(), " get --keys-only /pdserve/workers/", name,
                                     " 2>/dev/null | grep -q ", name)
                            .c_str()) == 0;
   }
