@@ -500,6 +500,10 @@ void RequestOrchestrator::Choice::Run(const WorkerEndpoint* decode) {
   // the first, which find the prompt in their worker's cache).
   disaggregated_ = route.prefill != nullptr;
   if (disaggregated_) {
+    // The prompt counts on the prefill worker from the decision on, not
+    // from its Prefill call a Reserve round trip later: the requests of a
+    // burst, placed before any Reserve is answered, see each other.
+    orchestrator_->registry_->NoteDispatched(route.prefill, engine_.prompt_size());
     StartReserve();
   } else {
     orchestrator_->registry_->NoteDispatched(decode_, reserve_tokens);
@@ -589,7 +593,10 @@ void RequestOrchestrator::Choice::StartPrefill() {
   *request->mutable_request() = engine_;
   *request->mutable_landing() = landing_;
   prefilled_.Clear();
-  orchestrator_->registry_->NoteDispatched(prefill, engine_.prompt_size());
+  // The policy's choice was counted when it was made (Run).
+  if (tried_prefill_.size() > 1) {
+    orchestrator_->registry_->NoteDispatched(prefill, engine_.prompt_size());
+  }
   prefill->prefill->async()->Prefill(
       context.get(), request.get(), &prefilled_,
       [self = shared_from_this(), context, request](grpc::Status status) {

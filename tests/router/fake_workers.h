@@ -135,8 +135,10 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
     uint32_t free_blocks = 1000;
     // The pool the router admits requests against.
     uint32_t total_blocks = 1000;
-    // Reserve answers this code (OK: a landing).
+    // Reserve answers this code (OK: a landing) ...
     grpc::StatusCode reserve_code = grpc::StatusCode::OK;
+    // ... after this long.
+    absl::Duration reserve_delay = absl::ZeroDuration();
     // Decode fails with UNAVAILABLE after this many tokens (-1: never).
     int fail_decode_after = -1;
     absl::Duration token_delay = absl::ZeroDuration();
@@ -188,6 +190,7 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
                        wire::Landing* landing) override {
     ++reserves;
     const Behavior b = behavior();
+    absl::SleepFor(b.reserve_delay);
     if (b.draining) return DrainingRefusal("decode");
     if (b.reserve_code != grpc::StatusCode::OK) {
       return grpc::Status(b.reserve_code, "fake: no blocks");

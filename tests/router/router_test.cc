@@ -196,6 +196,34 @@ TEST(RouterTest, ShortPromptsArePrefilledOnTheDecodeWorker) {
   EXPECT_EQ(c.prefill(0).prefills, 1);
 }
 
+// A burst is placed before any of its Reserves is answered: each request's
+// prompt counts on its prefill worker from the decision on, so the ones
+// after it see that worker's queue. Here the first prompt alone fills the
+// prefill worker past its queue limit, and the second, placed while the
+// first still waits for its Reserve, is prefilled by the idle decode
+// worker (kv_aware's rule for a prefill bottleneck). No load report comes
+// in between (the router polls every 60 s).
+TEST(RouterTest, ABurstSeesThePromptsItSentToThePrefillWorker) {
+  Cluster c(1, 1, [](RouterOptions& o) {
+    o.poll_interval = absl::Seconds(60);
+    o.cluster.mutable_routing()->set_prefill_queue_limit_tokens(100);
+  });
+  FakeDecodeWorker::Behavior slow;
+  slow.reserve_delay = absl::Milliseconds(500);
+  c.decode(0).set_behavior(slow);
+  const std::string long_prompt(150, 'a');
+  Result first;
+  std::thread burst([&] { first = c.Generate(Text(long_prompt, 4)); });
+  ASSERT_TRUE(Eventually([&] { return c.decode(0).reserves == 1; }));
+  const Result second = c.Generate(Text(std::string(60, 'b'), 4));
+  burst.join();
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  EXPECT_EQ(c.prefill(0).prefills, 1);
+  EXPECT_EQ(c.decode(0).reserves, 1);
+  EXPECT_EQ(c.decode(0).decodes_local, 1);
+}
+
 TEST(RouterTest, FirstTokenThatFinishesReleasesTheReservation) {
   Cluster c(1, 1);
   const Result r = c.Generate(Text("x", 1));
