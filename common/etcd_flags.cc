@@ -22,12 +22,9 @@ ABSL_FLAG(std::string, etcd_ca_file, "",
 namespace pdserve {
 
 absl::StatusOr<std::unique_ptr<TlsCertificates>> EtcdTlsFromFlags() {
-  absl::StatusOr<std::optional<TlsFiles>> files = TlsFilesFromFlags(
+  return TlsCertificatesFromFlags(
       "etcd", absl::GetFlag(FLAGS_etcd_cert_file), absl::GetFlag(FLAGS_etcd_key_file),
       absl::GetFlag(FLAGS_etcd_ca_file), /*ca_required=*/true);
-  if (!files.ok()) return files.status();
-  if (!files->has_value()) return nullptr;
-  return TlsCertificates::Load(**files);
 }
 
 std::vector<std::string> EtcdEndpointsFromFlags() {

@@ -295,6 +295,17 @@ void ReloadAndLog(std::string_view program,
   }
 }
 
+absl::StatusOr<std::unique_ptr<TlsCertificates>> TlsCertificatesFromFlags(
+    std::string_view prefix, std::string cert_file, std::string key_file,
+    std::string ca_file, bool ca_required) {
+  absl::StatusOr<std::optional<TlsFiles>> files =
+      TlsFilesFromFlags(prefix, std::move(cert_file), std::move(key_file),
+                        std::move(ca_file), ca_required);
+  if (!files.ok()) return files.status();
+  if (!files->has_value()) return nullptr;
+  return TlsCertificates::Load(**files);
+}
+
 TlsPem TlsCertificates::pem() const {
   absl::MutexLock lock(&mu_);
   return pem_;

@@ -137,6 +137,12 @@ class TlsCertificates {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// One group of TLS flags loaded: TlsFilesFromFlags, then Load; null when
+// none of the group is set.
+absl::StatusOr<std::unique_ptr<TlsCertificates>> TlsCertificatesFromFlags(
+    std::string_view prefix, std::string cert_file, std::string key_file,
+    std::string ca_file, bool ca_required);
+
 // SIGHUP's work in a main: Reload() of each non-null set, logging the
 // outcome as `program` (an error keeps the old certificates in use).
 void ReloadAndLog(std::string_view program,

@@ -17,13 +17,10 @@ ABSL_FLAG(std::string, mtls_ca_file, "",
 namespace pdserve {
 
 absl::StatusOr<std::unique_ptr<TlsCertificates>> InternalTlsFromFlags() {
-  absl::StatusOr<std::optional<TlsFiles>> files = TlsFilesFromFlags(
+  return TlsCertificatesFromFlags(
       "mtls", absl::GetFlag(FLAGS_mtls_cert_file),
       absl::GetFlag(FLAGS_mtls_key_file), absl::GetFlag(FLAGS_mtls_ca_file),
       /*ca_required=*/true);
-  if (!files.ok()) return files.status();
-  if (!files->has_value()) return nullptr;
-  return TlsCertificates::Load(**files);
 }
 
 }  // namespace pdserve

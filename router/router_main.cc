@@ -87,14 +87,9 @@ namespace {
 
 // The certificates of the --tls_* flags; null when none is set.
 absl::StatusOr<std::unique_ptr<pdserve::TlsCertificates>> PublicTlsFromFlags() {
-  absl::StatusOr<std::optional<pdserve::TlsFiles>> files =
-      pdserve::TlsFilesFromFlags("tls", absl::GetFlag(FLAGS_tls_cert_file),
-                                 absl::GetFlag(FLAGS_tls_key_file),
-                                 absl::GetFlag(FLAGS_tls_client_ca_file),
-                                 /*ca_required=*/false);
-  if (!files.ok()) return files.status();
-  if (!files->has_value()) return nullptr;
-  return pdserve::TlsCertificates::Load(**files);
+  return pdserve::TlsCertificatesFromFlags(
+      "tls", absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
+      absl::GetFlag(FLAGS_tls_client_ca_file), /*ca_required=*/false);
 }
 
 }  // namespace
