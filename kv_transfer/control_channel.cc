@@ -165,8 +165,7 @@ void ControlServer::AcceptLoop() {
   while (!stop_.load()) {
     if (WaitFor(listener_.get(), POLLIN, absl::Now() + kStopPoll) != Io::kOk)
       continue;
-    Fd fd(::accept4(listener_.get(), nullptr, nullptr,
-                    SOCK_CLOEXEC | SOCK_NONBLOCK));
+    Fd fd = Accept(listener_.get());
     if (fd.get() < 0) continue;
     if (options_.admit && !options_.admit(fd.get())) continue;
     absl::MutexLock lock(&mu_);

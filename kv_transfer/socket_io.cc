@@ -195,6 +195,19 @@ absl::StatusOr<Fd> ConnectTcp(std::string_view address,
   return fd;
 }
 
+Fd Accept(int listen_fd) {
+  Fd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  if (fd.get() < 0) return fd;
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+      (local.ss_family == AF_INET || local.ss_family == AF_INET6)) {
+    const int one = 1;
+    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  return fd;
+}
+
 absl::StatusOr<UnixAddress> ParseUnixEndpoint(std::string_view endpoint) {
   if (!endpoint.starts_with(kUnixPrefix)) {
     return absl::InvalidArgumentError(absl::StrCat(

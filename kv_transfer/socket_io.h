@@ -64,6 +64,12 @@ absl::StatusOr<std::pair<Fd, std::string>> ListenTcp(std::string_view address);
 // A connected TCP socket (TCP_NODELAY); DEADLINE_EXCEEDED after `timeout`.
 absl::StatusOr<Fd> ConnectTcp(std::string_view address, absl::Duration timeout);
 
+// The next connection on a listening socket, non-blocking; a TCP one with
+// TCP_NODELAY, as ConnectTcp's, so that a small reply is not held back by
+// Nagle's algorithm behind the peer's delayed ACK (40 ms on Linux). An
+// invalid Fd when there is none.
+Fd Accept(int listen_fd);
+
 // A Unix-domain socket address written as "unix:/path/to/socket" (a file;
 // reachable from every process that can open the path) or "unix:@name"
 // (Linux's abstract namespace: no file, gone with its listener, reachable

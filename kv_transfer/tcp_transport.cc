@@ -180,7 +180,7 @@ class TcpTransport final : public KvTransport {
   void AcceptLoop() {
     while (!stop_.load()) {
       if (WaitFor(listen_fd_.get(), POLLIN, absl::Now() + kStopPoll) != Io::kOk) continue;
-      Fd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      Fd fd = Accept(listen_fd_.get());
       if (fd.get() < 0) continue;
       absl::MutexLock lock(&mu_);
       // Reap peers whose connections have ended.

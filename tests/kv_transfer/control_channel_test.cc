@@ -3,15 +3,20 @@
 // refused with the right code (and without reading or allocating past the
 // limit), Unix socket endpoints are validated, a server answers a bad
 // frame with ERROR, and the transports are named and refuse to start
-// without a device. Runs in CI (no GPU).
+// without a device; accepted TCP connections have TCP_NODELAY. Runs in
+// CI (no GPU).
 #include "kv_transfer/control_channel.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kv_transfer/socket_io.h"
 #include "kv_transfer/transport.h"
@@ -199,6 +204,37 @@ TEST(UnixEndpointTest, PathsAndAbstractNamesOnly) {
           .status()
           .code(),
       absl::StatusCode::kUnavailable);
+}
+
+// Both ends of a TCP control connection send small frames at once: with
+// Nagle's algorithm on the accepted end, a reply written in two pieces
+// waited for the peer's delayed ACK, 40 ms per nccl write on an H100.
+TEST(SocketIoTest, AcceptedTcpConnectionsHaveNoDelayAndUnixOnesWork) {
+  auto listener = ListenTcp("127.0.0.1:0");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  auto client = ConnectTcp(listener->second, absl::Seconds(2));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_EQ(WaitFor(listener->first.get(), POLLIN,
+                    absl::Now() + absl::Seconds(2)),
+            Io::kOk);
+  const Fd accepted = Accept(listener->first.get());
+  ASSERT_GE(accepted.get(), 0);
+  for (int fd : {client->get(), accepted.get()}) {
+    int on = 0;
+    socklen_t len = sizeof(on);
+    ASSERT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len), 0);
+    EXPECT_NE(on, 0) << (fd == accepted.get() ? "accepted" : "connected");
+  }
+
+  const std::string endpoint = absl::StrCat("unix:@pdserve-accept-", getpid());
+  auto unix_listener = ListenUnix(endpoint);
+  ASSERT_TRUE(unix_listener.ok()) << unix_listener.status();
+  auto unix_client = ConnectUnix(endpoint, absl::Seconds(2));
+  ASSERT_TRUE(unix_client.ok()) << unix_client.status();
+  ASSERT_EQ(WaitFor(unix_listener->get(), POLLIN,
+                    absl::Now() + absl::Seconds(2)),
+            Io::kOk);
+  EXPECT_GE(Accept(unix_listener->get()).get(), 0);
 }
 
 TEST(ControlServerTest, AnswersAMalformedFrameWithAnErrorAndCloses) {
