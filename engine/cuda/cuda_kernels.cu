@@ -96,46 +96,49 @@ __global__ void SiluMulKernel(const float* gate_up, int64_t n_rows, int64_t n,
   }
 }
 
-// One block per token. With a head norm, warp w normalizes heads w,
-// w + warps, ... (one head_dim row each, as RmsNormKernel does a hidden
-// row, but fp32 in place: RoPE and the attention's q read fp32).
+// One warp per head of one token (blockIdx.x), kRopeHeadsPerBlock heads
+// per block along blockIdx.y, over the q, k and v heads of the row: a
+// warp adds the head's bias, then for q and k heads normalizes it (with a
+// head norm, fp32 in place, as RmsNormKernel does a hidden row: RoPE and
+// the attention's q read fp32) and rotates it. Everything a warp does is
+// within its head, so a decode step of one token still spreads over
+// several multiprocessors.
+constexpr int kRopeHeadsPerBlock = 4;
+
 __global__ void BiasRopeKernel(float* qkv, int64_t row_stride,
-                               int64_t row_width, const int32_t* positions,
-                               const float* inv_freq, int num_heads,
-                               int rotated_heads, int head_dim,
-                               const float* bias, HeadNorm norm,
+                               const int32_t* positions, const float* inv_freq,
+                               int num_heads, int rotated_heads, int all_heads,
+                               int head_dim, const float* bias, HeadNorm norm,
                                bool adjacent_pairs) {
-  float* row = qkv + static_cast<int64_t>(blockIdx.x) * row_stride;
+  const int lane = threadIdx.x % 32;
+  const int h = blockIdx.y * kRopeHeadsPerBlock + threadIdx.x / 32;
+  if (h >= all_heads) return;  // Warp-uniform; no block barrier below.
+  float* v = qkv + static_cast<int64_t>(blockIdx.x) * row_stride +
+             static_cast<int64_t>(h) * head_dim;
   if (bias != nullptr) {
-    for (int64_t i = threadIdx.x; i < row_width; i += blockDim.x) {
-      row[i] += bias[i];
-    }
-    __syncthreads();
+    const float* b = bias + static_cast<int64_t>(h) * head_dim;
+    for (int i = lane; i < head_dim; i += 32) v[i] += b[i];
+    __syncwarp();
   }
+  if (h >= rotated_heads) return;  // A v head: bias only.
   if (norm.q_weight != nullptr) {
-    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int h = threadIdx.x / 32; h < rotated_heads; h += warps) {
-      float* v = row + static_cast<int64_t>(h) * head_dim;
-      const float* weight = h < num_heads ? norm.q_weight : norm.k_weight;
-      float ss = 0.0f;
-      for (int i = lane; i < head_dim; i += 32) ss += v[i] * v[i];
-      ss = WarpSum(ss);
-      const float inv = rsqrtf(ss / static_cast<float>(head_dim) + norm.eps);
-      for (int i = lane; i < head_dim; i += 32) v[i] = weight[i] * (v[i] * inv);
-    }
-    __syncthreads();
+    const float* weight = h < num_heads ? norm.q_weight : norm.k_weight;
+    float ss = 0.0f;
+    for (int i = lane; i < head_dim; i += 32) ss += v[i] * v[i];
+    ss = WarpSum(ss);
+    const float inv = rsqrtf(ss / static_cast<float>(head_dim) + norm.eps);
+    for (int i = lane; i < head_dim; i += 32) v[i] = weight[i] * (v[i] * inv);
+    __syncwarp();
   }
   const int half = head_dim / 2;
   const float pos = static_cast<float>(positions[blockIdx.x]);
-  for (int e = threadIdx.x; e < rotated_heads * half; e += blockDim.x) {
-    const int h = e / half, i = e % half;
+  for (int i = lane; i < half; i += 32) {
     const int a = adjacent_pairs ? 2 * i : i;
     const int b = adjacent_pairs ? 2 * i + 1 : i + half;
     const float angle = pos * inv_freq[i];  // fp32, as the CPU backend.
     double s, c;
     sincos(static_cast<double>(angle), &s, &c);
     const float cs = static_cast<float>(c), sn = static_cast<float>(s);
-    float* v = row + static_cast<int64_t>(h) * head_dim;
     const float x0 = v[a], x1 = v[b];
     v[a] = x0 * cs - x1 * sn;
     v[b] = x1 * cs + x0 * sn;
@@ -148,11 +151,13 @@ __global__ void WriteKvKernel(const float* qkv, int64_t row_stride,
   const int64_t kv_dim = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
   const int64_t slot = slots[blockIdx.x];
   if (slot < 0) return;  // Padding of a captured batch: store nothing.
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x;
   const int64_t block = slot / kv.block_size, s = slot % kv.block_size;
   uint16_t* k = kv.base + block * 2 * kv.block_size * kv_dim + s * kv_dim;
   uint16_t* v = k + kv.block_size * kv_dim;
   const float* row = qkv + static_cast<int64_t>(blockIdx.x) * row_stride;
-  for (int64_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+  for (int64_t i = first + threadIdx.x; i < kv_dim;
+       i += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     k[i] = ToBf16(row[k_offset + i]);
     v[i] = ToBf16(row[v_offset + i]);
   }
@@ -168,6 +173,9 @@ constexpr int kAttentionWarps = 4;
 constexpr int kRowsPerWarp = kAttentionTileRows / kAttentionWarps;
 constexpr int kDimsPerLane = kMaxHeadDim / 32;
 constexpr float kLog2e = 1.4426950408889634f;
+// 16-byte K (and V) loads per thread for a key tile at the largest head.
+constexpr int kStageVecs =
+    kAttentionKeyTile * kMaxHeadDim / 8 / (kAttentionWarps * 32);
 
 __global__ void __launch_bounds__(kAttentionWarps * 32)
     PagedAttentionKernel(AttentionParams p) {
@@ -229,21 +237,60 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   const int half_d = D / 2;
   for (int k0 = key_lo; k0 <= key_hi; k0 += BK) {
     __syncthreads();  // Previous tile consumed (and qs written).
-    for (int e = threadIdx.x; e < BK * half_d; e += blockDim.x) {
-      const int j = e / half_d, d = (e % half_d) * 2;
-      const int pos = k0 + j;
-      uint32_t kb = 0, vb = 0;
-      if (pos <= key_hi) {
-        const uint16_t* kp = p.kv.base + table[pos / bs] * layer_block +
-                             static_cast<int64_t>(pos % bs) * kv_dim +
-                             static_cast<int64_t>(kvh) * D + d;
-        kb = *reinterpret_cast<const uint32_t*>(kp);
-        vb = *reinterpret_cast<const uint32_t*>(kp + bs * kv_dim);
+    if (D % 8 == 0) {
+      // 16-byte loads, every one of a thread's issued before the first is
+      // used, so that the block has its whole tile in flight at once (a
+      // decode step is bound by these reads).
+      const int chunks = D / 8;
+      uint4 kb[kStageVecs], vb[kStageVecs];
+#pragma unroll
+      for (int i = 0; i < kStageVecs; ++i) {
+        const int e = threadIdx.x + i * kAttentionWarps * 32;
+        const int j = e / chunks, d = (e % chunks) * 8;
+        const int pos = k0 + j;
+        kb[i] = make_uint4(0, 0, 0, 0);
+        vb[i] = make_uint4(0, 0, 0, 0);
+        if (j < BK && pos <= key_hi) {
+          const uint16_t* kp = p.kv.base + table[pos / bs] * layer_block +
+                               static_cast<int64_t>(pos % bs) * kv_dim +
+                               static_cast<int64_t>(kvh) * D + d;
+          kb[i] = *reinterpret_cast<const uint4*>(kp);
+          vb[i] = *reinterpret_cast<const uint4*>(kp + bs * kv_dim);
+        }
       }
-      ks[j * (D + 1) + d] = Bf16Bits(kb & 0xffffu);
-      ks[j * (D + 1) + d + 1] = __uint_as_float(kb & 0xffff0000u);
-      vs[j * D + d] = Bf16Bits(vb & 0xffffu);
-      vs[j * D + d + 1] = __uint_as_float(vb & 0xffff0000u);
+#pragma unroll
+      for (int i = 0; i < kStageVecs; ++i) {
+        const int e = threadIdx.x + i * kAttentionWarps * 32;
+        const int j = e / chunks, d = (e % chunks) * 8;
+        if (j >= BK) continue;
+        const uint32_t kw[4] = {kb[i].x, kb[i].y, kb[i].z, kb[i].w};
+        const uint32_t vw[4] = {vb[i].x, vb[i].y, vb[i].z, vb[i].w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          ks[j * (D + 1) + d + 2 * w] = Bf16Bits(kw[w] & 0xffffu);
+          ks[j * (D + 1) + d + 2 * w + 1] =
+              __uint_as_float(kw[w] & 0xffff0000u);
+          vs[j * D + d + 2 * w] = Bf16Bits(vw[w] & 0xffffu);
+          vs[j * D + d + 2 * w + 1] = __uint_as_float(vw[w] & 0xffff0000u);
+        }
+      }
+    } else {
+      for (int e = threadIdx.x; e < BK * half_d; e += blockDim.x) {
+        const int j = e / half_d, d = (e % half_d) * 2;
+        const int pos = k0 + j;
+        uint32_t kb = 0, vb = 0;
+        if (pos <= key_hi) {
+          const uint16_t* kp = p.kv.base + table[pos / bs] * layer_block +
+                               static_cast<int64_t>(pos % bs) * kv_dim +
+                               static_cast<int64_t>(kvh) * D + d;
+          kb = *reinterpret_cast<const uint32_t*>(kp);
+          vb = *reinterpret_cast<const uint32_t*>(kp + bs * kv_dim);
+        }
+        ks[j * (D + 1) + d] = Bf16Bits(kb & 0xffffu);
+        ks[j * (D + 1) + d + 1] = __uint_as_float(kb & 0xffff0000u);
+        vs[j * D + d] = Bf16Bits(vb & 0xffffu);
+        vs[j * D + d + 1] = __uint_as_float(vb & 0xffff0000u);
+      }
     }
     __syncthreads();
 #pragma unroll
@@ -258,9 +305,19 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
         if (key >= lo && key <= pos && key <= key_hi) {
           const float* qr = qs + r * D;
           const float* kr = ks + lane * (D + 1);
-          float dot = 0.0f;
-          for (int d = 0; d < D; ++d) dot = fmaf(qr[d], kr[d], dot);
-          s = dot;
+          // Four independent sums, so that the loads and FMAs of a
+          // lane's dot product overlap instead of waiting on each other.
+          float dot0 = 0.0f, dot1 = 0.0f, dot2 = 0.0f, dot3 = 0.0f;
+          int d = 0;
+#pragma unroll 4
+          for (; d + 4 <= D; d += 4) {
+            dot0 = fmaf(qr[d], kr[d], dot0);
+            dot1 = fmaf(qr[d + 1], kr[d + 1], dot1);
+            dot2 = fmaf(qr[d + 2], kr[d + 2], dot2);
+            dot3 = fmaf(qr[d + 3], kr[d + 3], dot3);
+          }
+          for (; d < D; ++d) dot0 = fmaf(qr[d], kr[d], dot0);
+          s = (dot0 + dot1) + (dot2 + dot3);
         }
         const float tile_max = WarpMax(s);
         if (tile_max != -INFINITY) {
@@ -569,7 +626,11 @@ cudaError_t RmsNorm(const float* x, const int32_t* rows, int64_t n_rows,
                     int64_t n, const float* weight, float eps, uint16_t* out,
                     cudaStream_t stream) {
   if (n_rows == 0) return cudaSuccess;
-  PD_LAUNCH(RmsNormKernel, n_rows, 256, 0, stream, x, rows, n, weight, eps,
+  // About four elements per thread (up to 1024 threads): a decode step's
+  // single row is one block, whose loop is its whole latency.
+  const int threads =
+      static_cast<int>(std::clamp<int64_t>((n / 4 + 31) / 32 * 32, 32, 1024));
+  PD_LAUNCH(RmsNormKernel, n_rows, threads, 0, stream, x, rows, n, weight, eps,
             out);
   return PD_LAUNCH_ERROR();
 }
@@ -588,9 +649,18 @@ cudaError_t BiasRope(float* qkv, int64_t row_stride, int64_t row_width,
                      int head_dim, const float* bias, const HeadNorm& head_norm,
                      RopeStyle style, cudaStream_t stream) {
   if (n_tokens == 0) return cudaSuccess;
-  PD_LAUNCH(BiasRopeKernel, n_tokens, 128, 0, stream, qkv, row_stride,
-            row_width, positions, inv_freq, num_heads, num_heads + num_kv_heads,
-            head_dim, bias, head_norm, style == RopeStyle::kAdjacentPairs);
+  // The row is the q, k and v heads back to back; the bias covers it all.
+  if (row_width !=
+      static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim) {
+    return cudaErrorInvalidValue;
+  }
+  const int all_heads = num_heads + 2 * num_kv_heads;
+  const dim3 grid(static_cast<unsigned>(n_tokens),
+                  (all_heads + kRopeHeadsPerBlock - 1) / kRopeHeadsPerBlock);
+  PD_LAUNCH(BiasRopeKernel, grid, kRopeHeadsPerBlock * 32, 0, stream, qkv,
+            row_stride, positions, inv_freq, num_heads,
+            num_heads + num_kv_heads, all_heads, head_dim, bias, head_norm,
+            style == RopeStyle::kAdjacentPairs);
   return PD_LAUNCH_ERROR();
 }
 
@@ -598,7 +668,13 @@ cudaError_t WriteKv(const float* qkv, int64_t row_stride, int64_t k_offset,
                     int64_t v_offset, int64_t n_tokens, const int64_t* slots,
                     const PagedKvLayer& kv, cudaStream_t stream) {
   if (n_tokens == 0) return cudaSuccess;
-  PD_LAUNCH(WriteKvKernel, n_tokens, 128, 0, stream, qkv, row_stride, k_offset,
+  // A token's k and v rows over several blocks (blockIdx.y), so that a
+  // decode step of one token is not one block's loop.
+  const int64_t kv_dim = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
+  const dim3 grid(static_cast<unsigned>(n_tokens),
+                  static_cast<unsigned>(std::min<int64_t>(
+                      8, std::max<int64_t>(1, (kv_dim + 127) / 128))));
+  PD_LAUNCH(WriteKvKernel, grid, 128, 0, stream, qkv, row_stride, k_offset,
             v_offset, slots, kv);
   return PD_LAUNCH_ERROR();
 }

@@ -54,9 +54,10 @@ struct HeadNorm {
   float eps = 0.0f;
 };
 
-// For each of n_tokens rows of `qkv` (row stride `row_stride` floats):
-// adds `bias` (nullable; row_width floats) to the first `row_width`
-// elements, normalizes each of the first num_heads heads (q) and the
+// For each of n_tokens rows of `qkv` (row stride `row_stride` floats),
+// whose first row_width = (num_heads + 2 * num_kv_heads) * head_dim
+// elements are the q, k and v heads (cudaErrorInvalidValue otherwise):
+// adds `bias` (nullable; row_width floats) to them, normalizes each of the first num_heads heads (q) and the
 // following num_kv_heads heads (k) when `head_norm` has weights, then
 // rotates those heads by positions[t] * inv_freq (head_dim / 2 of them),
 // angles computed in fp32 and cos/sin in double as the CPU backend does.

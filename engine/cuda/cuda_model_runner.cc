@@ -251,8 +251,8 @@ class CudaModelRunner final : public ModelRunner {
 
   absl::Status Init();
   // Context splits for `tiles` attention tiles (of all kinds) and the
-  // longest context: two blocks per SM when the tiles alone leave SMs
-  // idle (decode), each split at least two key tiles long.
+  // longest context: about four blocks per SM when the tiles alone leave
+  // SMs idle (decode), each split at least one key tile long.
   int AttentionSplits(int64_t tiles, int64_t max_context) const;
   absl::Status ReserveScratch(int64_t tokens, int64_t rows, int num_splits);
   absl::Status EagerForward(const ForwardBatch& batch, std::span<float> logits);
@@ -422,10 +422,14 @@ absl::Status CudaModelRunner::Init() {
 
 int CudaModelRunner::AttentionSplits(int64_t tiles, int64_t max_context) const {
   const int64_t blocks = tiles * model_->config().num_kv_heads;
-  constexpr int64_t kMinSplitLen = 2 * cuda::kAttentionKeyTile;
-  if (blocks >= 2 * num_sms_ || max_context < 2 * kMinSplitLen) return 1;
+  // A decode block's time is the latency of its walk over its keys, so
+  // aim for about four blocks per multiprocessor (the fp32 kernel's shared
+  // memory allows five), each split at least one key tile long.
+  constexpr int64_t kMinSplitLen = cuda::kAttentionKeyTile;
+  const int64_t target = 4 * num_sms_;
+  if (blocks >= target || max_context < 2 * kMinSplitLen) return 1;
   return static_cast<int>(std::min<int64_t>(
-      {(2 * num_sms_ + blocks - 1) / blocks, max_context / kMinSplitLen, 64}));
+      {(target + blocks - 1) / blocks, max_context / kMinSplitLen, 64}));
 }
 
 absl::Status CudaModelRunner::ReserveScratch(int64_t T, int64_t R,
