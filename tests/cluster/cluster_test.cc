@@ -189,7 +189,7 @@ bool HasKvTransport(const std::string& name) {
 
 // KV pushes per transport of `prefill`, as `pdctl status` shows them (the
 // router's Health, from the worker's load reports), once at least
-// `at_least` pushes are reported.
+// `at_least` pushes are reported; transports with none are left out.
 std::map<std::string, uint64_t> PushesByTransport(LocalCluster& cluster,
                                                   const std::string& prefill,
                                                   uint64_t at_least) {
@@ -204,6 +204,8 @@ std::map<std::string, uint64_t> PushesByTransport(LocalCluster& cluster,
     for (const v1::WorkerStatus& w : health.workers()) {
       if (w.id() != prefill) continue;
       for (const v1::KvTransportUsage& t : w.kv_transports()) {
+        // A worker reports every transport it runs, used or not.
+        if (t.pushes() == 0) continue;
         pushes[t.transport()] = t.pushes();
         total += t.pushes();
       }
