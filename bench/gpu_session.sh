@@ -31,6 +31,16 @@
 #                   .gpudeps/ for carrying (git-ignored through
 #                   .git/info/exclude)
 #
+#   pack-build      (on the development machine) build what the stages
+#                   need into $BUILD_DIR and pack it for carrying into
+#                   .gpupack/carry.tar.xz (about 11 MB): the test and
+#                   bench binaries (stripped), the ctest files, the shared
+#                   libraries they load beyond the C and C++ runtimes, and
+#                   ../shared/models. A call that carries .gpupack then
+#                   builds nothing: the script unpacks it first and every
+#                   stage uses it (the device tool's first H100 session
+#                   spent no device time on building this way)
+#
 # Every stage that needs binaries builds what is missing first, so a call
 # that lands on a fresh machine still works, only slower. The build tree,
 # the unpacked dependencies, the inductor cache and the logs of earlier
@@ -41,7 +51,9 @@
 # Environment (defaults in brackets): OUT [gpu-session-out], BUILD_DIR
 # [build-gpusession], JOBS [16], DEPS_DEBS [.gpudeps], CUDA_BENCH_ARGS,
 # TORCH_PEER_ARGS, KV_BENCH_ARGS, CLUSTER_BENCH_ARGS (extra flags), T_<STAGE> (seconds, e.g.
-# T_BUILD=540; see the defaults below), TARGETS (build these instead of the
+# T_BUILD=540; see the defaults below), CARRIED [.gpupack/carry.tar.xz] (a
+# pack-build tarball, used where the C++ dependencies are not installed;
+# CARRIED= never uses one), TARGETS (build these instead of the
 # gpu tests and the two benches), FORCE_CARRIED_DEPS=1 (use .gpudeps even
 # where the system has the packages: to try that path on a dev machine).
 # shellcheck disable=SC2317  # Stage functions run through "$SELF" __run.
@@ -203,7 +215,7 @@ build_targets() {
   log "gpu test targets: ${targets[*]}"
   cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]}" \
     pd-cuda-bench pd-kv-transfer-bench pd-cluster-bench pd-router \
-    pd-prefill pd-decode
+    pd-prefill pd-decode pdctl kv-transfer-device-peer kv-transfer-peer
 }
 
 stage_env() {
@@ -340,6 +352,97 @@ stage_pack_deps() {
   echo "carry it: run(carry=[\"${rel//\//}\"], ...)"
 }
 
+# The binaries the stages run, relative to the build directory.
+CARRIED_BINARIES=(
+  client/pdctl router/pd-router prefill_worker/pd-prefill
+  decode_worker/pd-decode bench/pd-cuda-bench bench/pd-kv-transfer-bench
+  bench/pd-cluster-bench tests/kv_transfer/kv-transfer-device-peer
+  tests/kv_transfer/kv-transfer-peer
+)
+CARRIED=${CARRIED-$ROOT/.gpupack/carry.tar.xz}
+
+stage_pack_build() {
+  configure || return 1
+  local targets t
+  mapfile -t targets < <(gpu_test_targets)
+  build_targets || return 1
+  local stage
+  stage=$(mktemp -d) || return 1
+  local b=$stage/build
+  mkdir -p "$b" "$stage/lib" "$stage/shared"
+  # ctest's files name the build directory and the sources by absolute
+  # path: the device links this checkout and build there (use_carried).
+  (cd "$BUILD_DIR" && find . -name CTestTestfile.cmake -o -name '*_include.cmake' \
+    -o -name '*_tests.cmake') | while read -r f; do
+    mkdir -p "$b/$(dirname "$f")" && cp "$BUILD_DIR/$f" "$b/$f"
+  done
+  local bins=("${CARRIED_BINARIES[@]}")
+  for t in "${targets[@]}"; do
+    bins+=("$(cd "$BUILD_DIR" && find . -type f -name "$t" -perm -u+x | head -1)")
+  done
+  for t in "${bins[@]}"; do
+    [[ -f $BUILD_DIR/$t ]] || { log "missing $BUILD_DIR/$t"; return 1; }
+    mkdir -p "$b/$(dirname "$t")"
+    cp "$BUILD_DIR/$t" "$b/$t" && strip "$b/$t"
+  done
+  # Every shared library they load but the C and C++ runtimes, which a
+  # newer distribution has in a compatible version.
+  find "$b" -type f -perm -u+x -exec ldd {} + 2>/dev/null |
+    awk '/=> \// {print $3}' | sort -u |
+    grep -vE '/(libc|libm|libgcc_s|libstdc\+\+|ld-linux-x86-64|libpthread|libdl|librt)\.so' |
+    while read -r l; do cp -L "$l" "$stage/lib/"; done
+  [[ -d $ROOT/../shared/models ]] && cp -r "$ROOT/../shared/models" "$stage/shared/"
+  printf '%s\n%s\n' "$ROOT" "$BUILD_DIR" >"$stage/paths"
+  mkdir -p "$(dirname "$CARRIED")"
+  tar -cJf "$CARRIED" -C "$stage" . || return 1
+  rm -rf "$stage"
+  local exclude rel
+  exclude=$(git rev-parse --git-path info/exclude) || return 1
+  mkdir -p "$(dirname "$exclude")"
+  rel=/$(dirname "${CARRIED#"$ROOT"/}")/
+  grep -qxF "$rel" "$exclude" 2>/dev/null || echo "$rel" >>"$exclude"
+  du -h "$CARRIED"
+  echo "carry it: run(carry=[\"${rel//\//}\"], ...)"
+}
+
+# On the device: unpack a pack-build tarball and put its build where the
+# ctest files expect it (the packing machine's absolute paths, linked to
+# this checkout), its libraries first on the loader's path, and the CUDA
+# libraries the backend opens (cuBLAS, NCCL: the toolkit's or pip's) after.
+use_carried() {
+  local dir=$ROOT/.gpupack/unpacked
+  rm -rf "$dir" && mkdir -p "$dir" && tar -xJf "$CARRIED" -C "$dir" || return 1
+  local packed_root packed_build
+  { read -r packed_root; read -r packed_build; } <"$dir/paths"
+  if [[ -e $packed_build && ! -L $packed_build ]]; then
+    log "$packed_build is a build tree of this machine; not replacing it" \
+      "with the carried one (CARRIED= to build here instead)"
+    return 1
+  fi
+  if [[ $packed_root != "$ROOT" ]]; then
+    if [[ -e $packed_root && ! -L $packed_root ]]; then
+      log "the carried build was packed at $packed_root, which exists here"
+      return 1
+    fi
+    mkdir -p "$(dirname "$packed_root")"
+    ln -sfn "$ROOT" "$packed_root" || return 1
+  fi
+  local shared
+  shared=$(dirname "$packed_root")/shared
+  [[ -e $shared ]] || ln -sfn "$dir/shared" "$shared"
+  rm -rf "$packed_build" && ln -sfn "$dir/build" "$packed_build" || return 1
+  BUILD_DIR=$packed_build
+  LOGS=$BUILD_DIR/session-logs
+  mkdir -p "$LOGS"
+  local cuda_libs
+  cuda_libs=$(find /usr/local/cuda* /opt /usr/lib -xdev \( -name libnccl.so.2 \
+    -o -name libcublas.so.13 -o -name libcublas.so.12 \) -printf '%h\n' \
+    2>/dev/null | sort -u | tr '\n' :)
+  export LD_LIBRARY_PATH=$dir/lib:$cuda_libs${LD_LIBRARY_PATH:-}
+  export BUILD_DIR LOGS
+  log "using the carried build ($CARRIED, packed at $packed_root)"
+}
+
 SELF=$ROOT/bench/gpu_session.sh
 if [[ ${1:-} == __run ]]; then  # One stage's function, under run_stage.
   shift
@@ -359,6 +462,11 @@ finish() {
   done
 }
 trap finish EXIT
+
+if [[ ${1:-} != pack-build && -n $CARRIED && -f $CARRIED ]] &&
+   ! have_system_deps; then
+  use_carried || exit 1
+fi
 
 if (($# == 0)); then
   set -- env build test cuda-bench torch-peer kv-bench cluster-bench summary
@@ -383,6 +491,7 @@ for stage in "$@"; do
       run_stage cluster-bench "$T_CLUSTER_BENCH" stage_cluster_bench ;;
     summary) run_stage summary 60 stage_summary ;;
     pack-deps) stage_pack_deps ;;
+    pack-build) stage_pack_build ;;
     *) log "unknown stage '$stage'"; false ;;
   esac || failed=1
 done
