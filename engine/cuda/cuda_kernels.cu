@@ -163,6 +163,20 @@ __global__ void WriteKvKernel(const float* qkv, int64_t row_stride,
   }
 }
 
+// Element d of kv head `kvh` of key `pos` in the layer's paged pool (the
+// sequence's block table `table`); its value is block_size * kv_dim
+// elements further (engine/kv_layout.h).
+__device__ __forceinline__ const uint16_t* KeyAt(const AttentionParams& p,
+                                                 const int32_t* table, int kvh,
+                                                 int pos, int d) {
+  const int64_t kv_dim =
+      static_cast<int64_t>(p.kv.num_kv_heads) * p.kv.head_dim;
+  const int bs = p.kv.block_size;
+  return p.kv.base + table[pos / bs] * (2LL * bs * kv_dim) +
+         static_cast<int64_t>(pos % bs) * kv_dim +
+         static_cast<int64_t>(kvh) * p.kv.head_dim + d;
+}
+
 // Paged attention. A block takes one tile (up to kAttentionTileRows
 // (token, head) rows of one sequence that share kv head blockIdx.y) and
 // one context split (blockIdx.z). It walks the split's keys in tiles of
@@ -194,7 +208,6 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   const int group = p.num_heads / p.kv.num_kv_heads;
   const int32_t* table = p.block_tables + seq.block_offset;
   const int64_t kv_dim = static_cast<int64_t>(p.kv.num_kv_heads) * D;
-  const int64_t layer_block = 2LL * p.kv.block_size * kv_dim;
   const int bs = p.kv.block_size;
 
   // Keys any row of the tile may see, within this split.
@@ -251,9 +264,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
         kb[i] = make_uint4(0, 0, 0, 0);
         vb[i] = make_uint4(0, 0, 0, 0);
         if (j < BK && pos <= key_hi) {
-          const uint16_t* kp = p.kv.base + table[pos / bs] * layer_block +
-                               static_cast<int64_t>(pos % bs) * kv_dim +
-                               static_cast<int64_t>(kvh) * D + d;
+          const uint16_t* kp = KeyAt(p, table, kvh, pos, d);
           kb[i] = *reinterpret_cast<const uint4*>(kp);
           vb[i] = *reinterpret_cast<const uint4*>(kp + bs * kv_dim);
         }
@@ -280,9 +291,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
         const int pos = k0 + j;
         uint32_t kb = 0, vb = 0;
         if (pos <= key_hi) {
-          const uint16_t* kp = p.kv.base + table[pos / bs] * layer_block +
-                               static_cast<int64_t>(pos % bs) * kv_dim +
-                               static_cast<int64_t>(kvh) * D + d;
+          const uint16_t* kp = KeyAt(p, table, kvh, pos, d);
           kb = *reinterpret_cast<const uint32_t*>(kp);
           vb = *reinterpret_cast<const uint32_t*>(kp + bs * kv_dim);
         }
@@ -426,7 +435,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int group = p.num_heads / p.kv.num_kv_heads;
   const int32_t* table = p.block_tables + seq.block_offset;
   const int64_t kv_dim = static_cast<int64_t>(p.kv.num_kv_heads) * D;
-  const int64_t layer_block = 2LL * p.kv.block_size * kv_dim;
   const int bs = p.kv.block_size;
 
   const int first_pos = seq.start_pos + tile.first_row / group;
@@ -480,9 +488,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       const int pos = k0 + j;
       uint4 kb = make_uint4(0, 0, 0, 0), vb = make_uint4(0, 0, 0, 0);
       if (pos <= key_hi) {
-        const uint16_t* kp = p.kv.base + table[pos / bs] * layer_block +
-                             static_cast<int64_t>(pos % bs) * kv_dim +
-                             static_cast<int64_t>(kvh) * D + d;
+        const uint16_t* kp = KeyAt(p, table, kvh, pos, d);
         kb = *reinterpret_cast<const uint4*>(kp);
         vb = *reinterpret_cast<const uint4*>(kp + bs * kv_dim);
       }
