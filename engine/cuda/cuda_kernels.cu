@@ -84,16 +84,15 @@ __global__ void RmsNormKernel(const float* x, const int32_t* rows, int64_t n,
   }
 }
 
-__global__ void SiluMulKernel(const float* gate_up, int64_t n_rows, int64_t n,
-                              uint16_t* out) {
-  const int64_t total = n_rows * n;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       e < total; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = e / n, i = e % n;
-    const float g = gate_up[r * 2 * n + i];
-    const float u = gate_up[r * 2 * n + n + i];
-    out[e] = ToBf16(g / (1.0f + expf(-g)) * u);
-  }
+// Row blockIdx.y, elements blockIdx.x * blockDim.x + threadIdx.x: no
+// 64-bit division per element (it made this kernel compute-bound).
+__global__ void SiluMulKernel(const float* gate_up, int64_t n, uint16_t* out) {
+  const int64_t r = blockIdx.y;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float g = gate_up[r * 2 * n + i];
+  const float u = gate_up[r * 2 * n + n + i];
+  out[r * n + i] = ToBf16(g / (1.0f + expf(-g)) * u);
 }
 
 // One warp per head of one token (blockIdx.x), kRopeHeadsPerBlock heads
@@ -177,6 +176,36 @@ __device__ __forceinline__ const uint16_t* KeyAt(const AttentionParams& p,
          static_cast<int64_t>(kvh) * p.kv.head_dim + d;
 }
 
+// Loads the K and V rows of keys k0 .. k0 + kKeys - 1 of kv head `kvh`
+// (zero past key_hi) as 16-byte vectors, kVecs per thread of a
+// kThreads-thread block: vector i of this thread is element
+// e = threadIdx.x + i * kThreads, key e / (D / 8), dims (e % (D / 8)) * 8.
+// Every load is issued before any is used, so that the block has the whole
+// tile in flight. D % 8 == 0.
+template <int kKeys, int kThreads, int kVecs>
+__device__ __forceinline__ void LoadKvVectors(const AttentionParams& p,
+                                              const int32_t* table, int kvh,
+                                              int k0, int key_hi,
+                                              uint4 (&kb)[kVecs],
+                                              uint4 (&vb)[kVecs]) {
+  const int chunks = p.kv.head_dim / 8;
+  const int64_t v_offset =
+      static_cast<int64_t>(p.kv.block_size) * p.kv.num_kv_heads * p.kv.head_dim;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int e = threadIdx.x + i * kThreads;
+    const int j = e / chunks, d = (e % chunks) * 8;
+    const int pos = k0 + j;
+    kb[i] = make_uint4(0, 0, 0, 0);
+    vb[i] = make_uint4(0, 0, 0, 0);
+    if (j < kKeys && pos <= key_hi) {
+      const uint16_t* kp = KeyAt(p, table, kvh, pos, d);
+      kb[i] = *reinterpret_cast<const uint4*>(kp);
+      vb[i] = *reinterpret_cast<const uint4*>(kp + v_offset);
+    }
+  }
+}
+
 // Paged attention. A block takes one tile (up to kAttentionTileRows
 // (token, head) rows of one sequence that share kv head blockIdx.y) and
 // one context split (blockIdx.z). It walks the split's keys in tiles of
@@ -256,19 +285,8 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
       // decode step is bound by these reads).
       const int chunks = D / 8;
       uint4 kb[kStageVecs], vb[kStageVecs];
-#pragma unroll
-      for (int i = 0; i < kStageVecs; ++i) {
-        const int e = threadIdx.x + i * kAttentionWarps * 32;
-        const int j = e / chunks, d = (e % chunks) * 8;
-        const int pos = k0 + j;
-        kb[i] = make_uint4(0, 0, 0, 0);
-        vb[i] = make_uint4(0, 0, 0, 0);
-        if (j < BK && pos <= key_hi) {
-          const uint16_t* kp = KeyAt(p, table, kvh, pos, d);
-          kb[i] = *reinterpret_cast<const uint4*>(kp);
-          vb[i] = *reinterpret_cast<const uint4*>(kp + bs * kv_dim);
-        }
-      }
+      LoadKvVectors<kAttentionKeyTile, kAttentionWarps * 32>(p, table, kvh, k0,
+                                                             key_hi, kb, vb);
 #pragma unroll
       for (int i = 0; i < kStageVecs; ++i) {
         const int e = threadIdx.x + i * kAttentionWarps * 32;
@@ -396,6 +414,8 @@ constexpr int kMmaRowsPerWarp = kMmaTileRows / kMmaWarps;  // 16
 constexpr int kMmaKeys = kMmaTileRows;                     // Keys per step.
 constexpr int kSLd = kMmaKeys + 4;                         // floats
 constexpr int kPLd = kMmaKeys + 8;                         // bf16
+// 16-byte K (and V) vectors per thread for a step at the largest head.
+constexpr int kMmaStageVecs = kMmaKeys * kMaxHeadDim / 8 / (kMmaWarps * 32);
 
 struct MmaSmem {
   int kv_ld, o_ld;  // Elements per row of Q/K/V (bf16) and O (fp32).
@@ -434,8 +454,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int split = blockIdx.z;
   const int group = p.num_heads / p.kv.num_kv_heads;
   const int32_t* table = p.block_tables + seq.block_offset;
-  const int64_t kv_dim = static_cast<int64_t>(p.kv.num_kv_heads) * D;
-  const int bs = p.kv.block_size;
 
   const int first_pos = seq.start_pos + tile.first_row / group;
   const int last_pos =
@@ -480,20 +498,27 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   float* o_w = os + warp * kMmaRowsPerWarp * old;
   const __nv_bfloat16* q_w = qs + warp * kMmaRowsPerWarp * ld;
 
+  // K/V of the next step are loaded into registers while this step
+  // computes, and stored to shared memory at the top of the next.
   const int chunks = D / 8;  // 16-byte chunks per K/V row.
+  uint4 kb[kMmaStageVecs], vb[kMmaStageVecs];
+  if (key_lo <= key_hi) {
+    LoadKvVectors<kMmaKeys, kMmaWarps * 32>(p, table, kvh, key_lo, key_hi, kb,
+                                            vb);
+  }
   for (int k0 = key_lo; k0 <= key_hi; k0 += kMmaKeys) {
     __syncthreads();  // Q/O written, or the previous step's K/V consumed.
-    for (int e = threadIdx.x; e < kMmaKeys * chunks; e += blockDim.x) {
+#pragma unroll
+    for (int i = 0; i < kMmaStageVecs; ++i) {
+      const int e = threadIdx.x + i * kMmaWarps * 32;
       const int j = e / chunks, d = (e % chunks) * 8;
-      const int pos = k0 + j;
-      uint4 kb = make_uint4(0, 0, 0, 0), vb = make_uint4(0, 0, 0, 0);
-      if (pos <= key_hi) {
-        const uint16_t* kp = KeyAt(p, table, kvh, pos, d);
-        kb = *reinterpret_cast<const uint4*>(kp);
-        vb = *reinterpret_cast<const uint4*>(kp + bs * kv_dim);
-      }
-      *reinterpret_cast<uint4*>(ks + j * ld + d) = kb;
-      *reinterpret_cast<uint4*>(vs + j * ld + d) = vb;
+      if (j >= kMmaKeys) continue;
+      *reinterpret_cast<uint4*>(ks + j * ld + d) = kb[i];
+      *reinterpret_cast<uint4*>(vs + j * ld + d) = vb[i];
+    }
+    if (k0 + kMmaKeys <= key_hi) {
+      LoadKvVectors<kMmaKeys, kMmaWarps * 32>(p, table, kvh, k0 + kMmaKeys,
+                                              key_hi, kb, vb);
     }
     __syncthreads();
     if (!warp_active) continue;  // Warp-uniform; no block barrier below.
@@ -614,11 +639,6 @@ __global__ void CombineSplitsKernel(AttentionParams p) {
   }
 }
 
-int GridFor(int64_t n, int threads) {
-  return static_cast<int>(
-      std::min<int64_t>((n + threads - 1) / threads, 65535));
-}
-
 }  // namespace
 
 cudaError_t Embedding(const uint16_t* table, int64_t hidden, const int32_t* ids,
@@ -644,8 +664,14 @@ cudaError_t RmsNorm(const float* x, const int32_t* rows, int64_t n_rows,
 cudaError_t SiluMul(const float* gate_up, int64_t n_rows, int64_t n,
                     uint16_t* out, cudaStream_t stream) {
   if (n_rows * n == 0) return cudaSuccess;
-  PD_LAUNCH(SiluMulKernel, GridFor(n_rows * n, 256), 256, 0, stream, gate_up,
-            n_rows, n, out);
+  // gridDim.y is at most 65535 rows.
+  for (int64_t r0 = 0; r0 < n_rows; r0 += 65535) {
+    const dim3 grid(
+        static_cast<unsigned>((n + 255) / 256),
+        static_cast<unsigned>(std::min<int64_t>(65535, n_rows - r0)));
+    PD_LAUNCH(SiluMulKernel, grid, 256, 0, stream, gate_up + r0 * 2 * n, n,
+              out + r0 * n);
+  }
   return PD_LAUNCH_ERROR();
 }
 
