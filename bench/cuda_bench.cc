@@ -42,6 +42,9 @@ ABSL_FLAG(std::string, batches, "1,8,64", "Decode batch sizes");
 ABSL_FLAG(std::string, contexts, "512,4096", "Decode context lengths");
 ABSL_FLAG(std::string, prefill, "512,2048,8192", "Prefill prompt lengths");
 ABSL_FLAG(bool, cuda_graphs, true, "Replay decode steps through CUDA graphs");
+ABSL_FLAG(bool, measure_limits, true,
+          "Measure the copy bandwidth and GEMM rate first (off: no shares, "
+          "and no kernels of its own in a profile)");
 ABSL_FLAG(int32_t, num_layers, 32,
           "Layers of the Llama-3-8B shape (fewer fit smaller devices)");
 
@@ -208,8 +211,9 @@ int Run() {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   const std::string device = prop.name;
-  const double copy_gbps = MeasureCopyBandwidth(reps);
-  const double gemm_tflops = MeasureGemmTflops(reps);
+  const bool limits = absl::GetFlag(FLAGS_measure_limits);
+  const double copy_gbps = limits ? MeasureCopyBandwidth(reps) : 0.0;
+  const double gemm_tflops = limits ? MeasureGemmTflops(reps) : 0.0;
   const double sheet_tflops = DatasheetBf16Tflops(device);
   std::cout << absl::StrFormat(
       "device: %s (%d SMs, %.1f GiB); copy bandwidth %.0f GB/s; cuBLAS bf16 "

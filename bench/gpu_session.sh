@@ -25,6 +25,8 @@
 #   cluster-bench   pd-cluster-bench --backend=cuda over cuda_ipc and tcp
 #                   (staged): TTFT, the transfer's hidden share at 512 /
 #                   2048 / 8192 tokens, decode rate
+#   profile         per-kernel device time (Nsight Compute) of a decode step
+#                   and of 512- and 2048-token prefills, as tables
 #   summary         stage results and pd-cuda-bench / PyTorch time ratios
 #   pack-deps       (on the development machine, not the GPU one) download
 #                   the Debian packages of deploy/install-deps.sh into
@@ -81,6 +83,7 @@ T_TORCH_EAGER=${T_TORCH_EAGER:-240}
 T_TORCH_COMPILED=${T_TORCH_COMPILED:-480}
 T_KV_BENCH=${T_KV_BENCH:-180}
 T_CLUSTER_BENCH=${T_CLUSTER_BENCH:-300}
+T_PROFILE=${T_PROFILE:-240}
 
 # The packages deploy/install-deps.sh installs for building, with the
 # run-time libraries and -dev packages they pull in beyond a CUDA image's
@@ -282,6 +285,55 @@ stage_kv_bench() {
   use_deps
   # shellcheck disable=SC2086  # KV_BENCH_ARGS is a list of flags.
   "$BUILD_DIR/bench/pd-kv-transfer-bench" ${KV_BENCH_ARGS:-}
+}
+
+# Per-kernel device time of one forward, read by Nsight Compute: a decode
+# step (batch 1, context 512) and prefills of 512 and 2048 tokens, eager
+# (no graphs), PROFILE_LAYERS [4] layers of the Llama-3-8B shape. Each
+# table lists the kernels by their share of the forward.
+stage_profile() {
+  need_binary "$BUILD_DIR/bench/pd-cuda-bench" || return 1
+  use_deps
+  local ncu
+  ncu=$(command -v ncu || find /opt/nvidia /usr/local/cuda* -name ncu -type f 2>/dev/null | head -1)
+  if [[ -z $ncu ]]; then
+    log "Nsight Compute (ncu) is not installed here"
+    return 1
+  fi
+  local name rows rc=0
+  for name in decode-b1-ctx512 prefill-512 prefill-2048; do
+    case $name in
+      decode-*) rows=(--batches=1 --contexts=512 --prefill=0) ;;
+      prefill-*) rows=(--batches=0 --contexts=0 "--prefill=${name#prefill-}") ;;
+    esac
+    # --reps=1: two forwards (one untimed), so each count is per forward x2.
+    "$ncu" --metrics gpu__time_duration.sum --print-summary per-kernel \
+      "$BUILD_DIR/bench/pd-cuda-bench" "--num_layers=${PROFILE_LAYERS:-4}" \
+      --cuda_graphs=false --measure_limits=false --reps=1 "${rows[@]}" \
+      >"$LOGS/ncu-$name.txt" 2>&1 || rc=1
+    echo "## $name (${PROFILE_LAYERS:-4} layers)"
+    "$PYTHON" - "$LOGS/ncu-$name.txt" <<'PY'
+import re, sys
+rows, cur = [], None
+for line in open(sys.argv[1]):
+    m = re.match(r"\s{2}(\S.*?) \((\d+), (\d+), (\d+)\)x\((\d+), \d+, \d+\).*Invocations (\d+)", line)
+    if m:
+        cur = (m.group(1).split("(")[0][:60], "x".join(m.group(2, 3, 4)), m.group(5), int(m.group(6)))
+        continue
+    m = re.match(r"\s+gpu__time_duration.sum\s+(\w+)\s+[\d.]+\s+[\d.]+\s+([\d.]+)", line)
+    if m and cur:
+        us = float(m.group(2)) * {"ns": 1e-3, "us": 1.0, "ms": 1e3}[m.group(1)]
+        rows.append(cur + (us,))
+        cur = None
+total = sum(r[3] * r[4] for r in rows) / 2 or 1.0
+print("| kernel | grid | threads | per forward | mean us | us per forward | share |")
+print("|---|---|---:|---:|---:|---:|---:|")
+for name, grid, threads, n, us in sorted(rows, key=lambda r: -r[3] * r[4]):
+    print(f"| {name} | {grid} | {threads} | {n / 2:g} | {us:.1f} | {n * us / 2:.0f} | {100 * n * us / 2 / total:.1f}% |")
+print(f"\nkernels' total per forward: {total / 1e3:.2f} ms (ncu serializes kernels and fixes clocks)\n")
+PY
+  done
+  return "$rc"
 }
 
 stage_cluster_bench() {
@@ -489,6 +541,7 @@ for stage in "$@"; do
     kv-bench) run_stage kv-bench "$T_KV_BENCH" stage_kv_bench ;;
     cluster-bench)
       run_stage cluster-bench "$T_CLUSTER_BENCH" stage_cluster_bench ;;
+    profile) run_stage profile "$T_PROFILE" stage_profile ;;
     summary) run_stage summary 60 stage_summary ;;
     pack-deps) stage_pack_deps ;;
     pack-build) stage_pack_build ;;
