@@ -196,6 +196,13 @@ gpu_test_targets() {
     sed -E 's/^TEST_TARGET=([A-Za-z0-9_]+) .*/\1/' | sort -u
 }
 
+# What the stages run besides the gpu-labelled tests (CMake target names,
+# which are also the executables' names).
+SESSION_TARGETS=(
+  pd-cuda-bench pd-kv-transfer-bench pd-cluster-bench pd-router pd-prefill
+  pd-decode pdctl kv-transfer-device-peer kv-transfer-peer
+)
+
 build_targets() {
   configure || return 1
   local targets
@@ -217,8 +224,7 @@ build_targets() {
   fi
   log "gpu test targets: ${targets[*]}"
   cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]}" \
-    pd-cuda-bench pd-kv-transfer-bench pd-cluster-bench pd-router \
-    pd-prefill pd-decode pdctl kv-transfer-device-peer kv-transfer-peer
+    "${SESSION_TARGETS[@]}"
 }
 
 stage_env() {
@@ -404,13 +410,6 @@ stage_pack_deps() {
   echo "carry it: run(carry=[\"${rel//\//}\"], ...)"
 }
 
-# The binaries the stages run, relative to the build directory.
-CARRIED_BINARIES=(
-  client/pdctl router/pd-router prefill_worker/pd-prefill
-  decode_worker/pd-decode bench/pd-cuda-bench bench/pd-kv-transfer-bench
-  bench/pd-cluster-bench tests/kv_transfer/kv-transfer-device-peer
-  tests/kv_transfer/kv-transfer-peer
-)
 CARRIED=${CARRIED-$ROOT/.gpupack/carry.tar.xz}
 
 stage_pack_build() {
@@ -428,12 +427,13 @@ stage_pack_build() {
     -o -name '*_tests.cmake') | while read -r f; do
     mkdir -p "$b/$(dirname "$f")" && cp "$BUILD_DIR/$f" "$b/$f"
   done
-  local bins=("${CARRIED_BINARIES[@]}")
-  for t in "${targets[@]}"; do
-    bins+=("$(cd "$BUILD_DIR" && find . -type f -name "$t" -perm -u+x | head -1)")
+  local bins=() name
+  for name in "${targets[@]}" "${SESSION_TARGETS[@]}"; do
+    t=$(cd "$BUILD_DIR" && find . -type f -name "$name" -perm -u+x | head -1)
+    [[ -n $t ]] || { log "no executable $name under $BUILD_DIR"; return 1; }
+    bins+=("$t")
   done
   for t in "${bins[@]}"; do
-    [[ -f $BUILD_DIR/$t ]] || { log "missing $BUILD_DIR/$t"; return 1; }
     mkdir -p "$b/$(dirname "$t")"
     cp "$BUILD_DIR/$t" "$b/$t" && strip "$b/$t"
   done

@@ -59,6 +59,12 @@ absl::Status FinishConnect(int fd, int rc, std::string_view endpoint,
   return absl::OkStatus();
 }
 
+// Small frames go out at once instead of waiting for the peer's ACK.
+void SetNoDelay(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
 }  // namespace
 
 void Fd::Reset() {
@@ -190,8 +196,7 @@ absl::StatusOr<Fd> ConnectTcp(std::string_view address,
   PD_RETURN_IF_ERROR(
       FinishConnect(fd.get(), ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen),
                     address, timeout));
-  const int one = 1;
-  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  SetNoDelay(fd.get());
   return fd;
 }
 
@@ -202,8 +207,7 @@ Fd Accept(int listen_fd) {
   socklen_t len = sizeof(local);
   if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
       (local.ss_family == AF_INET || local.ss_family == AF_INET6)) {
-    const int one = 1;
-    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    SetNoDelay(fd.get());
   }
   return fd;
 }

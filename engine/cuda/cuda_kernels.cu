@@ -162,16 +162,21 @@ __global__ void WriteKvKernel(const float* qkv, int64_t row_stride,
   }
 }
 
+// How far a key's value is from the key in the paged pool: a block holds
+// block_size keys, then their values (engine/kv_layout.h).
+__device__ __forceinline__ int64_t ValueOffset(const PagedKvLayer& kv) {
+  return static_cast<int64_t>(kv.block_size) * kv.num_kv_heads * kv.head_dim;
+}
+
 // Element d of kv head `kvh` of key `pos` in the layer's paged pool (the
-// sequence's block table `table`); its value is block_size * kv_dim
-// elements further (engine/kv_layout.h).
+// sequence's block table `table`); its value is ValueOffset further.
 __device__ __forceinline__ const uint16_t* KeyAt(const AttentionParams& p,
                                                  const int32_t* table, int kvh,
                                                  int pos, int d) {
   const int64_t kv_dim =
       static_cast<int64_t>(p.kv.num_kv_heads) * p.kv.head_dim;
   const int bs = p.kv.block_size;
-  return p.kv.base + table[pos / bs] * (2LL * bs * kv_dim) +
+  return p.kv.base + table[pos / bs] * 2 * ValueOffset(p.kv) +
          static_cast<int64_t>(pos % bs) * kv_dim +
          static_cast<int64_t>(kvh) * p.kv.head_dim + d;
 }
@@ -189,8 +194,7 @@ __device__ __forceinline__ void LoadKvVectors(const AttentionParams& p,
                                               uint4 (&kb)[kVecs],
                                               uint4 (&vb)[kVecs]) {
   const int chunks = p.kv.head_dim / 8;
-  const int64_t v_offset =
-      static_cast<int64_t>(p.kv.block_size) * p.kv.num_kv_heads * p.kv.head_dim;
+  const int64_t v_offset = ValueOffset(p.kv);
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     const int e = threadIdx.x + i * kThreads;
@@ -236,9 +240,6 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   const int split = blockIdx.z;
   const int group = p.num_heads / p.kv.num_kv_heads;
   const int32_t* table = p.block_tables + seq.block_offset;
-  const int64_t kv_dim = static_cast<int64_t>(p.kv.num_kv_heads) * D;
-  const int bs = p.kv.block_size;
-
   // Keys any row of the tile may see, within this split.
   const int first_pos = seq.start_pos + tile.first_row / group;
   const int last_pos =
@@ -311,7 +312,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
         if (pos <= key_hi) {
           const uint16_t* kp = KeyAt(p, table, kvh, pos, d);
           kb = *reinterpret_cast<const uint32_t*>(kp);
-          vb = *reinterpret_cast<const uint32_t*>(kp + bs * kv_dim);
+          vb = *reinterpret_cast<const uint32_t*>(kp + ValueOffset(p.kv));
         }
         ks[j * (D + 1) + d] = Bf16Bits(kb & 0xffffu);
         ks[j * (D + 1) + d + 1] = __uint_as_float(kb & 0xffff0000u);
@@ -682,11 +683,10 @@ cudaError_t BiasRope(float* qkv, int64_t row_stride, int64_t row_width,
                      RopeStyle style, cudaStream_t stream) {
   if (n_tokens == 0) return cudaSuccess;
   // The row is the q, k and v heads back to back; the bias covers it all.
-  if (row_width !=
-      static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim) {
+  const int all_heads = num_heads + 2 * num_kv_heads;
+  if (row_width != static_cast<int64_t>(all_heads) * head_dim) {
     return cudaErrorInvalidValue;
   }
-  const int all_heads = num_heads + 2 * num_kv_heads;
   const dim3 grid(static_cast<unsigned>(n_tokens),
                   (all_heads + kRopeHeadsPerBlock - 1) / kRopeHeadsPerBlock);
   PD_LAUNCH(BiasRopeKernel, grid, kRopeHeadsPerBlock * 32, 0, stream, qkv,

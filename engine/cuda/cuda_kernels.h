@@ -57,8 +57,9 @@ struct HeadNorm {
 // For each of n_tokens rows of `qkv` (row stride `row_stride` floats),
 // whose first row_width = (num_heads + 2 * num_kv_heads) * head_dim
 // elements are the q, k and v heads (cudaErrorInvalidValue otherwise):
-// adds `bias` (nullable; row_width floats) to them, normalizes each of the first num_heads heads (q) and the
-// following num_kv_heads heads (k) when `head_norm` has weights, then
+// adds `bias` (nullable; row_width floats) to them, normalizes each of the
+// first num_heads heads (q) and the following num_kv_heads heads (k) when
+// `head_norm` has weights, then
 // rotates those heads by positions[t] * inv_freq (head_dim / 2 of them),
 // angles computed in fp32 and cos/sin in double as the CPU backend does.
 cudaError_t BiasRope(float* qkv, int64_t row_stride, int64_t row_width,
