@@ -60,6 +60,7 @@ ABSL_FLAG(std::vector<std::string>, transports, {"tcp"},
           "profile: KV transports to measure (the first is the clusters')");
 ABSL_FLAG(int32_t, reps, 5, "profile: repetitions of each measured step");
 ABSL_FLAG(std::string, samples_out, "", "(internal) profile_engine: where the samples go");
+ABSL_FLAG(bool, probe, false, "(internal) profile_engine: the drift check's short design");
 ABSL_FLAG(std::string, bin, "", "The build directory with the pdserve binaries "
           "(default: the one this pd-plan was built in)");
 ABSL_FLAG(std::string, run_dir, "", "Where clusters keep ports and logs (default: a temporary "
@@ -83,6 +84,12 @@ ABSL_FLAG(double, max_tpot_error, -1,
           "validate: the bound for P90 TPOT alone (default: --max_error)");
 ABSL_FLAG(double, max_attainment_error, 0.03,
           "validate: largest attainment error (as a share, 0.03 = 3 points) that passes");
+ABSL_FLAG(bool, drift_check, true,
+          "validate: before each configuration's runs, re-measure a few seconds of engine "
+          "steps and scale the profile's CPU costs by measured / predicted");
+ABSL_FLAG(double, drift_threshold, 0.15,
+          "validate: apply the drift check's scaling only when it is off by more than this "
+          "share (its own run-to-run noise on a shared 2-vCPU VM is about 7%)");
 
 namespace pdserve::planner {
 namespace {
@@ -113,6 +120,7 @@ EngineProfileOptions EngineOptionsFromFlags() {
   o.max_context = absl::GetFlag(FLAGS_max_context);
   o.reps = absl::GetFlag(FLAGS_reps);
   o.cpu_share = absl::GetFlag(FLAGS_worker_cpus);
+  o.probe = absl::GetFlag(FLAGS_probe);
   o.progress = Progress;
   return o;
 }
@@ -140,45 +148,61 @@ absl::Status ProfileEngine() {
   return absl::OkStatus();
 }
 
-absl::Status RunProfile() {
-  const double cpus = absl::GetFlag(FLAGS_worker_cpus);
-  const std::string dir = RunDir("profile");
+// Engine steps (and transfers over `transports`) measured by a child,
+// `pd-plan profile_engine`, under the workers' CPU share (o.cpu_share) when
+// there is one.
+struct ChildMeasurement {
+  std::vector<StepSample> samples;
+  std::vector<TransferCost> transfers;
+};
+
+absl::StatusOr<ChildMeasurement> MeasureInChild(const EngineProfileOptions& o,
+                                                const std::vector<std::string>& transports,
+                                                const std::string& dir) {
   std::filesystem::create_directories(dir);
   const std::string samples_path = dir + "/engine_samples.json";
-  // The engine and the transfers in a child under the workers' share.
+  const std::string share_script = std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh";
+  const std::string group = absl::StrCat("pdserve.profile.", getpid());
   std::string command;
-  if (cpus > 0) {
-    command = absl::StrCat(ShellQuote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh"),
-                           " run ", absl::StrFormat("%g", cpus), " pdserve.profile.", getpid(),
-                           " ");
+  if (o.cpu_share > 0) {
+    command = absl::StrCat(ShellQuote(share_script), " run ", absl::StrFormat("%g", o.cpu_share),
+                           " ", group, " ");
   }
   absl::StrAppend(
-      &command, ShellQuote(SelfPath()), " profile_engine --model=", ShellQuote(absl::GetFlag(FLAGS_model)),
-      " --threads=", absl::GetFlag(FLAGS_threads), " --block_size=", absl::GetFlag(FLAGS_block_size),
-      " --max_batch_tokens=", absl::GetFlag(FLAGS_max_batch_tokens),
-      " --max_running=", absl::GetFlag(FLAGS_max_running),
-      " --max_context=", absl::GetFlag(FLAGS_max_context), " --reps=", absl::GetFlag(FLAGS_reps),
-      " --worker_cpus=", absl::StrFormat("%g", cpus),
-      " --transports=", ShellQuote(absl::StrJoin(absl::GetFlag(FLAGS_transports), ",")),
+      &command, ShellQuote(SelfPath()), " profile_engine --model=", ShellQuote(o.model),
+      " --threads=", o.threads, " --block_size=", o.block_size,
+      " --max_batch_tokens=", o.max_batch_tokens, " --max_running=", o.max_running,
+      " --max_context=", o.max_context, " --reps=", o.reps,
+      " --worker_cpus=", absl::StrFormat("%g", o.cpu_share), " --probe=", o.probe ? "true" : "false",
+      " --transports=", ShellQuote(absl::StrJoin(transports, ",")),
       " --samples_out=", ShellQuote(samples_path));
-  Progress(absl::StrCat("engine steps and transfers",
-                        cpus > 0 ? absl::StrFormat(" under a %g-CPU share", cpus) : ""));
-  if (std::system(command.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("the engine profile failed: ", command));
-  }
-  if (cpus > 0) {
-    std::system(absl::StrCat(ShellQuote(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cpu_share.sh"),
-                             " remove pdserve.profile.", getpid()).c_str());
-  }
+  const int rc = std::system(command.c_str());
+  if (o.cpu_share > 0) std::system(absl::StrCat(ShellQuote(share_script), " remove ", group).c_str());
+  if (rc != 0) return absl::InternalError(absl::StrCat("the engine profile failed: ", command));
   std::ifstream in(samples_path);
   const nlohmann::json measured = nlohmann::json::parse(in, nullptr, false);
   if (measured.is_discarded()) return absl::InternalError("unreadable " + samples_path);
-  std::vector<StepSample> samples;
+  ChildMeasurement out;
   for (const auto& s : measured["samples"]) {
-    samples.push_back({.tokens = s["tokens"], .sequences = s["sequences"],
-                       .attention = s["attention"], .decode_attention = s["decode_attention"],
-                       .seconds = s["seconds"], .kind = s["kind"]});
+    out.samples.push_back({.tokens = s["tokens"], .sequences = s["sequences"],
+                           .attention = s["attention"], .decode_attention = s["decode_attention"],
+                           .seconds = s["seconds"], .kind = s["kind"]});
   }
+  for (const auto& t : measured["transfers"]) {
+    out.transfers.push_back(
+        {.transport = t["transport"], .latency_s = t["latency_s"], .bytes_per_s = t["bytes_per_s"]});
+  }
+  return out;
+}
+
+absl::Status RunProfile() {
+  const double cpus = absl::GetFlag(FLAGS_worker_cpus);
+  Progress(absl::StrCat("engine steps and transfers",
+                        cpus > 0 ? absl::StrFormat(" under a %g-CPU share", cpus) : ""));
+  PD_ASSIGN_OR_RETURN(ChildMeasurement measured,
+                      MeasureInChild(EngineOptionsFromFlags(), absl::GetFlag(FLAGS_transports),
+                                     RunDir("profile")));
+  const std::vector<StepSample>& samples = measured.samples;
   PD_ASSIGN_OR_RETURN(StepFit fit, FitStepCost(samples));
 
   Profile p;
@@ -213,9 +237,14 @@ absl::Status RunProfile() {
     PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(p.model));
     p.max_context = model->config().max_position_embeddings;
   }
-  for (const auto& t : measured["transfers"]) {
-    p.transfers.push_back(
-        {.transport = t["transport"], .latency_s = t["latency_s"], .bytes_per_s = t["bytes_per_s"]});
+  p.transfers = measured.transfers;
+  {
+    // The drift check's probe, right after the profile: what a later
+    // check measures relative to.
+    Progress("the drift check's probe");
+    PD_ASSIGN_OR_RETURN(ChildMeasurement probe,
+                        MeasureInChild(DriftProbeOptions(p), {}, RunDir("profile-probe")));
+    PD_ASSIGN_OR_RETURN(p.probe_ratio, ProbeRatio(p, probe.samples));
   }
   ServingCostOptions serving;
   serving.launch = LaunchOptionsFor(p);
@@ -230,10 +259,11 @@ absl::Status RunProfile() {
       "Profile of %s on %s (%s), written to %s\n\n"
       "| engine step cost | value |\n|---|---|\n"
       "| base | %.1f us |\n| per token | %.2f us |\n| per sequence | %.2f us |\n"
-      "| per prefill attention pair | %.4f us |\n| per decode attention pair | %.4f us |\n",
+      "| per prefill attention pair | %.4f us |\n| per decode attention pair | %.4f us |\n"
+      "| drift probe, measured / fitted (probe_ratio) | %.2f |\n",
       p.model, p.machine, p.cpu_share, absl::GetFlag(FLAGS_out), p.step.base_s * 1e6,
       p.step.per_token_s * 1e6, p.step.per_sequence_s * 1e6, p.step.per_attention_s * 1e6,
-      p.step.per_decode_attention_s * 1e6);
+      p.step.per_decode_attention_s * 1e6, p.probe_ratio);
   std::cout << "\n| step kind | fit error p50 | fit error p90 |\n|---|---|---|\n";
   for (const auto& [kind, e] : fit.relative_error) {
     std::cout << absl::StrFormat("| %s | %.1f%% | %.1f%% |\n", kind, e.first * 100, e.second * 100);
@@ -553,6 +583,22 @@ absl::Status RunValidate() {
     launch.binary_dir = BinaryDir();
     std::unique_ptr<ClusterLauncher> cluster;
     std::unique_ptr<LoadTarget> load_target;
+    // The profile this configuration's predictions come from: scaled by
+    // the drift measured right before its runs (none when comparing with
+    // an earlier measurement, whose machine state is gone).
+    Profile now = profile;
+    double drift = 1;
+    bool applied = false;
+    if (earlier.is_null() && absl::GetFlag(FLAGS_drift_check)) {
+      Progress(absl::StrCat("validate: drift check before ", name));
+      PD_ASSIGN_OR_RETURN(ChildMeasurement probe,
+                          MeasureInChild(DriftProbeOptions(profile), {},
+                                         absl::StrCat(launch.dir, "-drift")));
+      PD_ASSIGN_OR_RETURN(const double ratio, ProbeRatio(profile, probe.samples));
+      drift = ratio / profile.probe_ratio;
+      applied = std::abs(drift - 1) > absl::GetFlag(FLAGS_drift_threshold);
+      if (applied) now = WithDrift(profile, drift);
+    }
     if (earlier.is_null()) {
       Progress(absl::StrCat("validate: starting ", name));
       PD_ASSIGN_OR_RETURN(cluster, ClusterLauncher::Start(launch));
@@ -560,13 +606,19 @@ absl::Status RunValidate() {
                           MakeLoadTarget("grpc", {.address = cluster->grpc_address()}));
     }
     std::vector<SweepPoint> predicted_points, measured_points;
-    std::cout << absl::StrFormat(
-        "\n%s\n\n| load | figure | predicted | measured | error |\n|---|---|---|---|---|\n",
-        shape.Name());
+    std::cout << absl::StrFormat("\n%s\n\n", shape.Name());
+    if (drift != 1) {
+      std::cout << absl::StrFormat(
+          "Drift check: engine steps take %.2fx what the profile predicts now; %s.\n\n", drift,
+          applied ? "its CPU costs are scaled by that"
+                  : absl::StrFormat("within --drift_threshold (%.0f%%), not applied",
+                                    absl::GetFlag(FLAGS_drift_threshold) * 100));
+    }
+    std::cout << "| load | figure | predicted | measured | error |\n|---|---|---|---|---|\n";
     for (const LoadLevel& level : levels) {
       PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, level));
       PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> predicted,
-                          Simulate(profile, shape, at, {.concurrency = level.concurrency}));
+                          Simulate(now, shape, at, {.concurrency = level.concurrency}));
       const Summary p = Summarize(predicted, spec.OptionsFor(predicted));
       const double rate = OfferedRate(at, level);
       Summary m;
@@ -597,7 +649,8 @@ absl::Status RunValidate() {
                            {"checked", c.checked}, {"passed", c.passed}});
       }
       json.push_back({{"config", shape.Name()}, {"rate", rate},
-                      {"concurrency", level.concurrency}, {"figures", figures},
+                      {"concurrency", level.concurrency}, {"drift", drift},
+                      {"drift_applied", applied}, {"figures", figures},
                       {"predicted", ToJson(p)}, {"measured", ToJson(m)}});
     }
     if (levels.size() > 1) {

@@ -62,6 +62,17 @@ bool NonNegative(double x) { return std::isfinite(x) && x >= 0; }
 
 }  // namespace
 
+Profile WithDrift(Profile p, double drift) {
+  p.step.base_s *= drift;
+  p.step.per_token_s *= drift;
+  p.step.per_sequence_s *= drift;
+  p.step.per_attention_s *= drift;
+  p.step.per_decode_attention_s *= drift;
+  p.decode_step_overhead_s *= drift;
+  p.decode_sequence_overhead_s *= drift;
+  return p;
+}
+
 absl::Status ValidateProfile(const Profile& p) {
   if (p.threads < 1) return FieldError("threads", "must be at least 1");
   if (p.block_size < 1) return FieldError("block_size", "must be at least 1");
@@ -98,6 +109,9 @@ absl::Status ValidateProfile(const Profile& p) {
   }
   if (!(std::isfinite(p.poll_interval_s) && p.poll_interval_s > 0)) {
     return FieldError("poll_interval_s", "must be a positive number");
+  }
+  if (!(std::isfinite(p.probe_ratio) && p.probe_ratio > 0)) {
+    return FieldError("probe_ratio", "must be a positive number");
   }
   for (size_t i = 0; i < p.transfers.size(); ++i) {
     const TransferCost& t = p.transfers[i];
@@ -152,6 +166,7 @@ nlohmann::json ToJson(const Profile& p) {
       {"decode_step_overhead_s", p.decode_step_overhead_s},
       {"decode_sequence_overhead_s", p.decode_sequence_overhead_s},
       {"poll_interval_s", p.poll_interval_s},
+      {"probe_ratio", p.probe_ratio},
   };
 }
 
@@ -200,6 +215,7 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
   PD_RETURN_IF_ERROR(
       ReadDouble(j, "", "decode_sequence_overhead_s", p.decode_sequence_overhead_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "poll_interval_s", p.poll_interval_s));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "probe_ratio", p.probe_ratio));
   PD_RETURN_IF_ERROR(ValidateProfile(p));
   return p;
 }

@@ -108,7 +108,18 @@ struct Profile {
   double decode_sequence_overhead_s = 0;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
+  // The drift check's probe (profiler.h DriftProbeOptions) run right after
+  // the profile: its ProbeRatio against this profile, i.e. the fitted step
+  // model's own bias at the probe's steps. A later check's drift is
+  // measured relative to it.
+  double probe_ratio = 1;
 };
+
+// `profile` with what a worker's CPU does scaled by `drift` (a probe's
+// ProbeRatio over the profile's probe_ratio, profiler.h): the step cost and the decode step overheads. The first-token,
+// hand-off and delivery costs and the transfers stay: they are mostly
+// waiting (network, polls), not the CPU the drift check measures.
+Profile WithDrift(Profile profile, double drift);
 
 // The bounds every reader of a profile relies on: counts at least 1
 // (max_batch_tokens at least max_running, as the engine demands; prefill

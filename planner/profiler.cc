@@ -172,9 +172,22 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
     if (o.progress) o.progress(line);
   };
 
+  std::vector<int32_t> chunk_sizes, batches, contexts;
+  if (o.probe) {
+    chunk_sizes = {std::min(64, o.max_batch_tokens), o.max_batch_tokens};
+    batches = {1, std::min(8, o.max_running)};
+    contexts = {o.max_context / 4};
+  } else {
+    for (int32_t n = 16; n <= o.max_batch_tokens; n *= 2) chunk_sizes.push_back(n);
+    for (int32_t b = 1; b <= o.max_running; b *= 2) batches.push_back(b);
+    contexts = {64, o.max_context / 4, o.max_context};
+  }
+  chunk_sizes.erase(std::unique(chunk_sizes.begin(), chunk_sizes.end()), chunk_sizes.end());
+  batches.erase(std::unique(batches.begin(), batches.end()), batches.end());
+
   // Prefill: one prompt of 4 chunks of n tokens; every chunk is a step of
   // n tokens at context (k + 1) n.
-  for (int32_t n = 16; n <= o.max_batch_tokens; n *= 2) {
+  for (int32_t n : chunk_sizes) {
     progress(absl::StrFormat("engine: prefill chunks of %d tokens", n));
     const int32_t chunks = std::min<int32_t>(4, std::max<int32_t>(1, o.max_context / n));
     // An engine whose budget is n cuts the prompt into chunks of n (the
@@ -201,8 +214,8 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
   // Decode: b sequences at context about L; the timed steps start once
   // every prompt is computed. Sequences whose prompts finished early have
   // decoded meanwhile: each one's context is tracked from its events.
-  for (int32_t b = 1; b <= o.max_running; b *= 2) {
-    for (int32_t context : {64, o.max_context / 4, o.max_context}) {
+  for (int32_t b : batches) {
+    for (int32_t context : contexts) {
       if (context < 16) continue;
       progress(absl::StrFormat("engine: decode batches of %d at context %d", b, context));
       for (int32_t r = 0; r < std::max(1, o.reps / 2); ++r) {
@@ -235,6 +248,7 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
 
   // Mixed: b decodes at context 256 plus a new prompt of n tokens.
   for (int32_t b : {1, 8, 32}) {
+    if (o.probe) break;
     if (b > o.max_running - 1) continue;
     for (int32_t n : {64, o.max_batch_tokens - b}) {
       if (n < 1 || n > o.max_batch_tokens - b) continue;
@@ -453,6 +467,30 @@ absl::StatusOr<std::vector<Timed>> SingleRequests(GenerationClient& client, int3
 }
 
 }  // namespace
+
+EngineProfileOptions DriftProbeOptions(const Profile& p) {
+  return {.model = p.model,
+          .threads = p.threads,
+          .block_size = p.block_size,
+          .max_batch_tokens = p.max_batch_tokens,
+          .max_running = p.max_running,
+          .max_context = std::clamp(p.max_context, 64, 1024),
+          .reps = 3,
+          .cpu_share = p.worker_cpus,
+          .probe = true};
+}
+
+absl::StatusOr<double> ProbeRatio(const Profile& p, const std::vector<StepSample>& samples) {
+  std::vector<double> ratios;
+  for (const StepSample& s : samples) {
+    const double predicted = p.step.Seconds(s.tokens, s.sequences, s.attention, s.decode_attention);
+    if (predicted > 0) ratios.push_back(s.seconds / predicted);
+  }
+  if (ratios.empty()) {
+    return absl::InvalidArgumentError("the drift check has no step the profile predicts");
+  }
+  return Percentile(ratios, 50);
+}
 
 LaunchOptions LaunchOptionsFor(const Profile& p) {
   LaunchOptions o;

@@ -69,6 +69,10 @@ struct EngineProfileOptions {
   // > 0: a step's time is the CPU time it took divided by this (the
   // workers' CPU share); 0: wall-clock. Default: 0.
   double cpu_share = 0;
+  // The drift check's short design instead of the full one: prefill chunks
+  // of 64 and max_batch_tokens tokens, decode batches of 1 and 8 at context
+  // max_context / 4, no mixed steps; a few seconds. Default: false.
+  bool probe = false;
   // Called with a line of progress now and then. Default: none.
   std::function<void(std::string_view)> progress;
 };
@@ -92,6 +96,19 @@ absl::StatusOr<double> KvBytesPerToken(const std::string& model);
 // One transport per name (kv_transfer registry), `reps` posts per size.
 absl::StatusOr<std::vector<TransferCost>> MeasureTransfers(const std::vector<std::string>& names,
                                                            int32_t reps);
+
+// The drift check's probe (EngineProfileOptions::probe, 3 reps) with the
+// engine options `profile` was measured with: model, threads, block size,
+// batch limits, CPU share; it decodes at a quarter of the model's context,
+// 256 at most.
+EngineProfileOptions DriftProbeOptions(const Profile& profile);
+
+// The median over `samples` of measured step time / the step time
+// `profile` predicts for it. Of a probe run right after the profile, that
+// is the profile's probe_ratio; of one run now, divided by probe_ratio, it
+// is the drift: above 1 the machine runs the engine slower than when it
+// was profiled. INVALID_ARGUMENT without samples.
+absl::StatusOr<double> ProbeRatio(const Profile& profile, const std::vector<StepSample>& samples);
 
 // How a cluster of `profile`'s workers is launched: the model, the engine
 // flags it was profiled with, each role's KV pool (--kv_blocks), its CPU

@@ -1,9 +1,11 @@
 // planner/profiler.h: the step-cost fit recovers known coefficients, the
-// engine profile measures every kind of step on the real engine, and the
-// transfer fit sees a real transport.
+// engine profile measures every kind of step on the real engine, the drift
+// check sees a profile that is off, and the transfer fit sees a real
+// transport.
 #include "planner/profiler.h"
 
 #include <random>
+#include <set>
 
 #include "gtest/gtest.h"
 
@@ -96,6 +98,86 @@ TEST(MeasureEngineStepsTest, MeasuresEveryKindOfStepOnTheRealEngine) {
 TEST(MeasureEngineStepsTest, BadOptionsAreRefused) {
   EXPECT_EQ(MeasureEngineSteps({.max_batch_tokens = 8}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MeasureEngineStepsTest, TheProbeIsAShortPrefillAndDecodeDesign) {
+  const EngineProfileOptions full = {.model = "builtin:tiny", .max_batch_tokens = 128,
+                                     .max_running = 16, .max_context = 256, .reps = 2};
+  EngineProfileOptions probe = full;
+  probe.probe = true;
+  auto full_samples = MeasureEngineSteps(full);
+  auto probe_samples = MeasureEngineSteps(probe);
+  ASSERT_TRUE(full_samples.ok()) << full_samples.status();
+  ASSERT_TRUE(probe_samples.ok()) << probe_samples.status();
+  std::set<std::pair<std::string, int64_t>> points;
+  for (const StepSample& s : *probe_samples) {
+    EXPECT_NE(s.kind, "mixed");
+    points.insert({s.kind, s.tokens});
+  }
+  // Chunks of 64 and 128 tokens; decode batches of 1 and 8.
+  const std::set<std::pair<std::string, int64_t>> expected = {
+      {"prefill", 64}, {"prefill", 128}, {"decode", 1}, {"decode", 8}};
+  EXPECT_EQ(points, expected);
+  EXPECT_LT(probe_samples->size() * 2, full_samples->size());
+}
+
+TEST(ProbeRatioTest, IsTheMedianOfMeasuredOverPredicted) {
+  Profile profile;
+  profile.step = {.base_s = 1e-3, .per_token_s = 1e-5};
+  // Predicted: 2 ms (100 tokens), 11 ms (1000 tokens), 1.01 ms (1 token).
+  const std::vector<StepSample> samples = {
+      {.tokens = 100, .sequences = 1, .seconds = 4e-3},
+      {.tokens = 1000, .sequences = 1, .seconds = 5.5e-3},
+      {.tokens = 1, .sequences = 1, .seconds = 1.515e-3}};
+  auto drift = ProbeRatio(profile, samples);
+  ASSERT_TRUE(drift.ok()) << drift.status();
+  EXPECT_NEAR(*drift, 1.5, 1e-9);  // Ratios 2, 0.5 and 1.5.
+  EXPECT_EQ(ProbeRatio(profile, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ProbeRatioTest, SeesAProfileTwiceAsSlowAsTheEngine) {
+  Profile profile;
+  profile.model = "builtin:tiny";
+  profile.max_batch_tokens = 128;
+  profile.max_running = 16;
+  profile.max_context = 512;
+  auto first = MeasureEngineSteps(DriftProbeOptions(profile));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto fit = FitStepCost(*first);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  profile.step = fit->cost;
+  const Profile slow = WithDrift(profile, 2.0);
+  auto again = MeasureEngineSteps(DriftProbeOptions(profile));
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto drift = ProbeRatio(slow, *again);
+  ASSERT_TRUE(drift.ok()) << drift.status();
+  // Measured against a profile that says twice the time: about half, with
+  // room for the noise of two short measurements on a shared machine.
+  EXPECT_GT(*drift, 0.3);
+  EXPECT_LT(*drift, 0.8);
+}
+
+TEST(WithDriftTest, ScalesTheCpuCostsOnly) {
+  Profile p;
+  p.step = {.base_s = 1, .per_token_s = 2, .per_sequence_s = 3, .per_attention_s = 4,
+            .per_decode_attention_s = 5};
+  p.decode_step_overhead_s = 6;
+  p.decode_sequence_overhead_s = 7;
+  p.colocated_first_token_s = 8;
+  p.token_delivery_s = 9;
+  p.transfers = {{.transport = "tcp", .latency_s = 10, .bytes_per_s = 11}};
+  const Profile q = WithDrift(p, 1.5);
+  EXPECT_DOUBLE_EQ(q.step.base_s, 1.5);
+  EXPECT_DOUBLE_EQ(q.step.per_token_s, 3);
+  EXPECT_DOUBLE_EQ(q.step.per_sequence_s, 4.5);
+  EXPECT_DOUBLE_EQ(q.step.per_attention_s, 6);
+  EXPECT_DOUBLE_EQ(q.step.per_decode_attention_s, 7.5);
+  EXPECT_DOUBLE_EQ(q.decode_step_overhead_s, 9);
+  EXPECT_DOUBLE_EQ(q.decode_sequence_overhead_s, 10.5);
+  EXPECT_DOUBLE_EQ(q.colocated_first_token_s, 8);
+  EXPECT_DOUBLE_EQ(q.token_delivery_s, 9);
+  EXPECT_DOUBLE_EQ(q.transfers[0].latency_s, 10);
+  EXPECT_DOUBLE_EQ(q.transfers[0].bytes_per_s, 11);
 }
 
 TEST(KvBytesPerTokenTest, TinyModel) {

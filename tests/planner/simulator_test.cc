@@ -510,6 +510,7 @@ Profile FullProfile() {
   p.decode_start_s = 0.0005;
   p.token_delivery_s = 0.0003;
   p.poll_interval_s = 0.05;
+  p.probe_ratio = 1.07;
   return p;
 }
 
@@ -523,6 +524,7 @@ void ExpectSameProfile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.transfers[1].transport, b.transfers[1].transport);
   EXPECT_EQ(a.transfers[1].bytes_per_s, b.transfers[1].bytes_per_s);
   EXPECT_EQ(a.poll_interval_s, b.poll_interval_s);
+  EXPECT_EQ(a.probe_ratio, b.probe_ratio);
 }
 
 TEST(ProfileTest, JsonRoundTrip) {
@@ -558,6 +560,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
       {"/transfers/1/transport", "tcp", "'transfers[1].transport' 'tcp' is listed twice"},
       {"/transfers/0/latency_s", "fast", "'transfers[0].latency_s' must be a number"},
       {"/poll_interval_s", 0, "'poll_interval_s' must be a positive number"},
+      {"/probe_ratio", -1, "'probe_ratio' must be a positive number"},
       {"/model", 7, "'model' must be a string"},
   };
   for (const Case& c : cases) {
@@ -568,7 +571,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(p.status().message().find(c.field), std::string::npos) << p.status();
   }
-  for (const char* field : {"token_delivery_s", "machine", "transfers"}) {
+  for (const char* field : {"token_delivery_s", "machine", "transfers", "probe_ratio"}) {
     nlohmann::json j = ToJson(FullProfile());
     j.erase(field);
     absl::StatusOr<Profile> p = ProfileFromJson(j);
