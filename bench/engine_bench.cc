@@ -1,34 +1,49 @@
 // pd-engine-bench: CPU engine throughput on a ~110M-parameter Llama shape
 // (dim 768, 12 layers, 12 heads, 4 KV heads, FFN 2048, vocab 32000) with
-// random weights, in fp32 and bf16:
-//   - prefill tokens/s for one prompt of 128 and 512 tokens;
-//   - decode tokens/s at batch 1 and 16 (context 256), with the bytes a
-//     step must read (weights + KV) turned into achieved bandwidth, as a
-//     share of this machine's copy bandwidth measured in the same run
-//     (STREAM convention: bytes read + bytes written per second);
-//   - prefill's achieved FLOP/s as a share of the machine's fp32 FMA peak,
-//     also measured in the same run (independent FMA chains on every thread).
-// Every figure is the median of --reps runs.
+// random weights in fp32 and bf16 (--dtypes), or on a model given by
+// --model (bench/llama_cpp_peer.sh gives it the weights llama.cpp runs):
+//   - prefill tokens/s for one prompt of each --prefill_lengths (128, 512);
+//   - decode tokens/s at each --decode_batches (1, 16) at --decode_context
+//     (256), with the bytes a step must read (weights + KV) turned into
+//     achieved bandwidth, as a share of this machine's copy bandwidth
+//     measured in the same run (STREAM convention: bytes read + bytes
+//     written per second);
+//   - achieved FLOP/s as a share of the machine's fp32 FMA peak, also
+//     measured in the same run (independent FMA chains on every thread).
+// Every figure is the median of --reps runs; --json writes them all.
 #include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_process.h"
+#include "common/status_macros.h"
 #include "engine/builtin_tiny.h"
 #include "engine/model_runner.h"
+#include "nlohmann/json.hpp"
 
 ABSL_FLAG(int32_t, threads, 2, "CPU threads");
 ABSL_FLAG(int32_t, reps, 5, "Repetitions per figure (median reported)");
 ABSL_FLAG(int32_t, decode_context, 256, "Context length of each sequence while decoding");
-ABSL_FLAG(std::string, dtypes, "f32,bf16", "Weight dtypes to run: f32, bf16, f16");
+ABSL_FLAG(std::string, dtypes, "f32,bf16", "Weight dtypes to run: f32, bf16, f16 (random weights)");
+ABSL_FLAG(std::string, model, "",
+          "A model (Hugging Face directory or builtin:...) instead of random weights");
+ABSL_FLAG(std::string, prefill_lengths, "128,512", "Prompt lengths of the prefill figures");
+ABSL_FLAG(std::string, decode_batches, "1,16", "Batch sizes of the decode figures");
+ABSL_FLAG(std::string, json, "", "Also write every figure here as JSON");
 
 namespace pdserve {
 namespace {
@@ -116,114 +131,182 @@ size_t WeightBytesReadPerStep(const Model& m) {
   return bytes;
 }
 
-struct Runner {
-  std::unique_ptr<ModelRunner> runner;
-  std::vector<BlockId> blocks;
+// One timed figure, printed as a table row and written to --json.
+struct Row {
+  std::string weights;
+  std::string phase;  // "prefill N" or "decode b=B".
+  double seconds = 0;
+  double tokens_per_s = 0;
+  double gbps = 0;    // Decode: bytes read per second.
+  double gflops = 0;
 };
 
-int Run() {
+absl::StatusOr<std::vector<int>> IntList(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", part, "' is not a positive integer"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+// Runs the prefill and decode figures of one model; appends its rows.
+absl::Status BenchModel(const std::string& label, std::shared_ptr<const Model> model,
+                        const std::vector<int>& prefill_lengths, const std::vector<int>& batches,
+                        double copy_gbps, double peak_gflops, std::vector<Row>& rows) {
   const int threads = absl::GetFlag(FLAGS_threads);
   const int reps = absl::GetFlag(FLAGS_reps);
   const int context = absl::GetFlag(FLAGS_decode_context);
+  const ModelConfig& config = model->config();
+  const int vocab = config.vocab_size;
+  const int block_size = 16;
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int longest = *std::max_element(prefill_lengths.begin(), prefill_lengths.end());
+  const int blocks_per_seq =
+      (std::max(longest, context + reps + 2) + block_size - 1) / block_size;
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                      CreateModelRunner(model, {.num_kv_blocks = max_batch * blocks_per_seq,
+                                                .block_size = block_size,
+                                                .num_threads = threads}));
+  std::vector<std::vector<BlockId>> tables(max_batch);
+  for (int s = 0; s < max_batch; ++s) {
+    for (int b = 0; b < blocks_per_seq; ++b) tables[s].push_back(BlockId(s * blocks_per_seq + b));
+  }
+  std::vector<int32_t> prompt(std::max(longest, context));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919) % vocab);
+  std::vector<float> logits(static_cast<size_t>(max_batch) * vocab);
+  auto print = [&](const Row& r, int tokens) {
+    std::cout << absl::StrFormat("| %s | %s | %d | %.2f ms | %.1f | %s | %.1f (%.0f%%) |\n",
+                                 r.weights, r.phase, tokens, r.seconds * 1e3, r.tokens_per_s,
+                                 r.gbps > 0 ? absl::StrFormat("%.1f (%.0f%%)", r.gbps,
+                                                              100.0 * r.gbps / copy_gbps)
+                                            : std::string(),
+                                 r.gflops, 100.0 * r.gflops / peak_gflops);
+    std::cout.flush();
+  };
+
+  for (int len : prefill_lengths) {
+    std::vector<double> secs;
+    for (int r = 0; r < reps + 1; ++r) {
+      ForwardBatch b;
+      b.sequences.push_back({.tokens = std::span(prompt).subspan(0, len), .start_pos = 0,
+                             .block_table = tables[0]});
+      const auto t0 = Clock::now();
+      PD_RETURN_IF_ERROR(runner->Forward(b, std::span(logits).subspan(0, vocab)));
+      if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    Row row{.weights = label, .phase = absl::StrCat("prefill ", len), .seconds = Median(secs)};
+    row.tokens_per_s = len / row.seconds;
+    row.gflops = PrefillFlops(config, len) / row.seconds / 1e9;
+    print(row, len);
+    rows.push_back(row);
+  }
+
+  for (int batch : batches) {
+    // Fill every sequence's context once (prefill), then time decode steps.
+    for (int s = 0; s < batch; ++s) {
+      ForwardBatch b;
+      b.sequences.push_back({.tokens = std::span(prompt).subspan(0, context), .start_pos = 0,
+                             .block_table = tables[s]});
+      PD_RETURN_IF_ERROR(runner->Forward(b, std::span(logits).subspan(0, vocab)));
+    }
+    std::vector<double> secs;
+    std::vector<int32_t> tokens(batch, 42);
+    for (int r = 0; r < reps + 1; ++r) {
+      ForwardBatch b;
+      for (int s = 0; s < batch; ++s) {
+        b.sequences.push_back({.tokens = std::span(tokens).subspan(s, 1),
+                               .start_pos = context + r, .block_table = tables[s]});
+      }
+      const auto t0 = Clock::now();
+      PD_RETURN_IF_ERROR(runner->Forward(b, std::span(logits).subspan(0, batch * vocab)));
+      if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    Row row{.weights = label, .phase = absl::StrCat("decode b=", batch), .seconds = Median(secs)};
+    const KvBlockLayout& L = runner->kv_layout();
+    const double kv_bytes = 2.0 * batch * (context + reps / 2) * L.slot_bytes() * L.num_layers;
+    // Decode FLOPs: the per-token matrix products plus attention over the context.
+    const double flops = batch * (PrefillFlops(config, 1) +
+                                  config.num_layers * 4.0 * context * config.num_heads *
+                                      config.head_dim);
+    row.tokens_per_s = batch / row.seconds;
+    row.gbps = (WeightBytesReadPerStep(*model) + kv_bytes) / row.seconds / 1e9;
+    row.gflops = flops / row.seconds / 1e9;
+    print(row, batch);
+    rows.push_back(row);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run() {
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const int reps = absl::GetFlag(FLAGS_reps);
+  if (threads < 1 || reps < 1 || absl::GetFlag(FLAGS_decode_context) < 1) {
+    return absl::InvalidArgumentError("--threads, --reps and --decode_context must be at least 1");
+  }
+  PD_ASSIGN_OR_RETURN(std::vector<int> prefill_lengths,
+                      IntList("prefill_lengths", absl::GetFlag(FLAGS_prefill_lengths)));
+  PD_ASSIGN_OR_RETURN(std::vector<int> batches,
+                      IntList("decode_batches", absl::GetFlag(FLAGS_decode_batches)));
+  if (prefill_lengths.empty() || batches.empty()) {
+    return absl::InvalidArgumentError("--prefill_lengths and --decode_batches need a value each");
+  }
   const double copy_gbps = MeasureCopyBandwidth(threads, reps);
   const double peak_gflops = MeasureFmaPeak(threads, reps);
-  std::cout << absl::StrFormat(
-      "copy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak: %.1f GFLOP/s\n\n", threads,
-      copy_gbps, peak_gflops);
+  std::cout << absl::StrFormat("%s\ncopy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak: %.1f "
+                               "GFLOP/s\n\n",
+                               bench::MachineDescription(), threads, copy_gbps, peak_gflops);
   std::cout << "| weights | phase | tokens per forward | median time | tokens/s | GB/s read (share of copy BW) | GFLOP/s (share of FMA peak) |\n"
                "|---|---|---|---|---|---|---|\n";
 
-  const std::vector<std::string> dtypes = absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',');
-  for (const auto& [name, dtype] : {std::pair{"f32", DType::kF32}, std::pair{"bf16", DType::kBF16},
-                                    std::pair{"f16", DType::kF16}}) {
-    if (std::find(dtypes.begin(), dtypes.end(), name) == dtypes.end()) continue;
-    auto model = MakeRandomModel("bench-110m", Llama110MConfig(), dtype, 1);
-    if (!model.ok()) {
-      std::cerr << model.status() << "\n";
-      return 1;
-    }
-    const int vocab = (*model)->config().vocab_size;
-    const int block_size = 16;
-    const int max_batch = 16;
-    const int blocks_per_seq = (std::max(512, context + 64) + block_size - 1) / block_size;
-    auto runner = CreateModelRunner(*model, {.num_kv_blocks = max_batch * blocks_per_seq,
-                                             .block_size = block_size,
-                                             .num_threads = threads});
-    if (!runner.ok()) {
-      std::cerr << runner.status() << "\n";
-      return 1;
-    }
-    std::vector<std::vector<BlockId>> tables(max_batch);
-    for (int s = 0; s < max_batch; ++s) {
-      for (int b = 0; b < blocks_per_seq; ++b) tables[s].push_back(BlockId(s * blocks_per_seq + b));
-    }
-    std::vector<int32_t> prompt(512);
-    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919) % vocab);
-    std::vector<float> logits(max_batch * vocab);
-
-    for (int len : {128, 512}) {
-      std::vector<double> secs;
-      for (int r = 0; r < reps + 1; ++r) {
-        ForwardBatch b;
-        b.sequences.push_back({.tokens = std::span(prompt).subspan(0, len), .start_pos = 0,
-                               .block_table = tables[0]});
-        const auto t0 = Clock::now();
-        if (auto s = (*runner)->Forward(b, std::span(logits).subspan(0, vocab)); !s.ok()) {
-          std::cerr << s << "\n";
-          return 1;
-        }
-        if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-      const double t = Median(secs);
-      const double gflops = PrefillFlops((*model)->config(), len) / t / 1e9;
-      std::cout << absl::StrFormat("| %s | prefill %d | %d | %.1f ms | %.0f | | %.1f (%.0f%%) |\n", name,
-                                   len, len, t * 1e3, len / t, gflops, 100.0 * gflops / peak_gflops);
-    }
-
-    for (int batch : {1, max_batch}) {
-      // Fill every sequence's context once (prefill), then time decode steps.
-      for (int s = 0; s < batch; ++s) {
-        ForwardBatch b;
-        b.sequences.push_back({.tokens = std::span(prompt).subspan(0, context), .start_pos = 0,
-                               .block_table = tables[s]});
-        if (auto st = (*runner)->Forward(b, std::span(logits).subspan(0, vocab)); !st.ok()) return 1;
-      }
-      std::vector<double> secs;
-      std::vector<int32_t> tokens(batch, 42);
-      for (int r = 0; r < reps + 1; ++r) {
-        ForwardBatch b;
-        for (int s = 0; s < batch; ++s) {
-          b.sequences.push_back({.tokens = std::span(tokens).subspan(s, 1),
-                                 .start_pos = context + r, .block_table = tables[s]});
-        }
-        const auto t0 = Clock::now();
-        if (auto st = (*runner)->Forward(b, std::span(logits).subspan(0, batch * vocab)); !st.ok()) {
-          std::cerr << st << "\n";
-          return 1;
-        }
-        if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-      const double t = Median(secs);
-      const KvBlockLayout& L = (*runner)->kv_layout();
-      const double kv_bytes = 2.0 * batch * (context + reps / 2) * L.slot_bytes() * L.num_layers;
-      const double bytes = WeightBytesReadPerStep(**model) + kv_bytes;
-      // Decode FLOPs: the per-token matrix products plus attention over the context.
-      const double flops = batch * (PrefillFlops((*model)->config(), 1) +
-                                    (*model)->config().num_layers * 4.0 * context *
-                                        (*model)->config().num_heads * (*model)->config().head_dim);
-      std::cout << absl::StrFormat("| %s | decode b=%d, context %d | %d | %.2f ms | %.1f | %.1f (%.0f%%) | %.1f (%.0f%%) |\n",
-                                   name, batch, context, batch, t * 1e3, batch / t, bytes / t / 1e9,
-                                   100.0 * bytes / t / 1e9 / copy_gbps, flops / t / 1e9,
-                                   100.0 * flops / t / 1e9 / peak_gflops);
+  std::vector<Row> rows;
+  if (const std::string spec = absl::GetFlag(FLAGS_model); !spec.empty()) {
+    PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(spec));
+    PD_RETURN_IF_ERROR(BenchModel(std::string(DTypeName(model->weights().layers[0].wq.dtype)),
+                                  model, prefill_lengths, batches, copy_gbps, peak_gflops, rows));
+  } else {
+    const std::vector<std::string> dtypes = absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',');
+    for (const auto& [name, dtype] : {std::pair{"f32", DType::kF32},
+                                      std::pair{"bf16", DType::kBF16},
+                                      std::pair{"f16", DType::kF16}}) {
+      if (std::find(dtypes.begin(), dtypes.end(), name) == dtypes.end()) continue;
+      PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
+                          MakeRandomModel("bench-110m", Llama110MConfig(), dtype, 1));
+      PD_RETURN_IF_ERROR(BenchModel(name, model, prefill_lengths, batches, copy_gbps, peak_gflops,
+                                    rows));
     }
   }
-  return 0;
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+    nlohmann::json j = {{"machine", bench::MachineDescription()}, {"threads", threads},
+                        {"copy_gbps", copy_gbps}, {"fma_gflops", peak_gflops},
+                        {"rows", nlohmann::json::array()}};
+    for (const Row& r : rows) {
+      j["rows"].push_back({{"weights", r.weights}, {"phase", r.phase}, {"seconds", r.seconds},
+                           {"tokens_per_s", r.tokens_per_s}, {"gbps", r.gbps},
+                           {"gflops", r.gflops}});
+    }
+    std::ofstream out(path);
+    out << j.dump(1) << "\n";
+    if (!out) return absl::InternalError(absl::StrCat("cannot write --json ", path));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 }  // namespace pdserve
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "pd-engine-bench [--model=DIR|builtin:...] [--dtypes=f32,bf16] [--threads=2]; see the "
+      "header of bench/engine_bench.cc");
   absl::ParseCommandLine(argc, argv);
-  return pdserve::Run();
+  if (const absl::Status s = pdserve::Run(); !s.ok()) {
+    std::cerr << "pd-engine-bench: " << s << "\n";
+    return 1;
+  }
+  return 0;
 }

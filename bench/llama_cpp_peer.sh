@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# pdserve's CPU engine against llama.cpp on this machine, the same weights,
+# one interleaved session (issue 19's table):
+#
+#   bench/llama_cpp_peer.sh LLAMA_CPP_SRC [--rounds N] [--threads T] [--out DIR]
+#
+# LLAMA_CPP_SRC is a llama.cpp source tree you fetched (never vendored
+# here); its commit is read with git, or from a .commit file in the tree
+# (for an exported tree). The script
+#   1. builds its llama-bench and llama-quantize (Release, GGML_NATIVE, in
+#      DIR/llama-build, ccache when present);
+#   2. writes one random ~110M Llama (bench/peer_model.py) as Hugging Face
+#      directories in f32, bf16 and f16 for pdserve and as an F32 GGUF, and
+#      quantizes the GGUF to F16, BF16 and Q8_0 with llama-quantize;
+#   3. runs, ROUNDS times, each weight type of both engines back to back:
+#      llama-bench -t T -p 128,512 -n 64, and pd-engine-bench on the same
+#      directory (prefill of 128 and 512 tokens, decode at batch 1 at
+#      context 32, the middle of llama-bench's 64 generated tokens);
+#   4. writes DIR/peer.md: per row the range over the rounds of each
+#      engine's tokens/s and the ratio of their medians, with the CPU flags.
+#
+# Pairs: F32 with F32; llama.cpp F16 and BF16 with pdserve BF16 and F16;
+# llama.cpp Q8_0 with pdserve int8 (--weights=int8) where pd-engine-bench
+# has it. pd-engine-bench is taken from BUILD_DIR (default build/).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+src="${1:?usage: bench/llama_cpp_peer.sh LLAMA_CPP_SRC [--rounds N] [--threads T] [--out DIR]}"
+shift
+rounds=2 threads=2 out="$here/peer-out"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --rounds) rounds="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    *) echo "llama_cpp_peer.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+build="${BUILD_DIR:-$here/build}"
+bench="$build/bench/pd-engine-bench"
+[[ -f "$src/examples/llama-bench/llama-bench.cpp" ]] ||
+  { echo "llama_cpp_peer.sh: $src is not a llama.cpp source tree (no examples/llama-bench)" >&2; exit 2; }
+[[ -x "$bench" ]] ||
+  { echo "llama_cpp_peer.sh: build pd-engine-bench first (cmake -DPDSERVE_BUILD_BENCH=ON; ninja -C $build pd-engine-bench)" >&2; exit 2; }
+mkdir -p "$out"
+say() { echo "llama_cpp_peer: $*" >&2; }
+
+say "building llama-bench and llama-quantize in $out/llama-build"
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S "$src" -B "$out/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF "${launcher[@]}" >"$out/llama-cmake.log" 2>&1
+cmake --build "$out/llama-build" --target llama-bench llama-quantize >"$out/llama-build.log"
+lbin="$out/llama-build/bin"
+commit="$(git -C "$src" rev-parse --short HEAD 2>/dev/null || cat "$src/.commit" 2>/dev/null || echo unknown)"
+
+if [[ ! -f "$out/model/model-f32.gguf" ]]; then
+  say "writing the model"
+  python3 "$here/bench/peer_model.py" "$out/model" --gguf_py "$src/gguf-py"
+fi
+for q in F16 BF16 Q8_0; do
+  f="$out/model/model-${q,,}.gguf"
+  [[ -f "$f" ]] || "$lbin/llama-quantize" "$out/model/model-f32.gguf" "$f" "$q" >"$out/quantize-$q.log" 2>&1
+done
+
+int8=0
+"$bench" --help 2>&1 | grep -q -- "--weights" && int8=1
+rm -f "$out"/round*.json
+for ((r = 1; r <= rounds; ++r)); do
+  for pair in "f32 f32 f32" "f16 f16 f16" "bf16 bf16 bf16" "q8_0 f32 int8"; do
+    read -r lq dir weights <<<"$pair"
+    [[ "$weights" == int8 && "$int8" == 0 ]] && continue
+    say "round $r/$rounds: llama.cpp $lq"
+    "$lbin/llama-bench" -m "$out/model/model-$lq.gguf" -t "$threads" -p 128,512 -n 64 -o json \
+      >"$out/round$r-llama-$lq.json" 2>"$out/round$r-llama-$lq.log"
+    say "round $r/$rounds: pdserve $weights"
+    extra=()
+    [[ "$weights" == int8 ]] && extra=(--weights=int8)
+    "$bench" --model="$out/model/$dir" "${extra[@]}" --threads="$threads" --prefill_lengths=128,512 \
+      --decode_batches=1 --decode_context=32 --json="$out/round$r-pdserve-$weights.json" \
+      >"$out/round$r-pdserve-$weights.md"
+  done
+done
+
+python3 - "$out" "$rounds" "$threads" "$commit" <<'EOF'
+import glob, json, statistics, sys
+out, rounds, threads, commit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+flags = [f for f in open("/proc/cpuinfo").read().split("flags\t\t: ")[1].split("\n")[0].split()
+         if f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                  "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")]
+model = next(l.split(": ", 1)[1] for l in open("/proc/cpuinfo") if l.startswith("model name"))
+def llama(q, key):  # tokens/s per round
+    vals = []
+    for r in range(1, rounds + 1):
+        try:
+            tests = json.load(open(f"{out}/round{r}-llama-{q}.json"))
+        except FileNotFoundError:
+            return []
+        for t in tests:
+            if (t["n_prompt"], t["n_gen"]) == key:
+                vals.append(t["avg_ts"])
+    return vals
+def ours(w, phase):
+    vals = []
+    for r in range(1, rounds + 1):
+        try:
+            rows = json.load(open(f"{out}/round{r}-pdserve-{w}.json"))["rows"]
+        except FileNotFoundError:
+            return []
+        vals += [x["tokens_per_s"] for x in rows if x["phase"] == phase]
+    return vals
+def rng(v):
+    return f"{min(v):.1f}–{max(v):.1f}" if v else "n/a"
+lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; "
+         f"{model.strip()}; flags {' '.join(flags)}", "",
+         "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians |",
+         "|---|---|---|---|---|"]
+for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("f16", "bf16"), ("q8_0", "int8")):
+    for phase, key in (("prefill 128", (128, 0)), ("prefill 512", (512, 0)), ("decode b=1", (0, 64))):
+        a, b = llama(lq, key), ours(w, phase)
+        if not a or not b:
+            continue
+        ratio = statistics.median(b) / statistics.median(a) if a else float("nan")
+        lines.append(f"| {lq.upper()} / {w.upper()} | {phase} | {rng(a)} | {rng(b)} | {ratio:.2f} |")
+open(f"{out}/peer.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
+say "table in $out/peer.md"
