@@ -17,7 +17,9 @@
 #      directory (prefill of 128 and 512 tokens, decode at batch 1 at
 #      context 32, the middle of llama-bench's 64 generated tokens);
 #   4. writes DIR/peer.md: per row the range over the rounds of each
-#      engine's tokens/s and the ratio of their medians, with the CPU flags.
+#      engine's tokens/s, the ratio of their medians and, for decode,
+#      pdserve's weight + KV bytes read per second over the copy bandwidth
+#      pd-engine-bench measured in the same run; with the CPU flags.
 #
 # Pairs: F32 with F32; llama.cpp F16 and BF16 with pdserve BF16 and F16;
 # llama.cpp Q8_0 with pdserve int8 (--weights=int8) where pd-engine-bench
@@ -99,28 +101,32 @@ def llama(q, key):  # tokens/s per round
             if (t["n_prompt"], t["n_gen"]) == key:
                 vals.append(t["avg_ts"])
     return vals
-def ours(w, phase):
+def ours(w, phase, key="tokens_per_s"):
+    """Per round: tokens/s, or with key="share" read GB/s over copy GB/s."""
     vals = []
     for r in range(1, rounds + 1):
         try:
-            rows = json.load(open(f"{out}/round{r}-pdserve-{w}.json"))["rows"]
+            run = json.load(open(f"{out}/round{r}-pdserve-{w}.json"))
         except FileNotFoundError:
             return []
-        vals += [x["tokens_per_s"] for x in rows if x["phase"] == phase]
+        vals += [x["gbps"] / run["copy_gbps"] if key == "share" else x[key]
+                 for x in run["rows"] if x["phase"] == phase]
     return vals
 def rng(v):
     return f"{min(v):.1f}–{max(v):.1f}" if v else "n/a"
 lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; "
          f"{model.strip()}; flags {' '.join(flags)}", "",
-         "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians |",
-         "|---|---|---|---|---|"]
+         "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians | pdserve read BW / copy BW |",
+         "|---|---|---|---|---|---|"]
 for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("f16", "bf16"), ("q8_0", "int8")):
     for phase, key in (("prefill 128", (128, 0)), ("prefill 512", (512, 0)), ("decode b=1", (0, 64))):
         a, b = llama(lq, key), ours(w, phase)
         if not a or not b:
             continue
-        ratio = statistics.median(b) / statistics.median(a) if a else float("nan")
-        lines.append(f"| {lq.upper()} / {w.upper()} | {phase} | {rng(a)} | {rng(b)} | {ratio:.2f} |")
+        ratio = statistics.median(b) / statistics.median(a)
+        share = ours(w, phase, "share") if phase.startswith("decode") else []
+        share = f"{statistics.median(share) * 100:.0f}%" if share else ""
+        lines.append(f"| {lq.upper()} / {w.upper()} | {phase} | {rng(a)} | {rng(b)} | {ratio:.2f} | {share} |")
 open(f"{out}/peer.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF

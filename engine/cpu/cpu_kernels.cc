@@ -31,13 +31,14 @@ inline float HorizontalSum(__m256 v) {
 }
 
 // A register tile: MR rows of x against NR rows of w over the whole k.
-// Small tiles (decode: MR = 1 or 2) would be bound by the FMA latency with
-// only MR * NR dependency chains, so they keep two banks of accumulators
-// and alternate between them along k.
+// Small tiles would be bound by the FMA latency with only MR * NR
+// dependency chains, so they keep several banks of accumulators and
+// alternate between them along k: at least four chains for one weight row
+// (NR = 1, the few-row path of MatMulTyped), two for up to six.
 template <DType T, int MR, int NR>
 void MatMulTile(const float* x, int64_t k, const std::byte* w, float* y, int64_t ldy) {
   constexpr size_t kElem = DTypeSize(T);
-  constexpr int kBanks = MR * NR <= 6 ? 2 : 1;
+  constexpr int kBanks = NR == 1 ? (MR == 1 ? 4 : 2) : MR * NR <= 6 ? 2 : 1;
   __m256 acc[kBanks][MR][NR];
   for (int b = 0; b < kBanks; ++b)
     for (int i = 0; i < MR; ++i)
@@ -47,14 +48,6 @@ void MatMulTile(const float* x, int64_t k, const std::byte* w, float* y, int64_t
     for (int b = 0; b < kBanks; ++b) {
       const int64_t at = kk + 8 * b;
       __m256 wv[NR];
-      if constexpr (MR <= 2) {
-        // Decode reads each weight row once, NR short rows at a time; the
-        // hardware prefetcher restarts at every row, so warm the next
-        // tile's rows (they follow these in memory). Prefetches never fault.
-        for (int j = 0; j < NR; ++j) {
-          _mm_prefetch(reinterpret_cast<const char*>(w + ((j + NR) * k + at) * kElem), _MM_HINT_T0);
-        }
-      }
       for (int j = 0; j < NR; ++j) wv[j] = Load8<T>(w + (j * k + at) * kElem);
       for (int i = 0; i < MR; ++i) {
         const __m256 xv = _mm256_loadu_ps(x + i * k + at);
@@ -88,6 +81,9 @@ constexpr int kMaxNR = 3;
 // Weight rows per parallel task: small enough to stay in L2 while every
 // row block of x streams past them.
 constexpr int64_t kRowsPerTask = 48;
+// Parallel tasks per thread on the few-row path (m <= kMaxMR): a few, so a
+// slow thread can be helped, each a long run of consecutive rows.
+constexpr int64_t kFewRowTasksPerThread = 4;
 
 using TileFn = void (*)(const float*, int64_t, const std::byte*, float*, int64_t);
 
@@ -105,11 +101,31 @@ struct TileTable {
   };
 };
 
+// With few rows of x (decode: one per sequence) the product is bound by
+// reading w, once. Tiles of several weight rows read several short rows
+// at a time, each a stream the hardware prefetcher must find anew (k
+// elements, a few KiB); measured on an EPYC VM, that reached half the read
+// bandwidth. So that path reads w in order, one row at a time (NR = 1),
+// in long runs of rows per task: one sequential stream per thread, at the
+// read bandwidth (bench/engine_bench.cc). Many rows of x (prefill) are
+// bound by the FMAs, and keep register tiles of NR = 3 weight rows.
 template <DType T>
 void MatMulTyped(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads) {
   const int64_t n = w.rows;
   const int64_t k = w.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(T);
+  if (m <= kMaxMR) {
+    const int mr = static_cast<int>(m);
+    const int64_t tasks = std::min<int64_t>(n, num_threads * kFewRowTasksPerThread);
+    const int threads = static_cast<int>(std::min<int64_t>(num_threads, tasks));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      for (int64_t j = n * task / tasks; j < n * (task + 1) / tasks; ++j) {
+        TileTable<T>::kTiles[mr - 1][0](x, k, w.data + j * row_bytes, y + j, n);
+      }
+    }
+    return;
+  }
   const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
   const int threads = static_cast<int>(std::min<int64_t>(num_threads, tasks));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)

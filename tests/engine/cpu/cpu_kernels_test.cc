@@ -60,7 +60,12 @@ INSTANTIATE_TEST_SUITE_P(
                       MatMulCase{3, 50, 64, DType::kF32}, MatMulCase{4, 96, 67, DType::kF32},
                       MatMulCase{17, 131, 200, DType::kF32}, MatMulCase{5, 49, 8, DType::kBF16},
                       MatMulCase{9, 100, 129, DType::kBF16}, MatMulCase{2, 37, 31, DType::kF16},
-                      MatMulCase{13, 97, 256, DType::kF16}),
+                      MatMulCase{13, 97, 256, DType::kF16},
+                      // The few-row path (m <= 4): one weight row at a time,
+                      // up to four accumulator banks, k tails of 8 and of 1.
+                      MatMulCase{1, 200, 768, DType::kBF16}, MatMulCase{1, 5, 45, DType::kF16},
+                      MatMulCase{2, 33, 100, DType::kF32}, MatMulCase{3, 10, 40, DType::kBF16},
+                      MatMulCase{4, 64, 2048, DType::kF32}, MatMulCase{1, 3, 7, DType::kF32}),
     [](const auto& info) {
       return absl::StrCat("m", info.param.m, "n", info.param.n, "k", info.param.k,
                           std::string(DTypeName(info.param.dtype)));
