@@ -90,28 +90,20 @@ flags = [f for f in open("/proc/cpuinfo").read().split("flags\t\t: ")[1].split("
          if f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
                   "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")]
 model = next(l.split(": ", 1)[1] for l in open("/proc/cpuinfo") if l.startswith("model name"))
+def rounds_of(name):
+    """The JSON of every round of one run (llama-<q> or pdserve-<weights>);
+    none when a round did not run it."""
+    try:
+        return [json.load(open(f"{out}/round{r}-{name}.json")) for r in range(1, rounds + 1)]
+    except FileNotFoundError:
+        return []
 def llama(q, key):  # tokens/s per round
-    vals = []
-    for r in range(1, rounds + 1):
-        try:
-            tests = json.load(open(f"{out}/round{r}-llama-{q}.json"))
-        except FileNotFoundError:
-            return []
-        for t in tests:
-            if (t["n_prompt"], t["n_gen"]) == key:
-                vals.append(t["avg_ts"])
-    return vals
+    return [t["avg_ts"] for tests in rounds_of(f"llama-{q}") for t in tests
+            if (t["n_prompt"], t["n_gen"]) == key]
 def ours(w, phase, key="tokens_per_s"):
     """Per round: tokens/s, or with key="share" read GB/s over copy GB/s."""
-    vals = []
-    for r in range(1, rounds + 1):
-        try:
-            run = json.load(open(f"{out}/round{r}-pdserve-{w}.json"))
-        except FileNotFoundError:
-            return []
-        vals += [x["gbps"] / run["copy_gbps"] if key == "share" else x[key]
-                 for x in run["rows"] if x["phase"] == phase]
-    return vals
+    return [x["gbps"] / run["copy_gbps"] if key == "share" else x[key]
+            for run in rounds_of(f"pdserve-{w}") for x in run["rows"] if x["phase"] == phase]
 def rng(v):
     return f"{min(v):.1f}–{max(v):.1f}" if v else "n/a"
 lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; "
