@@ -195,6 +195,13 @@ absl::StatusOr<ChildMeasurement> MeasureInChild(const EngineProfileOptions& o,
   return out;
 }
 
+// The drift check's probe of `profile`'s engine, run now in a child under
+// its share: its ProbeRatio (profiler.h).
+absl::StatusOr<double> ProbeRatioNow(const Profile& profile, const std::string& dir) {
+  PD_ASSIGN_OR_RETURN(ChildMeasurement probe, MeasureInChild(DriftProbeOptions(profile), {}, dir));
+  return ProbeRatio(profile, probe.samples);
+}
+
 absl::Status RunProfile() {
   const double cpus = absl::GetFlag(FLAGS_worker_cpus);
   Progress(absl::StrCat("engine steps and transfers",
@@ -238,14 +245,10 @@ absl::Status RunProfile() {
     p.max_context = model->config().max_position_embeddings;
   }
   p.transfers = measured.transfers;
-  {
-    // The drift check's probe, right after the profile: what a later
-    // check measures relative to.
-    Progress("the drift check's probe");
-    PD_ASSIGN_OR_RETURN(ChildMeasurement probe,
-                        MeasureInChild(DriftProbeOptions(p), {}, RunDir("profile-probe")));
-    PD_ASSIGN_OR_RETURN(p.probe_ratio, ProbeRatio(p, probe.samples));
-  }
+  // The drift check's probe, right after the profile: what a later check
+  // measures relative to.
+  Progress("the drift check's probe");
+  PD_ASSIGN_OR_RETURN(p.probe_ratio, ProbeRatioNow(p, RunDir("profile-probe")));
   ServingCostOptions serving;
   serving.launch = LaunchOptionsFor(p);
   serving.launch.dir = RunDir("profile-cluster");
@@ -587,14 +590,13 @@ absl::Status RunValidate() {
     // the drift measured right before its runs (none when comparing with
     // an earlier measurement, whose machine state is gone).
     Profile now = profile;
+    const bool check_drift = earlier.is_null() && absl::GetFlag(FLAGS_drift_check);
     double drift = 1;
     bool applied = false;
-    if (earlier.is_null() && absl::GetFlag(FLAGS_drift_check)) {
+    if (check_drift) {
       Progress(absl::StrCat("validate: drift check before ", name));
-      PD_ASSIGN_OR_RETURN(ChildMeasurement probe,
-                          MeasureInChild(DriftProbeOptions(profile), {},
-                                         absl::StrCat(launch.dir, "-drift")));
-      PD_ASSIGN_OR_RETURN(const double ratio, ProbeRatio(profile, probe.samples));
+      PD_ASSIGN_OR_RETURN(const double ratio,
+                          ProbeRatioNow(profile, absl::StrCat(launch.dir, "-drift")));
       drift = ratio / profile.probe_ratio;
       applied = std::abs(drift - 1) > absl::GetFlag(FLAGS_drift_threshold);
       if (applied) now = WithDrift(profile, drift);
@@ -607,7 +609,7 @@ absl::Status RunValidate() {
     }
     std::vector<SweepPoint> predicted_points, measured_points;
     std::cout << absl::StrFormat("\n%s\n\n", shape.Name());
-    if (drift != 1) {
+    if (check_drift) {
       std::cout << absl::StrFormat(
           "Drift check: engine steps take %.2fx what the profile predicts now; %s.\n\n", drift,
           applied ? "its CPU costs are scaled by that"

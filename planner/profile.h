@@ -116,9 +116,10 @@ struct Profile {
 };
 
 // `profile` with what a worker's CPU does scaled by `drift` (a probe's
-// ProbeRatio over the profile's probe_ratio, profiler.h): the step cost and the decode step overheads. The first-token,
-// hand-off and delivery costs and the transfers stay: they are mostly
-// waiting (network, polls), not the CPU the drift check measures.
+// ProbeRatio over the profile's probe_ratio, profiler.h): the step cost
+// and the decode step overheads. The first-token, hand-off and delivery
+// costs and the transfers stay: they are mostly waiting (network, polls),
+// not the CPU the drift check measures.
 Profile WithDrift(Profile profile, double drift);
 
 // The bounds every reader of a profile relies on: counts at least 1

@@ -172,7 +172,9 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
     if (o.progress) o.progress(line);
   };
 
-  std::vector<int32_t> chunk_sizes, batches, contexts;
+  // The design: prefill chunk sizes, decode batches at contexts, and the
+  // decode batches of mixed steps.
+  std::vector<int32_t> chunk_sizes, batches, contexts, mixed_batches;
   if (o.probe) {
     chunk_sizes = {std::min(64, o.max_batch_tokens), o.max_batch_tokens};
     batches = {1, std::min(8, o.max_running)};
@@ -181,6 +183,7 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
     for (int32_t n = 16; n <= o.max_batch_tokens; n *= 2) chunk_sizes.push_back(n);
     for (int32_t b = 1; b <= o.max_running; b *= 2) batches.push_back(b);
     contexts = {64, o.max_context / 4, o.max_context};
+    mixed_batches = {1, 8, 32};
   }
   chunk_sizes.erase(std::unique(chunk_sizes.begin(), chunk_sizes.end()), chunk_sizes.end());
   batches.erase(std::unique(batches.begin(), batches.end()), batches.end());
@@ -247,8 +250,7 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
   }
 
   // Mixed: b decodes at context 256 plus a new prompt of n tokens.
-  for (int32_t b : {1, 8, 32}) {
-    if (o.probe) break;
+  for (int32_t b : mixed_batches) {
     if (b > o.max_running - 1) continue;
     for (int32_t n : {64, o.max_batch_tokens - b}) {
       if (n < 1 || n > o.max_batch_tokens - b) continue;
