@@ -11,7 +11,7 @@
 #      DIR/llama-build, ccache when present);
 #   2. writes one random ~110M Llama (bench/peer_model.py) as Hugging Face
 #      directories in f32, bf16 and f16 for pdserve and as an F32 GGUF, and
-#      quantizes the GGUF to F16, BF16 and Q8_0 with llama-quantize;
+#      quantizes the GGUF to F16 and BF16 with llama-quantize;
 #   3. runs, ROUNDS times, each weight type of both engines back to back:
 #      llama-bench -t T -p 128,512 -n 64, and pd-engine-bench on the same
 #      directory (prefill of 128 and 512 tokens, decode at batch 1 at
@@ -19,11 +19,12 @@
 #   4. writes DIR/peer.md: per row the range over the rounds of each
 #      engine's tokens/s, the ratio of their medians and, for decode,
 #      pdserve's weight + KV bytes read per second over the copy bandwidth
-#      pd-engine-bench measured in the same run; with the CPU flags.
+#      pd-engine-bench measured in the same run; with the machine line
+#      (CPU flags) pd-engine-bench printed.
 #
-# Pairs: F32 with F32; llama.cpp F16 and BF16 with pdserve BF16 and F16;
-# llama.cpp Q8_0 with pdserve int8 (--weights=int8) where pd-engine-bench
-# has it. pd-engine-bench is taken from BUILD_DIR (default build/).
+# Pairs: F32 with F32; llama.cpp F16 and BF16 with pdserve F16 and BF16,
+# and llama.cpp F16 with pdserve BF16. pd-engine-bench is taken from
+# BUILD_DIR (default build/).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 src="${1:?usage: bench/llama_cpp_peer.sh LLAMA_CPP_SRC [--rounds N] [--threads T] [--out DIR]}"
@@ -59,37 +60,27 @@ if [[ ! -f "$out/model/model-f32.gguf" ]]; then
   say "writing the model"
   python3 "$here/bench/peer_model.py" "$out/model" --gguf_py "$src/gguf-py"
 fi
-for q in F16 BF16 Q8_0; do
+for q in F16 BF16; do
   f="$out/model/model-${q,,}.gguf"
   [[ -f "$f" ]] || "$lbin/llama-quantize" "$out/model/model-f32.gguf" "$f" "$q" >"$out/quantize-$q.log" 2>&1
 done
 
-int8=0
-"$bench" --help 2>&1 | grep -q -- "--weights" && int8=1
 rm -f "$out"/round*.json
 for ((r = 1; r <= rounds; ++r)); do
-  for pair in "f32 f32 f32" "f16 f16 f16" "bf16 bf16 bf16" "q8_0 f32 int8"; do
-    read -r lq dir weights <<<"$pair"
-    [[ "$weights" == int8 && "$int8" == 0 ]] && continue
-    say "round $r/$rounds: llama.cpp $lq"
-    "$lbin/llama-bench" -m "$out/model/model-$lq.gguf" -t "$threads" -p 128,512 -n 64 -o json \
-      >"$out/round$r-llama-$lq.json" 2>"$out/round$r-llama-$lq.log"
+  for weights in f32 f16 bf16; do
+    say "round $r/$rounds: llama.cpp $weights"
+    "$lbin/llama-bench" -m "$out/model/model-$weights.gguf" -t "$threads" -p 128,512 -n 64 -o json \
+      >"$out/round$r-llama-$weights.json" 2>"$out/round$r-llama-$weights.log"
     say "round $r/$rounds: pdserve $weights"
-    extra=()
-    [[ "$weights" == int8 ]] && extra=(--weights=int8)
-    "$bench" --model="$out/model/$dir" "${extra[@]}" --threads="$threads" --prefill_lengths=128,512 \
+    "$bench" --model="$out/model/$weights" --threads="$threads" --prefill_lengths=128,512 \
       --decode_batches=1 --decode_context=32 --json="$out/round$r-pdserve-$weights.json" \
       >"$out/round$r-pdserve-$weights.md"
   done
 done
 
 python3 - "$out" "$rounds" "$threads" "$commit" <<'EOF'
-import glob, json, statistics, sys
+import json, statistics, sys
 out, rounds, threads, commit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-flags = [f for f in open("/proc/cpuinfo").read().split("flags\t\t: ")[1].split("\n")[0].split()
-         if f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-                  "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")]
-model = next(l.split(": ", 1)[1] for l in open("/proc/cpuinfo") if l.startswith("model name"))
 def rounds_of(name):
     """The JSON of every round of one run (llama-<q> or pdserve-<weights>);
     none when a round did not run it."""
@@ -106,11 +97,12 @@ def ours(w, phase, key="tokens_per_s"):
             for run in rounds_of(f"pdserve-{w}") for x in run["rows"] if x["phase"] == phase]
 def rng(v):
     return f"{min(v):.1f}–{max(v):.1f}" if v else "n/a"
-lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; "
-         f"{model.strip()}; flags {' '.join(flags)}", "",
+machine = rounds_of("pdserve-f32")[0]["machine"]  # bench/bench_process.h MachineDescription.
+lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; {machine}",
+         "",
          "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians | pdserve read BW / copy BW |",
          "|---|---|---|---|---|---|"]
-for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("f16", "bf16"), ("q8_0", "int8")):
+for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("f16", "bf16")):
     for phase, key in (("prefill 128", (128, 0)), ("prefill 512", (512, 0)), ("decode b=1", (0, 64))):
         a, b = llama(lq, key), ours(w, phase)
         if not a or not b:

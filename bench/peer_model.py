@@ -8,7 +8,7 @@ the CPU peer comparison reads (bench/llama_cpp_peer.sh):
   OUT/model-f32.gguf           the same weights for llama.cpp, written with
                                the gguf-py package of the llama.cpp source
                                tree given by --gguf_py (llama-quantize makes
-                               the F16, BF16 and Q8_0 files from it).
+                               the F16 and BF16 files from it).
 
 The GGUF's Q and K rows are reordered for GGML's adjacent-pair RoPE (HF's
 rotates element i with element i + head_dim / 2), so that both engines
