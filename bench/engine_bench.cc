@@ -32,6 +32,7 @@
 #include "bench/bench_process.h"
 #include "common/status_macros.h"
 #include "engine/builtin_tiny.h"
+#include "engine/cpu/cpu_kernels.h"
 #include "engine/model_runner.h"
 #include "nlohmann/json.hpp"
 
@@ -44,6 +45,9 @@ ABSL_FLAG(std::string, model, "",
 ABSL_FLAG(std::string, prefill_lengths, "128,512", "Prompt lengths of the prefill figures");
 ABSL_FLAG(std::string, decode_batches, "1,16", "Batch sizes of the decode figures");
 ABSL_FLAG(std::string, json, "", "Also write every figure here as JSON");
+ABSL_FLAG(bool, bf16_activations, false,
+          "Multiply bf16 weights by activations rounded to bf16 "
+          "(ModelRunnerOptions::bf16_activations); their rows say so");
 
 namespace pdserve {
 namespace {
@@ -161,6 +165,11 @@ absl::Status BenchModel(const std::string& label, std::shared_ptr<const Model> m
   const int threads = absl::GetFlag(FLAGS_threads);
   const int reps = absl::GetFlag(FLAGS_reps);
   const int context = absl::GetFlag(FLAGS_decode_context);
+  const bool bf16_activations = absl::GetFlag(FLAGS_bf16_activations);
+  const std::string weights =
+      bf16_activations && model->weights().layers[0].wq.dtype == DType::kBF16
+          ? absl::StrCat(label, " (bf16 activations)")
+          : label;
   const ModelConfig& config = model->config();
   const int vocab = config.vocab_size;
   const int block_size = 16;
@@ -171,7 +180,8 @@ absl::Status BenchModel(const std::string& label, std::shared_ptr<const Model> m
   PD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                       CreateModelRunner(model, {.num_kv_blocks = max_batch * blocks_per_seq,
                                                 .block_size = block_size,
-                                                .num_threads = threads}));
+                                                .num_threads = threads,
+                                                .bf16_activations = bf16_activations}));
   std::vector<std::vector<BlockId>> tables(max_batch);
   for (int s = 0; s < max_batch; ++s) {
     for (int b = 0; b < blocks_per_seq; ++b) tables[s].push_back(BlockId(s * blocks_per_seq + b));
@@ -199,7 +209,7 @@ absl::Status BenchModel(const std::string& label, std::shared_ptr<const Model> m
       PD_RETURN_IF_ERROR(runner->Forward(b, std::span(logits).subspan(0, vocab)));
       if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    Row row{.weights = label, .phase = absl::StrCat("prefill ", len), .seconds = Median(secs)};
+    Row row{.weights = weights, .phase = absl::StrCat("prefill ", len), .seconds = Median(secs)};
     row.tokens_per_s = len / row.seconds;
     row.gflops = PrefillFlops(config, len) / row.seconds / 1e9;
     print(row, len);
@@ -226,7 +236,7 @@ absl::Status BenchModel(const std::string& label, std::shared_ptr<const Model> m
       PD_RETURN_IF_ERROR(runner->Forward(b, std::span(logits).subspan(0, batch * vocab)));
       if (r > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    Row row{.weights = label, .phase = absl::StrCat("decode b=", batch), .seconds = Median(secs)};
+    Row row{.weights = weights, .phase = absl::StrCat("decode b=", batch), .seconds = Median(secs)};
     const KvBlockLayout& L = runner->kv_layout();
     const double kv_bytes = 2.0 * batch * (context + reps / 2) * L.slot_bytes() * L.num_layers;
     // Decode FLOPs: the per-token matrix products plus attention over the context.
@@ -257,9 +267,13 @@ absl::Status Run() {
   }
   const double copy_gbps = MeasureCopyBandwidth(threads, reps);
   const double peak_gflops = MeasureFmaPeak(threads, reps);
-  std::cout << absl::StrFormat("%s\ncopy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak: %.1f "
+  const std::string_view kernels = cpu::CpuIsaName(cpu::DefaultCpuIsa());
+  std::cout << absl::StrFormat("%s\nkernels: avx2 for fp32 activations, %s for bf16 ones "
+                               "(PDSERVE_CPU_ISA caps them)\n"
+                               "copy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak: %.1f "
                                "GFLOP/s\n\n",
-                               bench::MachineDescription(), threads, copy_gbps, peak_gflops);
+                               bench::MachineDescription(), kernels, threads, copy_gbps,
+                               peak_gflops);
   std::cout << "| weights | phase | tokens per forward | median time | tokens/s | GB/s read (share of copy BW) | GFLOP/s (share of FMA peak) |\n"
                "|---|---|---|---|---|---|---|\n";
 
@@ -281,7 +295,9 @@ absl::Status Run() {
     }
   }
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
-    nlohmann::json j = {{"machine", bench::MachineDescription()}, {"threads", threads},
+    nlohmann::json j = {{"machine", bench::MachineDescription()},
+                        {"bf16_activation_kernels", std::string(kernels)},
+                        {"threads", threads},
                         {"copy_gbps", copy_gbps}, {"fma_gflops", peak_gflops},
                         {"rows", nlohmann::json::array()}};
     for (const Row& r : rows) {

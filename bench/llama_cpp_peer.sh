@@ -23,7 +23,9 @@
 #      (CPU flags) pd-engine-bench printed.
 #
 # Pairs: F32 with F32; llama.cpp F16 and BF16 with pdserve F16 and BF16,
-# and llama.cpp F16 with pdserve BF16. pd-engine-bench is taken from
+# and llama.cpp F16 with pdserve BF16; pdserve's BF16 rows twice, with
+# fp32 activations (its default) and with bf16 ones (--bf16_activations,
+# what llama.cpp does with BF16 weights). pd-engine-bench is taken from
 # BUILD_DIR (default build/).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -76,6 +78,11 @@ for ((r = 1; r <= rounds; ++r)); do
       --decode_batches=1 --decode_context=32 --json="$out/round$r-pdserve-$weights.json" \
       >"$out/round$r-pdserve-$weights.md"
   done
+  # bf16 weights again with bf16 activations, as llama.cpp multiplies them.
+  say "round $r/$rounds: pdserve bf16, bf16 activations"
+  "$bench" --model="$out/model/bf16" --threads="$threads" --prefill_lengths=128,512 \
+    --decode_batches=1 --decode_context=32 --bf16_activations \
+    --json="$out/round$r-pdserve-bf16a.json" >"$out/round$r-pdserve-bf16a.md"
 done
 
 python3 - "$out" "$rounds" "$threads" "$commit" <<'EOF'
@@ -97,12 +104,17 @@ def ours(w, phase, key="tokens_per_s"):
             for run in rounds_of(f"pdserve-{w}") for x in run["rows"] if x["phase"] == phase]
 def rng(v):
     return f"{min(v):.1f}–{max(v):.1f}" if v else "n/a"
-machine = rounds_of("pdserve-f32")[0]["machine"]  # bench/bench_process.h MachineDescription.
-lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; {machine}",
+first = rounds_of("pdserve-f32")[0]
+machine = first["machine"]  # bench/bench_process.h MachineDescription.
+kernels = first.get("bf16_activation_kernels", "avx2")
+lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; {machine}; "
+         f"pdserve kernels: avx2, {kernels} for bf16 activations",
          "",
          "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians | pdserve read BW / copy BW |",
          "|---|---|---|---|---|---|"]
-for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("f16", "bf16")):
+names = {"bf16a": "BF16, bf16 activations"}
+for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("bf16", "bf16a"), ("f16", "bf16"),
+              ("f16", "bf16a")):
     for phase, key in (("prefill 128", (128, 0)), ("prefill 512", (512, 0)), ("decode b=1", (0, 64))):
         a, b = llama(lq, key), ours(w, phase)
         if not a or not b:
@@ -110,7 +122,7 @@ for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("f16", "bf16"))
         ratio = statistics.median(b) / statistics.median(a)
         share = ours(w, phase, "share") if phase.startswith("decode") else []
         share = f"{statistics.median(share) * 100:.0f}%" if share else ""
-        lines.append(f"| {lq.upper()} / {w.upper()} | {phase} | {rng(a)} | {rng(b)} | {ratio:.2f} | {share} |")
+        lines.append(f"| {lq.upper()} / {names.get(w, w.upper())} | {phase} | {rng(a)} | {rng(b)} | {ratio:.2f} | {share} |")
 open(f"{out}/peer.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF

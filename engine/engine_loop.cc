@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(
                                 .num_kv_blocks = config.num_kv_blocks,
                                 .kv_cache_bytes = config.kv_cache_bytes,
                                 .block_size = config.block_size,
-                                .num_threads = config.num_threads}));
+                                .num_threads = config.num_threads,
+                                .bf16_activations = config.bf16_activations}));
   Options options;
   options.generator = {.max_batch_tokens = config.max_batch_tokens,
                        .max_running = config.max_running,

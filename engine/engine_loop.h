@@ -73,6 +73,8 @@ struct EngineConfig {
   int32_t block_size = 16;
   // Engine threads for the cpu backend; 0 uses every core. Default: 0.
   int32_t num_threads = 0;
+  // See ModelRunnerOptions. Default: false.
+  bool bf16_activations = false;
   // Token budget of one engine step; longer prompts are prefilled in
   // chunks. Default: 512.
   int32_t max_batch_tokens = 512;

@@ -67,6 +67,11 @@ struct ModelRunnerOptions {
   int32_t block_size = 16;
   // Worker threads for the cpu backend; 0 uses every core. Default: 0.
   int32_t num_threads = 0;
+  // cpu backend: bf16 weights multiply activations rounded to bf16, as a
+  // PyTorch bf16 model, llama.cpp's BF16 weights and the cuda backend do
+  // (cpu::MatMulOptions): faster prefill where the CPU has AVX512_BF16,
+  // logits ~1% from the fp32 ones. Default: false.
+  bool bf16_activations = false;
   // cuda backend: replay decode steps (one token per sequence) through
   // CUDA graphs captured per padded batch size. Default: true.
   bool cuda_graphs = true;

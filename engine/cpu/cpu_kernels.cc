@@ -1,83 +1,21 @@
 #include "engine/cpu/cpu_kernels.h"
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numbers>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/matmul_kernels.h"
 
 namespace pdserve::cpu {
 namespace {
 
-// Eight weights starting at p, widened to fp32.
-template <DType T>
-inline __m256 Load8(const std::byte* p) {
-  if constexpr (T == DType::kF32) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-  } else if constexpr (T == DType::kBF16) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  } else {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-}
-
-inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// A register tile: MR rows of x against NR rows of w over the whole k.
-// Small tiles would be bound by the FMA latency with only MR * NR
-// dependency chains, so they keep several banks of accumulators and
-// alternate between them along k: at least four chains for one weight row
-// (NR = 1, the few-row path of MatMulTyped), two for up to six.
-template <DType T, int MR, int NR>
-void MatMulTile(const float* x, int64_t k, const std::byte* w, float* y, int64_t ldy) {
-  constexpr size_t kElem = DTypeSize(T);
-  constexpr int kBanks = NR == 1 ? (MR == 1 ? 4 : 2) : MR * NR <= 6 ? 2 : 1;
-  __m256 acc[kBanks][MR][NR];
-  for (int b = 0; b < kBanks; ++b)
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) acc[b][i][j] = _mm256_setzero_ps();
-  int64_t kk = 0;
-  for (; kk + 8 * kBanks <= k; kk += 8 * kBanks) {
-    for (int b = 0; b < kBanks; ++b) {
-      const int64_t at = kk + 8 * b;
-      __m256 wv[NR];
-      for (int j = 0; j < NR; ++j) wv[j] = Load8<T>(w + (j * k + at) * kElem);
-      for (int i = 0; i < MR; ++i) {
-        const __m256 xv = _mm256_loadu_ps(x + i * k + at);
-        for (int j = 0; j < NR; ++j) acc[b][i][j] = _mm256_fmadd_ps(xv, wv[j], acc[b][i][j]);
-      }
-    }
-  }
-  for (; kk + 8 <= k; kk += 8) {  // A last group of 8 when two banks do not fit.
-    for (int j = 0; j < NR; ++j) {
-      const __m256 wv = Load8<T>(w + (j * k + kk) * kElem);
-      for (int i = 0; i < MR; ++i) {
-        acc[0][i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + kk), wv, acc[0][i][j]);
-      }
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) {
-      __m256 sum = acc[0][i][j];
-      for (int b = 1; b < kBanks; ++b) sum = _mm256_add_ps(sum, acc[b][i][j]);
-      float s = HorizontalSum(sum);
-      for (int64_t t = kk; t < k; ++t) {
-        s += x[i * k + t] * LoadAsFloat(w + j * k * kElem, T, t);
-      }
-      y[i * ldy + j] = s;
-    }
-  }
-}
-
-constexpr int kMaxMR = 4;
-constexpr int kMaxNR = 3;
+constexpr int kMaxMR = internal::kMaxTileRows;
+constexpr int kMaxNR = internal::kMaxTileCols;
 // Weight rows per parallel task: small enough to stay in L2 while every
 // row block of x streams past them.
 constexpr int64_t kRowsPerTask = 48;
@@ -85,21 +23,22 @@ constexpr int64_t kRowsPerTask = 48;
 // slow thread can be helped, each a long run of consecutive rows.
 constexpr int64_t kFewRowTasksPerThread = 4;
 
-using TileFn = void (*)(const float*, int64_t, const std::byte*, float*, int64_t);
+CpuIsa BestCpuIsa() {
+  CpuIsa best = CpuIsa::kAvx2;
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (CpuRuns(isa)) best = isa;
+  }
+  return best;
+}
 
-template <DType T, int MR, int NR>
-constexpr TileFn TileFor() { return &MatMulTile<T, MR, NR>; }
-
-template <DType T>
-struct TileTable {
-  // kTiles[mr - 1][nr - 1]
-  static constexpr TileFn kTiles[kMaxMR][kMaxNR] = {
-      {TileFor<T, 1, 1>(), TileFor<T, 1, 2>(), TileFor<T, 1, 3>()},
-      {TileFor<T, 2, 1>(), TileFor<T, 2, 2>(), TileFor<T, 2, 3>()},
-      {TileFor<T, 3, 1>(), TileFor<T, 3, 2>(), TileFor<T, 3, 3>()},
-      {TileFor<T, 4, 1>(), TileFor<T, 4, 2>(), TileFor<T, 4, 3>()},
-  };
-};
+// Scratch for x rounded to bf16, one per thread and type; grown, never
+// shrunk, so that steady decoding allocates nothing.
+template <typename T>
+std::span<T> Scratch(size_t n) {
+  thread_local std::vector<T> scratch;
+  if (scratch.size() < n) scratch.resize(n);
+  return {scratch.data(), n};
+}
 
 // With few rows of x (decode: one per sequence) the product is bound by
 // reading w, once. Tiles of several weight rows read several short rows
@@ -108,20 +47,21 @@ struct TileTable {
 // bandwidth. So that path reads w in order, one row at a time (NR = 1),
 // in long runs of rows per task: one sequential stream per thread, at the
 // read bandwidth (bench/engine_bench.cc). Many rows of x (prefill) are
-// bound by the FMAs, and keep register tiles of NR = 3 weight rows.
-template <DType T>
-void MatMulTyped(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads) {
+// bound by the multiply-adds, and keep register tiles of NR = 3 weight rows.
+void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_elem, int64_t m,
+                 const WeightMatrix& w, float* y, int num_threads) {
   const int64_t n = w.rows;
   const int64_t k = w.cols;
-  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(T);
+  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
+  const auto* x_bytes = static_cast<const std::byte*>(x);
   if (m <= kMaxMR) {
-    const int mr = static_cast<int>(m);
+    const internal::TileFn tile = kernels.tiles[m - 1][0];
     const int64_t tasks = std::min<int64_t>(n, num_threads * kFewRowTasksPerThread);
     const int threads = static_cast<int>(std::min<int64_t>(num_threads, tasks));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
     for (int64_t task = 0; task < tasks; ++task) {
       for (int64_t j = n * task / tasks; j < n * (task + 1) / tasks; ++j) {
-        TileTable<T>::kTiles[mr - 1][0](x, k, w.data + j * row_bytes, y + j, n);
+        tile(x, k, w.data + j * row_bytes, y + j, n);
       }
     }
     return;
@@ -136,8 +76,8 @@ void MatMulTyped(const float* x, int64_t m, const WeightMatrix& w, float* y, int
       const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, m - m0));
       for (int64_t j = n0; j < n1; j += kMaxNR) {
         const int nr = static_cast<int>(std::min<int64_t>(kMaxNR, n1 - j));
-        TileTable<T>::kTiles[mr - 1][nr - 1](x + m0 * k, k, w.data + j * row_bytes,
-                                             y + m0 * n + j, n);
+        kernels.tiles[mr - 1][nr - 1](x_bytes + m0 * k * x_elem, k, w.data + j * row_bytes,
+                                      y + m0 * n + j, n);
       }
     }
   }
@@ -152,16 +92,74 @@ inline float Dot(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads) {
-  if (m <= 0 || w.rows == 0) return;
-  switch (w.dtype) {
-    case DType::kF32:
-      return MatMulTyped<DType::kF32>(x, m, w, y, num_threads);
-    case DType::kBF16:
-      return MatMulTyped<DType::kBF16>(x, m, w, y, num_threads);
-    case DType::kF16:
-      return MatMulTyped<DType::kF16>(x, m, w, y, num_threads);
+std::string_view CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512Bf16:
+      return "avx512_bf16";
   }
+  return "?";
+}
+
+bool CpuRuns(CpuIsa isa) {
+  // __builtin_cpu_supports also checks that the OS saves the registers.
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  switch (isa) {
+    case CpuIsa::kAvx2:
+      return avx2;
+    case CpuIsa::kAvx512Bf16:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
+}
+
+absl::StatusOr<CpuIsa> CpuIsaFromEnvironment() {
+  const CpuIsa best = BestCpuIsa();
+  const char* value = std::getenv("PDSERVE_CPU_ISA");
+  if (value == nullptr || *value == '\0') return best;
+  std::string names;
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (CpuIsaName(isa) == value) return std::min(isa, best);
+    absl::StrAppend(&names, names.empty() ? "" : ", ", std::string(CpuIsaName(isa)));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("PDSERVE_CPU_ISA='", value,
+                                                 "' names no CPU kernels; set one of ", names,
+                                                 " (the most the kernels may use) or unset it"));
+}
+
+CpuIsa DefaultCpuIsa() {
+  static const CpuIsa isa = CpuIsaFromEnvironment().value_or(BestCpuIsa());
+  return isa;
+}
+
+void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
+            const MatMulOptions& options) {
+  if (m <= 0 || w.rows == 0) return;
+  const size_t n = static_cast<size_t>(m) * w.cols;
+  if (!options.bf16_activations || w.dtype != DType::kBF16) {
+    MatMulTiled(internal::Avx2Tiles(static_cast<int>(w.dtype)), x, sizeof(float), m, w, y,
+                options.num_threads);
+  } else if (options.isa == CpuIsa::kAvx512Bf16) {
+    const std::span<uint16_t> x_bf16 = Scratch<uint16_t>(n);
+    internal::Avx512RoundToBf16(x, static_cast<int64_t>(n), x_bf16.data());
+    MatMulTiled(internal::Avx512Bf16Tiles(), x_bf16.data(), sizeof(uint16_t), m, w, y,
+                options.num_threads);
+  } else {
+    // The same numbers from the fp32 kernels: bf16 values are exact in fp32,
+    // and so are the products of two of them.
+    const std::span<float> x_rounded = Scratch<float>(n);
+    for (size_t i = 0; i < n; ++i) x_rounded[i] = Bf16ToFloat(FloatToBf16(x[i]));
+    MatMulTiled(internal::Avx2Tiles(static_cast<int>(DType::kBF16)), x_rounded.data(),
+                sizeof(float), m, w, y, options.num_threads);
+  }
+}
+
+void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads) {
+  MatMul(x, m, w, y, MatMulOptions{.num_threads = num_threads});
 }
 
 void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* y) {

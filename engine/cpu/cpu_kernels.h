@@ -1,6 +1,8 @@
 // The CPU backend's kernels: fp32 compute over fp32/fp16/bf16 weights,
-// vectorized with AVX2/FMA and parallelized with OpenMP. They are also the
-// reference every other backend's kernels are tested against.
+// parallelized with OpenMP. MatMul's inner loops exist for several
+// instruction sets and are chosen at run time (CpuIsa); one binary runs on
+// every x86-64-v3 machine. They are also the reference every other
+// backend's kernels are tested against.
 //
 // All buffers are row-major and fp32 unless said otherwise; none may alias
 // unless said otherwise.
@@ -10,7 +12,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "engine/kv_layout.h"
 #include "engine/model.h"
@@ -18,8 +23,54 @@
 
 namespace pdserve::cpu {
 
+// The instruction sets MatMul has kernels for; each needs the ones before.
+// fp32 activations run the AVX2 kernels on every CPU: on the AMD EPYC
+// (Zen 4) these were written on, AVX-512 tiles of the same shape ran
+// prefill at 0.77-0.86x their speed (its 512-bit FMAs are two 256-bit
+// ones), so none is kept until a CPU where they pay is measured.
+enum class CpuIsa : uint8_t {
+  kAvx2,        // AVX2, FMA, F16C: the baseline the whole binary needs.
+  kAvx512Bf16,  // AVX-512 F, BW, VL, DQ and BF16: fast bf16 activations.
+};
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kAvx2, CpuIsa::kAvx512Bf16};
+
+// "avx2", "avx512_bf16".
+std::string_view CpuIsaName(CpuIsa isa);
+
+// Whether this CPU (and its operating system) runs `isa`'s kernels.
+bool CpuRuns(CpuIsa isa);
+
+// The kernels to use: the best this CPU runs, capped by the environment
+// variable PDSERVE_CPU_ISA when it is set (as oneDNN's ONEDNN_MAX_CPU_ISA):
+// "avx2" on an AVX-512 machine runs the AVX2 kernels, "avx512_bf16" on an
+// AVX2 machine runs AVX2. INVALID_ARGUMENT when the value names none of
+// them. CreateCpuModelRunner fails with that error.
+absl::StatusOr<CpuIsa> CpuIsaFromEnvironment();
+
+// MatMul's default kernels: CpuIsaFromEnvironment(), read once, or the
+// best this CPU runs when the variable is bad. Thread-safe.
+CpuIsa DefaultCpuIsa();
+
+// How MatMul runs.
+struct MatMulOptions {
+  // OpenMP threads. Default: 1.
+  int num_threads = 1;
+  // The kernels; CpuRuns(isa) must hold. Default: DefaultCpuIsa().
+  CpuIsa isa = DefaultCpuIsa();
+  // With bf16 weights, round x to bf16 first and sum the (exact) products
+  // in fp32, as a PyTorch bf16 model and llama.cpp's BF16 weights do:
+  // with kAvx512Bf16 two products a lane (VDPBF16PS), elsewhere the same
+  // numbers from the fp32 kernels. No effect on fp32 and fp16 weights.
+  // Off, every product is of fp32 x. Default: false.
+  bool bf16_activations = false;
+};
+
 // y[i][j] = sum_k x[i][k] * w[j][k] for i < m, j < w.rows, k < w.cols.
-// x has row stride w.cols, y has row stride w.rows. Uses `num_threads`.
+// x has row stride w.cols, y has row stride w.rows. Each product is of x
+// (see bf16_activations) and the weight widened to fp32, summed in fp32.
+void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
+            const MatMulOptions& options);
+// With the default options but `num_threads`.
 void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads);
 
 // y = x / rms(x) * weight over one row of n; y may alias x.

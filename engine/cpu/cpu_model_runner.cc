@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_kernels.h"
 
@@ -22,12 +23,14 @@ struct FreeDeleter {
 class CpuModelRunner final : public ModelRunner {
  public:
   CpuModelRunner(std::shared_ptr<const Model> model, KvBlockLayout layout, int32_t num_blocks,
-                 std::unique_ptr<std::byte, FreeDeleter> pool, int num_threads)
+                 std::unique_ptr<std::byte, FreeDeleter> pool, int num_threads,
+                 cpu::MatMulOptions matmul)
       : model_(std::move(model)),
         layout_(layout),
         num_blocks_(num_blocks),
         pool_(std::move(pool)),
         num_threads_(num_threads),
+        matmul_(matmul),
         inv_freq_(cpu::RopeInvFreq(model_->config())) {}
 
   const Model& model() const override { return *model_; }
@@ -54,6 +57,7 @@ class CpuModelRunner final : public ModelRunner {
   const int32_t num_blocks_;
   const std::unique_ptr<std::byte, FreeDeleter> pool_;
   const int num_threads_;
+  const cpu::MatMulOptions matmul_;
   const std::vector<float> inv_freq_;
 
   // Scratch, grown on demand and reused across calls.
@@ -148,9 +152,9 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::span<float>
     for (int64_t t = 0; t < T; ++t) {
       cpu::RmsNorm(&x_[t * hidden], L.attn_norm.data(), hidden, c.rms_norm_eps, &xn_[t * hidden]);
     }
-    cpu::MatMul(xn_.data(), T, L.wq, q_.data(), num_threads_);
-    cpu::MatMul(xn_.data(), T, L.wk, k_.data(), num_threads_);
-    cpu::MatMul(xn_.data(), T, L.wv, v_.data(), num_threads_);
+    cpu::MatMul(xn_.data(), T, L.wq, q_.data(), matmul_);
+    cpu::MatMul(xn_.data(), T, L.wk, k_.data(), matmul_);
+    cpu::MatMul(xn_.data(), T, L.wv, v_.data(), matmul_);
     std::byte* layer_base = pool_.get() + layout_.PoolOffset(l, BlockId(0), num_blocks_);
     for (int64_t t = 0; t < T; ++t) {
       float* q = &q_[t * q_dim];
@@ -184,16 +188,16 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::span<float>
     }
     if (batch.on_layer_kv_written) batch.on_layer_kv_written(l);
     Attention(batch, l);
-    cpu::MatMul(attn_.data(), T, L.wo, xn_.data(), num_threads_);
+    cpu::MatMul(attn_.data(), T, L.wo, xn_.data(), matmul_);
     for (int64_t i = 0; i < T * hidden; ++i) x_[i] += xn_[i];
 
     for (int64_t t = 0; t < T; ++t) {
       cpu::RmsNorm(&x_[t * hidden], L.ffn_norm.data(), hidden, c.rms_norm_eps, &xn_[t * hidden]);
     }
-    cpu::MatMul(xn_.data(), T, L.w_gate, gate_.data(), num_threads_);
-    cpu::MatMul(xn_.data(), T, L.w_up, up_.data(), num_threads_);
+    cpu::MatMul(xn_.data(), T, L.w_gate, gate_.data(), matmul_);
+    cpu::MatMul(xn_.data(), T, L.w_up, up_.data(), matmul_);
     cpu::SiluMul(gate_.data(), up_.data(), T * ffn, gate_.data());
-    cpu::MatMul(gate_.data(), T, L.w_down, xn_.data(), num_threads_);
+    cpu::MatMul(gate_.data(), T, L.w_down, xn_.data(), matmul_);
     for (int64_t i = 0; i < T * hidden; ++i) x_[i] += xn_[i];
   }
 
@@ -210,7 +214,7 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::span<float>
     }
     t0 += n;
   }
-  cpu::MatMul(final_.data(), rows, w.lm_head, logits.data(), num_threads_);
+  cpu::MatMul(final_.data(), rows, w.lm_head, logits.data(), matmul_);
   return absl::OkStatus();
 }
 
@@ -219,6 +223,7 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::span<float>
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(
     std::shared_ptr<const Model> model, const ModelRunnerOptions& options) {
   const ModelConfig& c = model->config();
+  PD_ASSIGN_OR_RETURN(const cpu::CpuIsa isa, cpu::CpuIsaFromEnvironment());
   if (options.block_size < 1 || options.block_size > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("block_size must be in [1, 1024], got ", options.block_size));
@@ -240,9 +245,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(
   std::unique_ptr<std::byte, FreeDeleter> pool(static_cast<std::byte*>(raw));
   int threads = options.num_threads;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::make_unique<CpuModelRunner>(std::move(model), layout,
-                                          static_cast<int32_t>(num_blocks), std::move(pool),
-                                          threads);
+  PD_LOG(INFO) << "cpu backend: " << threads << " threads, " << cpu::CpuIsaName(isa)
+               << " kernels" << (options.bf16_activations ? ", bf16 activations" : "");
+  return std::make_unique<CpuModelRunner>(
+      std::move(model), layout, static_cast<int32_t>(num_blocks), std::move(pool), threads,
+      cpu::MatMulOptions{
+          .num_threads = threads, .isa = isa, .bf16_activations = options.bf16_activations});
 }
 
 }  // namespace pdserve

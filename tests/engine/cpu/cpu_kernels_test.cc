@@ -2,10 +2,13 @@
 #include "engine/cpu/cpu_kernels.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 #include <complex>
 #include <numeric>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
@@ -28,24 +31,35 @@ void PrintTo(const MatMulCase& c, std::ostream* os) {
   *os << "m=" << c.m << " n=" << c.n << " k=" << c.k << " " << DTypeName(c.dtype);
 }
 
-class MatMulTest : public ::testing::TestWithParam<MatMulCase> {};
+// Every case runs on every instruction set MatMul has kernels for, with
+// fp32 and with bf16 activations; a set this CPU lacks is skipped, saying
+// so.
+class MatMulTest
+    : public ::testing::TestWithParam<std::tuple<MatMulCase, CpuIsa, bool>> {};
 
 TEST_P(MatMulTest, MatchesDoubleReference) {
-  const auto [m, n, k, dtype] = GetParam();
+  const auto [m, n, k, dtype] = std::get<0>(GetParam());
+  const CpuIsa isa = std::get<1>(GetParam());
+  const bool bf16_activations = std::get<2>(GetParam());
+  if (!CpuRuns(isa)) GTEST_SKIP() << "this CPU has no " << CpuIsaName(isa);
   std::mt19937 rng(static_cast<unsigned>(m * 1000003 + n * 101 + k));
   const std::vector<float> x = RandomVector(m * k, rng);
   const std::vector<float> wf = RandomVector(n * k, rng);
   std::vector<std::byte> wbytes(n * k * DTypeSize(dtype));
   for (int64_t i = 0; i < n * k; ++i) StoreFromFloat(wbytes.data(), dtype, i, wf[i]);
   const WeightMatrix w{dtype, static_cast<int32_t>(n), static_cast<int32_t>(k), wbytes.data()};
+  // bf16 activations: bf16 weights multiply x rounded to bf16.
+  const bool bf16_x = bf16_activations && dtype == DType::kBF16;
 
   std::vector<float> y(m * n, -1.0f);
-  MatMul(x.data(), m, w, y.data(), /*num_threads=*/2);
+  MatMul(x.data(), m, w, y.data(),
+         {.num_threads = 2, .isa = isa, .bf16_activations = bf16_activations});
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double ref = 0.0, mag = 0.0;
       for (int64_t t = 0; t < k; ++t) {
-        const double p = static_cast<double>(x[i * k + t]) * LoadAsFloat(wbytes.data(), dtype, j * k + t);
+        const float xt = bf16_x ? Bf16ToFloat(FloatToBf16(x[i * k + t])) : x[i * k + t];
+        const double p = static_cast<double>(xt) * LoadAsFloat(wbytes.data(), dtype, j * k + t);
         ref += p;
         mag += std::abs(p);
       }
@@ -56,20 +70,53 @@ TEST_P(MatMulTest, MatchesDoubleReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, MatMulTest,
-    ::testing::Values(MatMulCase{1, 1, 1, DType::kF32}, MatMulCase{1, 7, 13, DType::kF32},
-                      MatMulCase{3, 50, 64, DType::kF32}, MatMulCase{4, 96, 67, DType::kF32},
-                      MatMulCase{17, 131, 200, DType::kF32}, MatMulCase{5, 49, 8, DType::kBF16},
-                      MatMulCase{9, 100, 129, DType::kBF16}, MatMulCase{2, 37, 31, DType::kF16},
-                      MatMulCase{13, 97, 256, DType::kF16},
-                      // The few-row path (m <= 4): one weight row at a time,
-                      // up to four accumulator banks, k tails of 8 and of 1.
-                      MatMulCase{1, 200, 768, DType::kBF16}, MatMulCase{1, 5, 45, DType::kF16},
-                      MatMulCase{2, 33, 100, DType::kF32}, MatMulCase{3, 10, 40, DType::kBF16},
-                      MatMulCase{4, 64, 2048, DType::kF32}, MatMulCase{1, 3, 7, DType::kF32}),
+    ::testing::Combine(
+        ::testing::Values(
+            MatMulCase{1, 1, 1, DType::kF32}, MatMulCase{1, 7, 13, DType::kF32},
+            MatMulCase{3, 50, 64, DType::kF32}, MatMulCase{4, 96, 67, DType::kF32},
+            MatMulCase{17, 131, 200, DType::kF32}, MatMulCase{5, 49, 8, DType::kBF16},
+            MatMulCase{9, 100, 129, DType::kBF16}, MatMulCase{2, 37, 31, DType::kF16},
+            MatMulCase{13, 97, 256, DType::kF16},
+            // The few-row path (m <= 4): one weight row at a time, up to
+            // four accumulator banks, k tails of a vector and of single
+            // elements.
+            MatMulCase{1, 200, 768, DType::kBF16}, MatMulCase{1, 5, 45, DType::kF16},
+            MatMulCase{2, 33, 100, DType::kF32}, MatMulCase{3, 10, 40, DType::kBF16},
+            MatMulCase{4, 64, 2048, DType::kF32}, MatMulCase{1, 3, 7, DType::kF32},
+            // Every k tail of the 16- and 32-lane kernels, and odd k for
+            // the bf16 pairs.
+            MatMulCase{6, 20, 95, DType::kBF16}, MatMulCase{5, 11, 33, DType::kBF16},
+            MatMulCase{7, 9, 47, DType::kF16}, MatMulCase{1, 19, 161, DType::kBF16}),
+        ::testing::ValuesIn(kAllCpuIsas), ::testing::Bool()),
     [](const auto& info) {
-      return absl::StrCat("m", info.param.m, "n", info.param.n, "k", info.param.k,
-                          std::string(DTypeName(info.param.dtype)));
+      const MatMulCase& c = std::get<0>(info.param);
+      return absl::StrCat("m", c.m, "n", c.n, "k", c.k, std::string(DTypeName(c.dtype)), "_",
+                          std::string(CpuIsaName(std::get<1>(info.param))),
+                          std::get<2>(info.param) ? "_bf16_activations" : "");
     });
+
+TEST(CpuIsaTest, TheEnvironmentCapsTheKernelsAndABadValueIsAnError) {
+  const char* saved = std::getenv("PDSERVE_CPU_ISA");
+  const std::string restore = saved == nullptr ? "" : saved;
+  ASSERT_EQ(::setenv("PDSERVE_CPU_ISA", "avx2", 1), 0);
+  EXPECT_EQ(CpuIsaFromEnvironment().value(), CpuIsa::kAvx2);
+  CpuIsa best = CpuIsa::kAvx2;
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (CpuRuns(isa)) best = isa;
+  }
+  // A cap above what the CPU runs is what the CPU runs.
+  ASSERT_EQ(::setenv("PDSERVE_CPU_ISA", "avx512_bf16", 1), 0);
+  EXPECT_EQ(CpuIsaFromEnvironment().value(), best);
+  ASSERT_EQ(::setenv("PDSERVE_CPU_ISA", "avx1024", 1), 0);
+  const absl::StatusOr<CpuIsa> bad = CpuIsaFromEnvironment();
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "avx2, avx512_bf16"))
+      << bad.status();
+  ::unsetenv("PDSERVE_CPU_ISA");
+  EXPECT_EQ(CpuIsaFromEnvironment().value(), best);
+  std::cout << "this CPU runs up to " << CpuIsaName(best) << "\n";
+  if (!restore.empty()) ::setenv("PDSERVE_CPU_ISA", restore.c_str(), 1);
+}
 
 TEST(RmsNormTest, MatchesDefinition) {
   std::mt19937 rng(1);

@@ -1,0 +1,47 @@
+// MatMul's tiles for the AVX2/FMA/F16C baseline (x86-64-v3): 8 lanes of
+// fp32; fp16 and bf16 weights widened to fp32 as they are loaded.
+#include "engine/cpu/matmul_tile.h"
+
+namespace pdserve::cpu::internal {
+namespace {
+
+struct Avx2 {
+  using Acc = __m256;
+  using X = __m256;
+  using W = __m256;
+  using XElem = float;
+  static constexpr int kStep = 8;
+
+  static Acc Zero() { return _mm256_setzero_ps(); }
+  static Acc Add(Acc a, Acc b) { return _mm256_add_ps(a, b); }
+  static float Sum(Acc v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static X LoadX(const float* p) { return _mm256_loadu_ps(p); }
+  template <DType T>
+  static W LoadW(const std::byte* p) {
+    if constexpr (T == DType::kF32) {
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+    } else if constexpr (T == DType::kBF16) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    }
+  }
+  static Acc MulAdd(X x, W w, Acc acc) { return _mm256_fmadd_ps(x, w, acc); }
+  static float XAt(const float* p, int64_t i) { return p[i]; }
+};
+
+constexpr TileKernels kAvx2[3] = {MakeTileKernels<Avx2, DType::kF32>(),
+                                  MakeTileKernels<Avx2, DType::kF16>(),
+                                  MakeTileKernels<Avx2, DType::kBF16>()};
+
+}  // namespace
+
+const TileKernels& Avx2Tiles(int dtype) { return kAvx2[dtype]; }
+
+}  // namespace pdserve::cpu::internal
