@@ -29,14 +29,15 @@
 # BUILD_DIR (default build/).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
-src="${1:?usage: bench/llama_cpp_peer.sh LLAMA_CPP_SRC [--rounds N] [--threads T] [--out DIR]}"
+src="${1:?usage: bench/llama_cpp_peer.sh LLAMA_CPP_SRC [--rounds N] [--threads T] [--out DIR] [--avx2]}"
 shift
-rounds=2 threads=2 out="$here/peer-out"
+rounds=2 threads=2 out="$here/peer-out" avx2=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --avx2) avx2=1; shift ;;
     *) echo "llama_cpp_peer.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -49,13 +50,22 @@ bench="$build/bench/pd-engine-bench"
 mkdir -p "$out"
 say() { echo "llama_cpp_peer: $*" >&2; }
 
-say "building llama-bench and llama-quantize in $out/llama-build"
+# --avx2: both engines as on a CPU with AVX2/FMA/F16C and nothing newer
+# (llama.cpp built for exactly those, pdserve's kernels capped by
+# PDSERVE_CPU_ISA); otherwise llama.cpp is built for this CPU (GGML_NATIVE).
+isa_flags=(-DGGML_NATIVE=ON) lbuild="$out/llama-build"
+if ((avx2)); then
+  isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF)
+  lbuild="$out/llama-build-avx2"
+  export PDSERVE_CPU_ISA=avx2
+fi
+say "building llama-bench and llama-quantize in $lbuild"
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S "$src" -B "$out/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF "${launcher[@]}" >"$out/llama-cmake.log" 2>&1
-cmake --build "$out/llama-build" --target llama-bench llama-quantize >"$out/llama-build.log"
-lbin="$out/llama-build/bin"
+cmake -S "$src" -B "$lbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release "${isa_flags[@]}" \
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF "${launcher[@]}" >"$lbuild.cmake.log" 2>&1
+cmake --build "$lbuild" --target llama-bench llama-quantize >"$lbuild.build.log"
+lbin="$lbuild/bin"
 commit="$(git -C "$src" rev-parse --short HEAD 2>/dev/null || cat "$src/.commit" 2>/dev/null || echo unknown)"
 
 if [[ ! -f "$out/model/model-f32.gguf" ]]; then
@@ -85,9 +95,10 @@ for ((r = 1; r <= rounds; ++r)); do
     --json="$out/round$r-pdserve-bf16a.json" >"$out/round$r-pdserve-bf16a.md"
 done
 
-python3 - "$out" "$rounds" "$threads" "$commit" <<'EOF'
+python3 - "$out" "$rounds" "$threads" "$commit" "$avx2" <<'EOF'
 import json, statistics, sys
 out, rounds, threads, commit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+avx2 = sys.argv[5] == "1"
 def rounds_of(name):
     """The JSON of every round of one run (llama-<q> or pdserve-<weights>);
     none when a round did not run it."""
@@ -107,8 +118,9 @@ def rng(v):
 first = rounds_of("pdserve-f32")[0]
 machine = first["machine"]  # bench/bench_process.h MachineDescription.
 kernels = first.get("bf16_activation_kernels", "avx2")
-lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; {machine}; "
-         f"pdserve kernels: avx2, {kernels} for bf16 activations",
+isa = ("both limited to AVX2/FMA/F16C (llama.cpp built without GGML_NATIVE, PDSERVE_CPU_ISA=avx2)"
+       if avx2 else f"llama.cpp built with GGML_NATIVE; pdserve kernels: avx2, {kernels} for bf16 activations")
+lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; {machine}; {isa}",
          "",
          "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians | pdserve read BW / copy BW |",
          "|---|---|---|---|---|---|"]
