@@ -149,8 +149,9 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
     MatMulTiled(internal::Avx512Bf16Tiles(), x_bf16.data(), sizeof(uint16_t), m, w, y,
                 options.num_threads);
   } else {
-    // The same numbers from the fp32 kernels: bf16 values are exact in fp32,
-    // and so are the products of two of them.
+    // The same products from the fp32 kernels (bf16 values are exact in
+    // fp32, and so are the products of two of them), summed in another
+    // order.
     const std::span<float> x_rounded = Scratch<float>(n);
     for (size_t i = 0; i < n; ++i) x_rounded[i] = Bf16ToFloat(FloatToBf16(x[i]));
     MatMulTiled(internal::Avx2Tiles(static_cast<int>(DType::kBF16)), x_rounded.data(),
