@@ -21,7 +21,7 @@ ABSL_FLAG(int32_t, num_threads, 0,
 ABSL_FLAG(bool, bf16_activations, false,
           "cpu backend: multiply bf16 weights by activations rounded to bf16, "
           "as PyTorch bf16 models and llama.cpp do (faster prefill with "
-          "AVX512_BF16; logits move by ~1%). PDSERVE_CPU_ISA caps the "
+          "AVX512_BF16; logits move by up to ~3%). PDSERVE_CPU_ISA caps the "
           "instruction set the kernels use");
 ABSL_FLAG(int32_t, max_batch_tokens, 512,
           "Token budget of one engine step; longer prompts are prefilled in "

@@ -70,7 +70,7 @@ struct ModelRunnerOptions {
   // cpu backend: bf16 weights multiply activations rounded to bf16, as a
   // PyTorch bf16 model, llama.cpp's BF16 weights and the cuda backend do
   // (cpu::MatMulOptions): faster prefill where the CPU has AVX512_BF16,
-  // logits ~1% from the fp32 ones. Default: false.
+  // logits up to ~3% of the largest from the fp32 ones. Default: false.
   bool bf16_activations = false;
   // cuda backend: replay decode steps (one token per sequence) through
   // CUDA graphs captured per padded batch size. Default: true.

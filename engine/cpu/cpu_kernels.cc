@@ -141,7 +141,7 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
   if (m <= 0 || w.rows == 0) return;
   const size_t n = static_cast<size_t>(m) * w.cols;
   if (!options.bf16_activations || w.dtype != DType::kBF16) {
-    MatMulTiled(internal::Avx2Tiles(static_cast<int>(w.dtype)), x, sizeof(float), m, w, y,
+    MatMulTiled(internal::Avx2Tiles(w.dtype), x, sizeof(float), m, w, y,
                 options.num_threads);
   } else if (options.isa == CpuIsa::kAvx512Bf16) {
     const std::span<uint16_t> x_bf16 = Scratch<uint16_t>(n);
@@ -154,7 +154,7 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
     // order.
     const std::span<float> x_rounded = Scratch<float>(n);
     for (size_t i = 0; i < n; ++i) x_rounded[i] = Bf16ToFloat(FloatToBf16(x[i]));
-    MatMulTiled(internal::Avx2Tiles(static_cast<int>(DType::kBF16)), x_rounded.data(),
+    MatMulTiled(internal::Avx2Tiles(DType::kBF16), x_rounded.data(),
                 sizeof(float), m, w, y, options.num_threads);
   }
 }

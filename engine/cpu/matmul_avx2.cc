@@ -36,12 +36,13 @@ struct Avx2 {
   static float XAt(const float* p, int64_t i) { return p[i]; }
 };
 
+// Indexed by DType (kF32 = 0, kF16 = 1, kBF16 = 2).
 constexpr TileKernels kAvx2[3] = {MakeTileKernels<Avx2, DType::kF32>(),
                                   MakeTileKernels<Avx2, DType::kF16>(),
                                   MakeTileKernels<Avx2, DType::kBF16>()};
 
 }  // namespace
 
-const TileKernels& Avx2Tiles(int dtype) { return kAvx2[dtype]; }
+const TileKernels& Avx2Tiles(DType weights) { return kAvx2[static_cast<int>(weights)]; }
 
 }  // namespace pdserve::cpu::internal

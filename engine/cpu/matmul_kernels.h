@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/dtype.h"
+
 namespace pdserve::cpu::internal {
 
 // The largest tile: rows of x by rows of w.
@@ -24,8 +26,8 @@ struct TileKernels {
 };
 
 // AVX2/FMA/F16C (matmul_avx2.cc): fp32 x against fp32, fp16 and bf16
-// weights, indexed by DType (kF32, kF16, kBF16).
-const TileKernels& Avx2Tiles(int dtype);
+// weights.
+const TileKernels& Avx2Tiles(DType weights);
 
 // AVX512_BF16 with AVX-512 F/BW/VL/DQ (matmul_avx512_bf16.cc): bf16 x
 // against bf16 weights, two products a lane (VDPBF16PS), summed in fp32;

@@ -4,7 +4,6 @@
 // scaling, Qwen2 with QKV bias and tied embeddings, Mistral in bf16, Qwen3
 // with its per-head q/k norm and head_dim != hidden / heads.
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -22,6 +21,17 @@ namespace pdserve {
 namespace {
 
 const std::string kFixtures = std::string(PDSERVE_FIXTURES_DIR) + "/hf/";
+
+// The largest |want - got| over one row of logits, relative to the row's
+// largest |want|.
+float RelativeRowError(const std::vector<float>& want, const float* got) {
+  float max_abs = 0.0f, max_diff = 0.0f;
+  for (size_t v = 0; v < want.size(); ++v) {
+    max_abs = std::max(max_abs, std::abs(want[v]));
+    max_diff = std::max(max_diff, std::abs(want[v] - got[v]));
+  }
+  return max_diff / max_abs;
+}
 
 class HfReferenceTest : public ::testing::TestWithParam<std::string> {};
 
@@ -52,14 +62,10 @@ TEST_P(HfReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
     for (size_t p = 0; p < positions.size(); ++p) {
       const std::vector<float> want = c["logits"][p].get<std::vector<float>>();
       ASSERT_EQ(static_cast<int>(want.size()), vocab);
-      float max_abs = 0.0f, max_diff = 0.0f;
-      for (int v = 0; v < vocab; ++v) {
-        max_abs = std::max(max_abs, std::abs(want[v]));
-        max_diff = std::max(max_diff, std::abs(want[v] - logits[positions[p] * vocab + v]));
-      }
+      const float error = RelativeRowError(want, &logits[positions[p] * vocab]);
       // 1e-4 relative to the row's largest logit.
-      EXPECT_LE(max_diff, 1e-4f * max_abs) << "position " << positions[p];
-      worst = std::max(worst, max_diff / max_abs);
+      EXPECT_LE(error, 1e-4f) << "position " << positions[p];
+      worst = std::max(worst, error);
     }
 
     const std::vector<int32_t> want_tokens = c["greedy_new_tokens"].get<std::vector<int32_t>>();
@@ -150,8 +156,7 @@ TEST(HfReferenceBf16Test, Bf16ActivationsStayNearTransformersOnEveryKernelSet) {
   const int vocab = (*model)->config().vocab_size;
   std::vector<BlockId> table;
   for (int i = 0; i < 64; ++i) table.push_back(BlockId(i));
-  const char* saved = std::getenv("PDSERVE_CPU_ISA");
-  const std::string restore = saved == nullptr ? "" : saved;
+  testing_util::ScopedEnv env("PDSERVE_CPU_ISA", std::nullopt);
   double worst_vs_hf[std::size(cpu::kAllCpuIsas)] = {};
   for (const auto& c : ref["cases"]) {
     const std::vector<int32_t> ids = c["input_ids"].get<std::vector<int32_t>>();
@@ -159,7 +164,7 @@ TEST(HfReferenceBf16Test, Bf16ActivationsStayNearTransformersOnEveryKernelSet) {
     for (cpu::CpuIsa isa : cpu::kAllCpuIsas) {
       if (!cpu::CpuRuns(isa)) continue;
       SCOPED_TRACE(cpu::CpuIsaName(isa));
-      ASSERT_EQ(::setenv("PDSERVE_CPU_ISA", std::string(cpu::CpuIsaName(isa)).c_str(), 1), 0);
+      env.Set(std::string(cpu::CpuIsaName(isa)));
       auto runner = CreateModelRunner(
           *model, {.num_kv_blocks = 64, .block_size = 16, .num_threads = 2, .bf16_activations = true});
       ASSERT_TRUE(runner.ok()) << runner.status();
@@ -170,22 +175,12 @@ TEST(HfReferenceBf16Test, Bf16ActivationsStayNearTransformersOnEveryKernelSet) {
       const auto positions = c["logits_positions"].get<std::vector<int>>();
       for (size_t p = 0; p < positions.size(); ++p) {
         const std::vector<float> want = c["logits"][p].get<std::vector<float>>();
-        float max_abs = 0.0f, vs_hf = 0.0f;
-        for (int v = 0; v < vocab; ++v) {
-          const float got = logits[positions[p] * vocab + v];
-          max_abs = std::max(max_abs, std::abs(want[v]));
-          vs_hf = std::max(vs_hf, std::abs(want[v] - got));
-        }
-        EXPECT_LE(vs_hf, 5e-2f * max_abs) << "position " << positions[p];
+        const float error = RelativeRowError(want, &logits[positions[p] * vocab]);
+        EXPECT_LE(error, 5e-2f) << "position " << positions[p];
         double& worst = worst_vs_hf[static_cast<int>(isa)];
-        worst = std::max(worst, static_cast<double>(vs_hf / max_abs));
+        worst = std::max(worst, static_cast<double>(error));
       }
     }
-  }
-  if (restore.empty()) {
-    ::unsetenv("PDSERVE_CPU_ISA");
-  } else {
-    ::setenv("PDSERVE_CPU_ISA", restore.c_str(), 1);
   }
   for (cpu::CpuIsa isa : cpu::kAllCpuIsas) {
     if (!cpu::CpuRuns(isa)) {

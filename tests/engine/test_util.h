@@ -2,8 +2,10 @@
 #ifndef PDSERVE_TESTS_ENGINE_TEST_UTIL_H_
 #define PDSERVE_TESTS_ENGINE_TEST_UTIL_H_
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <iterator>
 #include <random>
 #include <string>
@@ -13,6 +15,32 @@
 #include "gtest/gtest.h"
 
 namespace pdserve::testing_util {
+
+// Sets (or with nullopt unsets) environment variable `name` for the
+// object's life, then puts back what was there, also when an assertion
+// returns early.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    Set(value);
+  }
+  ~ScopedEnv() { Set(old_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+  void Set(const std::optional<std::string>& value) {
+    if (value) {
+      ::setenv(name_, value->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* const name_;
+  std::optional<std::string> old_;
+};
 
 inline std::string ReadFileOrEmpty(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
 
 namespace pdserve::cpu {
 namespace {
@@ -96,26 +97,23 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(CpuIsaTest, TheEnvironmentCapsTheKernelsAndABadValueIsAnError) {
-  const char* saved = std::getenv("PDSERVE_CPU_ISA");
-  const std::string restore = saved == nullptr ? "" : saved;
-  ASSERT_EQ(::setenv("PDSERVE_CPU_ISA", "avx2", 1), 0);
+  testing_util::ScopedEnv env("PDSERVE_CPU_ISA", "avx2");
   EXPECT_EQ(CpuIsaFromEnvironment().value(), CpuIsa::kAvx2);
   CpuIsa best = CpuIsa::kAvx2;
   for (CpuIsa isa : kAllCpuIsas) {
     if (CpuRuns(isa)) best = isa;
   }
   // A cap above what the CPU runs is what the CPU runs.
-  ASSERT_EQ(::setenv("PDSERVE_CPU_ISA", "avx512_bf16", 1), 0);
+  env.Set("avx512_bf16");
   EXPECT_EQ(CpuIsaFromEnvironment().value(), best);
-  ASSERT_EQ(::setenv("PDSERVE_CPU_ISA", "avx1024", 1), 0);
+  env.Set("avx1024");
   const absl::StatusOr<CpuIsa> bad = CpuIsaFromEnvironment();
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "avx2, avx512_bf16"))
       << bad.status();
-  ::unsetenv("PDSERVE_CPU_ISA");
+  env.Set(std::nullopt);
   EXPECT_EQ(CpuIsaFromEnvironment().value(), best);
   std::cout << "this CPU runs up to " << CpuIsaName(best) << "\n";
-  if (!restore.empty()) ::setenv("PDSERVE_CPU_ISA", restore.c_str(), 1);
 }
 
 TEST(RmsNormTest, MatchesDefinition) {
