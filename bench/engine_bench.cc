@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, json, "", "Also write every figure here as JSON");
 ABSL_FLAG(bool, bf16_activations, false,
           "Multiply bf16 weights by activations rounded to bf16 "
           "(ModelRunnerOptions::bf16_activations); their rows say so");
+ABSL_FLAG(bool, int8_weights, false,
+          "Quantize the weight matrices to int8 at load "
+          "(ModelRunnerOptions::int8_weights); their rows say so");
 
 namespace pdserve {
 namespace {
@@ -125,11 +128,15 @@ double PrefillFlops(const ModelConfig& c, int64_t n) {
   return c.num_layers * (per_token_layer * n + attention) + 2.0 * c.hidden_size * c.vocab_size;
 }
 
-size_t WeightBytesReadPerStep(const Model& m) {
-  size_t bytes = m.weights().lm_head.size_bytes();
+// The matrices' bytes, as stored or (int8) as quantized at load.
+size_t WeightBytesReadPerStep(const Model& m, bool int8) {
+  auto bytes_of = [int8](const WeightMatrix& w) {
+    return int8 ? w.rows * RowBytes(DType::kQ8, w.cols) : w.size_bytes();
+  };
+  size_t bytes = bytes_of(m.weights().lm_head);
   for (const LayerWeights& L : m.weights().layers) {
     for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
-      bytes += w->size_bytes();
+      bytes += bytes_of(*w);
     }
   }
   return bytes;
@@ -166,8 +173,10 @@ absl::Status BenchModel(const std::string& label, std::shared_ptr<const Model> m
   const int reps = absl::GetFlag(FLAGS_reps);
   const int context = absl::GetFlag(FLAGS_decode_context);
   const bool bf16_activations = absl::GetFlag(FLAGS_bf16_activations);
+  const bool int8 = absl::GetFlag(FLAGS_int8_weights);
   const std::string weights =
-      bf16_activations && model->weights().layers[0].wq.dtype == DType::kBF16
+      int8 ? absl::StrCat(label, " as int8")
+      : bf16_activations && model->weights().layers[0].wq.dtype == DType::kBF16
           ? absl::StrCat(label, " (bf16 activations)")
           : label;
   const ModelConfig& config = model->config();
@@ -181,7 +190,8 @@ absl::Status BenchModel(const std::string& label, std::shared_ptr<const Model> m
                       CreateModelRunner(model, {.num_kv_blocks = max_batch * blocks_per_seq,
                                                 .block_size = block_size,
                                                 .num_threads = threads,
-                                                .bf16_activations = bf16_activations}));
+                                                .bf16_activations = bf16_activations,
+                                                .int8_weights = int8}));
   std::vector<std::vector<BlockId>> tables(max_batch);
   for (int s = 0; s < max_batch; ++s) {
     for (int b = 0; b < blocks_per_seq; ++b) tables[s].push_back(BlockId(s * blocks_per_seq + b));
@@ -244,7 +254,7 @@ absl::Status BenchModel(const std::string& label, std::shared_ptr<const Model> m
                                   config.num_layers * 4.0 * context * config.num_heads *
                                       config.head_dim);
     row.tokens_per_s = batch / row.seconds;
-    row.gbps = (WeightBytesReadPerStep(*model) + kv_bytes) / row.seconds / 1e9;
+    row.gbps = (WeightBytesReadPerStep(*model, int8) + kv_bytes) / row.seconds / 1e9;
     row.gflops = flops / row.seconds / 1e9;
     print(row, batch);
     rows.push_back(row);
@@ -267,13 +277,16 @@ absl::Status Run() {
   }
   const double copy_gbps = MeasureCopyBandwidth(threads, reps);
   const double peak_gflops = MeasureFmaPeak(threads, reps);
-  const std::string_view kernels = cpu::CpuIsaName(cpu::DefaultCpuIsa());
-  std::cout << absl::StrFormat("%s\nkernels: avx2 for fp32 activations, %s for bf16 ones "
-                               "(PDSERVE_CPU_ISA caps them)\n"
+  const cpu::CpuIsa isa = cpu::DefaultCpuIsa();
+  const std::string_view kernels = cpu::CpuIsaName(isa);
+  const std::string_view int8_kernels =
+      cpu::CpuIsaName(std::min(isa, cpu::CpuIsa::kAvx512Vnni));
+  std::cout << absl::StrFormat("%s\nkernels: avx2 for fp32 activations, %s for bf16 ones, %s "
+                               "for int8 weights (PDSERVE_CPU_ISA caps them)\n"
                                "copy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak: %.1f "
                                "GFLOP/s\n\n",
-                               bench::MachineDescription(), kernels, threads, copy_gbps,
-                               peak_gflops);
+                               bench::MachineDescription(), kernels, int8_kernels, threads,
+                               copy_gbps, peak_gflops);
   std::cout << "| weights | phase | tokens per forward | median time | tokens/s | GB/s read (share of copy BW) | GFLOP/s (share of FMA peak) |\n"
                "|---|---|---|---|---|---|---|\n";
 
@@ -297,6 +310,7 @@ absl::Status Run() {
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     nlohmann::json j = {{"machine", bench::MachineDescription()},
                         {"bf16_activation_kernels", std::string(kernels)},
+                        {"int8_kernels", std::string(int8_kernels)},
                         {"threads", threads},
                         {"copy_gbps", copy_gbps}, {"fma_gflops", peak_gflops},
                         {"rows", nlohmann::json::array()}};

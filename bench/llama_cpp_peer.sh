@@ -11,7 +11,7 @@
 #      DIR/llama-build, ccache when present);
 #   2. writes one random ~110M Llama (bench/peer_model.py) as Hugging Face
 #      directories in f32, bf16 and f16 for pdserve and as an F32 GGUF, and
-#      quantizes the GGUF to F16 and BF16 with llama-quantize;
+#      quantizes the GGUF to F16, BF16 and Q8_0 with llama-quantize;
 #   3. runs, ROUNDS times, each weight type of both engines back to back:
 #      llama-bench -t T -p 128,512 -n 64, and pd-engine-bench on the same
 #      directory (prefill of 128 and 512 tokens, decode at batch 1 at
@@ -23,7 +23,8 @@
 #      (CPU flags) pd-engine-bench printed.
 #
 # Pairs: F32 with F32; llama.cpp F16 and BF16 with pdserve F16 and BF16,
-# and llama.cpp F16 with pdserve BF16; pdserve's BF16 rows twice, with
+# and llama.cpp F16 with pdserve BF16; llama.cpp Q8_0 (quantized from the
+# F32 GGUF) with pdserve's int8 weights (the f32 directory, --int8_weights); pdserve's BF16 rows twice, with
 # fp32 activations (its default) and with bf16 ones (--bf16_activations,
 # what llama.cpp does with BF16 weights). pd-engine-bench is taken from
 # BUILD_DIR (default build/).
@@ -72,21 +73,24 @@ if [[ ! -f "$out/model/model-f32.gguf" ]]; then
   say "writing the model"
   python3 "$here/bench/peer_model.py" "$out/model" --gguf_py "$src/gguf-py"
 fi
-for q in F16 BF16; do
+for q in F16 BF16 Q8_0; do
   f="$out/model/model-${q,,}.gguf"
   [[ -f "$f" ]] || "$lbin/llama-quantize" "$out/model/model-f32.gguf" "$f" "$q" >"$out/quantize-$q.log" 2>&1
 done
 
 rm -f "$out"/round*.json
 for ((r = 1; r <= rounds; ++r)); do
-  for weights in f32 f16 bf16; do
+  for weights in f32 f16 bf16 q8_0; do
     say "round $r/$rounds: llama.cpp $weights"
     "$lbin/llama-bench" -m "$out/model/model-$weights.gguf" -t "$threads" -p 128,512 -n 64 -o json \
       >"$out/round$r-llama-$weights.json" 2>"$out/round$r-llama-$weights.log"
-    say "round $r/$rounds: pdserve $weights"
-    "$bench" --model="$out/model/$weights" --threads="$threads" --prefill_lengths=128,512 \
-      --decode_batches=1 --decode_context=32 --json="$out/round$r-pdserve-$weights.json" \
-      >"$out/round$r-pdserve-$weights.md"
+    # Q8_0's peer: the f32 weights quantized to int8 at load.
+    ours=$weights dir=$weights extra=()
+    [[ $weights == q8_0 ]] && ours=int8 dir=f32 extra=(--int8_weights)
+    say "round $r/$rounds: pdserve $ours"
+    "$bench" --model="$out/model/$dir" --threads="$threads" --prefill_lengths=128,512 \
+      --decode_batches=1 --decode_context=32 "${extra[@]}" \
+      --json="$out/round$r-pdserve-$ours.json" >"$out/round$r-pdserve-$ours.md"
   done
   # bf16 weights again with bf16 activations, as llama.cpp multiplies them.
   say "round $r/$rounds: pdserve bf16, bf16 activations"
@@ -118,15 +122,17 @@ def rng(v):
 first = rounds_of("pdserve-f32")[0]
 machine = first["machine"]  # bench/bench_process.h MachineDescription.
 kernels = first.get("bf16_activation_kernels", "avx2")
+int8_kernels = first.get("int8_kernels", "avx2")
 isa = ("both limited to AVX2/FMA/F16C (llama.cpp built without GGML_NATIVE, PDSERVE_CPU_ISA=avx2)"
-       if avx2 else f"llama.cpp built with GGML_NATIVE; pdserve kernels: avx2, {kernels} for bf16 activations")
+       if avx2 else f"llama.cpp built with GGML_NATIVE; pdserve kernels: avx2, {kernels} for bf16 activations, "
+                    f"{int8_kernels} for int8 weights")
 lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; {machine}; {isa}",
          "",
          "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians | pdserve read BW / copy BW |",
          "|---|---|---|---|---|---|"]
-names = {"bf16a": "BF16, bf16 activations"}
+names = {"bf16a": "BF16, bf16 activations", "int8": "int8 (f32 quantized at load)"}
 for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("bf16", "bf16a"), ("f16", "bf16"),
-              ("f16", "bf16a")):
+              ("f16", "bf16a"), ("q8_0", "int8")):
     for phase, key in (("prefill 128", (128, 0)), ("prefill 512", (512, 0)), ("decode b=1", (0, 64))):
         a, b = llama(lq, key), ours(w, phase)
         if not a or not b:

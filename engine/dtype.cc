@@ -14,6 +14,8 @@ std::string_view DTypeName(DType t) {
       return "F16";
     case DType::kBF16:
       return "BF16";
+    case DType::kQ8:
+      return "Q8";
   }
   return "?";
 }

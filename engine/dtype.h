@@ -14,11 +14,29 @@
 
 namespace pdserve {
 
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// kQ8 is not an element type but the cpu backend's int8 weight format,
+// made at load (ModelRunnerOptions::int8_weights): each row is
+// RoundUp(cols, kQ8Group) int8 weights (zero past cols), then one fp16
+// scale per group of kQ8Group of them; weight = int8 * scale (symmetric).
+// It never comes from a file, a KV block or the wire: ParseDType rejects
+// it, and LoadAsFloat / StoreFromFloat do not take it.
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8 = 3 };
 
-constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline constexpr int64_t kQ8Group = 32;
 
-// "F32", "F16", "BF16" (the safetensors spelling).
+// Bytes of one element; for kQ8 its int8 (RowBytes counts the scales).
+constexpr size_t DTypeSize(DType t) {
+  return t == DType::kF32 ? 4 : t == DType::kQ8 ? 1 : 2;
+}
+
+// Bytes of one row of `cols` elements.
+constexpr size_t RowBytes(DType t, int64_t cols) {
+  if (t != DType::kQ8) return static_cast<size_t>(cols) * DTypeSize(t);
+  const int64_t groups = (cols + kQ8Group - 1) / kQ8Group;
+  return static_cast<size_t>(groups) * (kQ8Group + 2);
+}
+
+// "F32", "F16", "BF16" (the safetensors spelling), "Q8".
 std::string_view DTypeName(DType t);
 // Accepts the safetensors spelling ("F32", "BF16", ...) and the
 // config.json `torch_dtype` spelling ("float32", "bfloat16", ...).

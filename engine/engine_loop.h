@@ -75,6 +75,8 @@ struct EngineConfig {
   int32_t num_threads = 0;
   // See ModelRunnerOptions. Default: false.
   bool bf16_activations = false;
+  // See ModelRunnerOptions. Default: false.
+  bool int8_weights = false;
   // Token budget of one engine step; longer prompts are prefilled in
   // chunks. Default: 512.
   int32_t max_batch_tokens = 512;

@@ -72,6 +72,12 @@ struct ModelRunnerOptions {
   // (cpu::MatMulOptions): faster prefill where the CPU has AVX512_BF16,
   // logits up to ~3% of the largest from the fp32 ones. Default: false.
   bool bf16_activations = false;
+  // cpu backend: quantize the weight matrices (not the embedding table) to
+  // int8 at load, one fp16 scale per 32 weights of a row (DType::kQ8,
+  // cpu::QuantizeToQ8), and multiply them by activations quantized alike,
+  // as llama.cpp's Q8_0: a quarter of fp32's bytes to read per token, half
+  // of bf16's. The cuda backend refuses it. Default: false.
+  bool int8_weights = false;
   // cuda backend: replay decode steps (one token per sequence) through
   // CUDA graphs captured per padded batch size. Default: true.
   bool cuda_graphs = true;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <numbers>
 #include <string>
 
@@ -48,11 +49,11 @@ std::span<T> Scratch(size_t n) {
 // in long runs of rows per task: one sequential stream per thread, at the
 // read bandwidth (bench/engine_bench.cc). Many rows of x (prefill) are
 // bound by the multiply-adds, and keep register tiles of NR = 3 weight rows.
-void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_elem, int64_t m,
-                 const WeightMatrix& w, float* y, int num_threads) {
+void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_row_bytes,
+                 int64_t m, const WeightMatrix& w, float* y, int num_threads) {
   const int64_t n = w.rows;
   const int64_t k = w.cols;
-  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
+  const size_t row_bytes = w.row_bytes();
   const auto* x_bytes = static_cast<const std::byte*>(x);
   if (m <= kMaxMR) {
     const internal::TileFn tile = kernels.tiles[m - 1][0];
@@ -76,10 +77,41 @@ void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_e
       const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, m - m0));
       for (int64_t j = n0; j < n1; j += kMaxNR) {
         const int nr = static_cast<int>(std::min<int64_t>(kMaxNR, n1 - j));
-        kernels.tiles[mr - 1][nr - 1](x_bytes + m0 * k * x_elem, k, w.data + j * row_bytes,
+        kernels.tiles[mr - 1][nr - 1](x_bytes + m0 * x_row_bytes, k, w.data + j * row_bytes,
                                       y + m0 * n + j, n);
       }
     }
+  }
+}
+
+// v[0, n) as int8 with `scale` (0: all zero) into q[0, kQ8Group), zero
+// past n. Rounds to nearest even; clamps to +-127 (NaN to -127), so no
+// value reaches -128 (the kernels rely on it) or overflows.
+void QuantizeGroup(const float* v, int64_t n, float scale, int8_t* q) {
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  for (int64_t t = 0; t < n; ++t) {
+    q[t] = static_cast<int8_t>(std::fmin(std::fmax(std::nearbyint(v[t] * inv), -127.0f), 127.0f));
+  }
+  std::fill(q + n, q + kQ8Group, int8_t{0});
+}
+
+float MaxAbs(const float* v, int64_t n) {
+  float m = 0.0f;
+  for (int64_t t = 0; t < n; ++t) m = std::max(m, std::abs(v[t]));
+  return m;
+}
+
+// One row of x quantized for kQ8 weights (internal::Q8XRowBytes).
+void QuantizeActivationRow(const float* x, int64_t k, std::byte* out) {
+  const int64_t groups = (k + kQ8Group - 1) / kQ8Group;
+  auto* q = reinterpret_cast<int8_t*>(out);
+  std::byte* scales = out + groups * kQ8Group;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t lo = g * kQ8Group;
+    const int64_t n = std::min(k - lo, kQ8Group);
+    const float scale = MaxAbs(x + lo, n) / 127.0f;
+    QuantizeGroup(x + lo, n, scale, q + lo);
+    std::memcpy(scales + 4 * g, &scale, 4);
   }
 }
 
@@ -96,6 +128,8 @@ std::string_view CpuIsaName(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx2:
       return "avx2";
+    case CpuIsa::kAvx512Vnni:
+      return "avx512_vnni";
     case CpuIsa::kAvx512Bf16:
       return "avx512_bf16";
   }
@@ -106,13 +140,18 @@ bool CpuRuns(CpuIsa isa) {
   // __builtin_cpu_supports also checks that the OS saves the registers.
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                     __builtin_cpu_supports("f16c");
+  const bool avx512_vnni = avx2 && __builtin_cpu_supports("avx512f") &&
+                           __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512vl") &&
+                           __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512vnni");
   switch (isa) {
     case CpuIsa::kAvx2:
       return avx2;
+    case CpuIsa::kAvx512Vnni:
+      return avx512_vnni;
     case CpuIsa::kAvx512Bf16:
-      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512bf16");
+      return avx512_vnni && __builtin_cpu_supports("avx512bf16");
   }
   return false;
 }
@@ -140,13 +179,21 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
             const MatMulOptions& options) {
   if (m <= 0 || w.rows == 0) return;
   const size_t n = static_cast<size_t>(m) * w.cols;
-  if (!options.bf16_activations || w.dtype != DType::kBF16) {
-    MatMulTiled(internal::Avx2Tiles(w.dtype), x, sizeof(float), m, w, y,
+  if (w.dtype == DType::kQ8) {
+    const int64_t row = internal::Q8XRowBytes(w.cols);
+    const std::span<std::byte> xq = Scratch<std::byte>(static_cast<size_t>(m * row));
+#pragma omp parallel for num_threads(options.num_threads) if (m > 1 && options.num_threads > 1)
+    for (int64_t i = 0; i < m; ++i) QuantizeActivationRow(x + i * w.cols, w.cols, &xq[i * row]);
+    MatMulTiled(options.isa >= CpuIsa::kAvx512Vnni ? internal::Avx512VnniQ8Tiles()
+                                                   : internal::Avx2Tiles(DType::kQ8),
+                xq.data(), static_cast<size_t>(row), m, w, y, options.num_threads);
+  } else if (!options.bf16_activations || w.dtype != DType::kBF16) {
+    MatMulTiled(internal::Avx2Tiles(w.dtype), x, w.cols * sizeof(float), m, w, y,
                 options.num_threads);
   } else if (options.isa == CpuIsa::kAvx512Bf16) {
     const std::span<uint16_t> x_bf16 = Scratch<uint16_t>(n);
     internal::Avx512RoundToBf16(x, static_cast<int64_t>(n), x_bf16.data());
-    MatMulTiled(internal::Avx512Bf16Tiles(), x_bf16.data(), sizeof(uint16_t), m, w, y,
+    MatMulTiled(internal::Avx512Bf16Tiles(), x_bf16.data(), w.cols * sizeof(uint16_t), m, w, y,
                 options.num_threads);
   } else {
     // The same products from the fp32 kernels (bf16 values are exact in
@@ -154,13 +201,67 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
     // order.
     const std::span<float> x_rounded = Scratch<float>(n);
     for (size_t i = 0; i < n; ++i) x_rounded[i] = Bf16ToFloat(FloatToBf16(x[i]));
-    MatMulTiled(internal::Avx2Tiles(DType::kBF16), x_rounded.data(),
-                sizeof(float), m, w, y, options.num_threads);
+    MatMulTiled(internal::Avx2Tiles(DType::kBF16), x_rounded.data(), w.cols * sizeof(float), m,
+                w, y, options.num_threads);
   }
 }
 
 void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads) {
   MatMul(x, m, w, y, MatMulOptions{.num_threads = num_threads});
+}
+
+absl::StatusOr<WeightMatrix> QuantizeToQ8(const WeightMatrix& w, std::vector<std::byte>& storage,
+                                          int num_threads) {
+  if (w.dtype == DType::kQ8) return absl::InvalidArgumentError("the matrix is already kQ8");
+  const WeightMatrix q{.dtype = DType::kQ8, .rows = w.rows, .cols = w.cols};
+  storage.assign(q.size_bytes(), std::byte{0});
+  const int64_t groups = (w.cols + kQ8Group - 1) / kQ8Group;
+  const size_t in_row = w.row_bytes();
+  const size_t out_row = q.row_bytes();
+  std::vector<int64_t> bad_rows(std::max(1, num_threads), -1);
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
+  {
+    std::vector<float> row(w.cols);
+    int64_t& bad = bad_rows[omp_get_thread_num()];
+#pragma omp for schedule(static)
+    for (int32_t r = 0; r < w.rows; ++r) {
+      bool finite = true;
+      for (int32_t i = 0; i < w.cols; ++i) {
+        row[i] = LoadAsFloat(w.data + r * in_row, w.dtype, i);
+        finite &= std::isfinite(row[i]);
+      }
+      if (!finite) {
+        bad = bad < 0 ? r : std::min<int64_t>(bad, r);
+        continue;
+      }
+      std::byte* out = storage.data() + r * out_row;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t lo = g * kQ8Group;
+        const int64_t n = std::min<int64_t>(w.cols - lo, kQ8Group);
+        const float max_abs = MaxAbs(&row[lo], n);
+        const uint16_t half = FloatToFp16(max_abs / 127.0f);
+        const float scale = Fp16ToFloat(half);
+        if (!std::isfinite(scale)) {
+          bad = bad < 0 ? r : std::min<int64_t>(bad, r);
+          continue;
+        }
+        QuantizeGroup(&row[lo], n, scale, reinterpret_cast<int8_t*>(out) + lo);
+        std::memcpy(out + groups * kQ8Group + 2 * g, &half, 2);
+      }
+    }
+  }
+  int64_t bad = -1;
+  for (int64_t r : bad_rows) {
+    if (r >= 0) bad = bad < 0 ? r : std::min(bad, r);
+  }
+  if (bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot quantize to int8: row ", bad, " has a weight that is not finite or above ",
+        "127 * 65504 (an fp16 scale)"));
+  }
+  WeightMatrix out = q;
+  out.data = storage.data();
+  return out;
 }
 
 void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* y) {

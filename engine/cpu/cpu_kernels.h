@@ -30,11 +30,13 @@ namespace pdserve::cpu {
 // ones), so none is kept until a CPU where they pay is measured.
 enum class CpuIsa : uint8_t {
   kAvx2,        // AVX2, FMA, F16C: the baseline the whole binary needs.
-  kAvx512Bf16,  // AVX-512 F, BW, VL, DQ and BF16: fast bf16 activations.
+  kAvx512Vnni,  // AVX-512 F, BW, VL, DQ and VNNI: int8 weights.
+  kAvx512Bf16,  // The above and AVX512_BF16: fast bf16 activations.
 };
-inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kAvx2, CpuIsa::kAvx512Bf16};
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kAvx2, CpuIsa::kAvx512Vnni,
+                                         CpuIsa::kAvx512Bf16};
 
-// "avx2", "avx512_bf16".
+// "avx2", "avx512_vnni", "avx512_bf16".
 std::string_view CpuIsaName(CpuIsa isa);
 
 // Whether this CPU (and its operating system) runs `isa`'s kernels.
@@ -61,17 +63,29 @@ struct MatMulOptions {
   // in fp32, as a PyTorch bf16 model and llama.cpp's BF16 weights do:
   // with kAvx512Bf16 two products a lane (VDPBF16PS), elsewhere the same
   // numbers from the fp32 kernels. No effect on fp32 and fp16 weights.
-  // Off, every product is of fp32 x. Default: false.
+  // Off, every product is of fp32 x. No effect on kQ8 weights either.
+  // Default: false.
   bool bf16_activations = false;
 };
 
 // y[i][j] = sum_k x[i][k] * w[j][k] for i < m, j < w.rows, k < w.cols.
 // x has row stride w.cols, y has row stride w.rows. Each product is of x
 // (see bf16_activations) and the weight widened to fp32, summed in fp32.
+// kQ8 weights: each row of x is quantized as they are (QuantizeToQ8, with
+// an fp32 scale), each group's int8 products summed exactly, scaled by
+// both scales and summed in fp32 (llama.cpp's Q8_0 x Q8_0).
 void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
             const MatMulOptions& options);
 // With the default options but `num_threads`.
 void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads);
+
+// w (fp32, fp16 or bf16) as kQ8 rows (dtype.h) written into `storage`,
+// which the result points into. Per group of kQ8Group weights of a row:
+// scale = fp16(max |w| / 127), int8 = round(w / scale), within +-127.
+// INVALID_ARGUMENT naming the row when a weight is not finite or a scale
+// overflows fp16. Rows are split among `num_threads` threads.
+absl::StatusOr<WeightMatrix> QuantizeToQ8(const WeightMatrix& w, std::vector<std::byte>& storage,
+                                          int num_threads);
 
 // y = x / rms(x) * weight over one row of n; y may alias x.
 void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* y);

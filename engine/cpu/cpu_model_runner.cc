@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_kernels.h"
@@ -20,12 +22,54 @@ struct FreeDeleter {
   void operator()(std::byte* p) const { std::free(p); }
 };
 
+// A model's weights with every matrix but the embedding table as kQ8, and
+// the bytes they point into.
+struct QuantizedWeights {
+  ModelWeights weights;
+  std::vector<std::vector<std::byte>> storage;
+};
+
+absl::StatusOr<std::unique_ptr<const QuantizedWeights>> QuantizeWeights(const ModelWeights& from,
+                                                                        int num_threads) {
+  auto q = std::make_unique<QuantizedWeights>();
+  q->weights = from;  // Norms and biases as they are; the matrices below.
+  auto quantize = [&](WeightMatrix& m, std::string_view name, int layer) -> absl::Status {
+    absl::StatusOr<WeightMatrix> r = cpu::QuantizeToQ8(m, q->storage.emplace_back(), num_threads);
+    if (!r.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          std::string(name), layer >= 0 ? absl::StrCat(" of layer ", layer) : "", ": ",
+          std::string(r.status().message())));
+    }
+    m = *r;
+    return absl::OkStatus();
+  };
+  for (int l = 0; l < static_cast<int>(q->weights.layers.size()); ++l) {
+    LayerWeights& L = q->weights.layers[l];
+    PD_RETURN_IF_ERROR(quantize(L.wq, "q_proj", l));
+    PD_RETURN_IF_ERROR(quantize(L.wk, "k_proj", l));
+    PD_RETURN_IF_ERROR(quantize(L.wv, "v_proj", l));
+    PD_RETURN_IF_ERROR(quantize(L.wo, "o_proj", l));
+    PD_RETURN_IF_ERROR(quantize(L.w_gate, "gate_proj", l));
+    PD_RETURN_IF_ERROR(quantize(L.w_up, "up_proj", l));
+    PD_RETURN_IF_ERROR(quantize(L.w_down, "down_proj", l));
+  }
+  // A tied LM head gets a copy of its own; the embedding lookup keeps the
+  // original rows.
+  PD_RETURN_IF_ERROR(quantize(q->weights.lm_head, "lm_head", -1));
+  return q;
+}
+
 class CpuModelRunner final : public ModelRunner {
  public:
-  CpuModelRunner(std::shared_ptr<const Model> model, KvBlockLayout layout, int32_t num_blocks,
+  // `q8`: the model's matrices quantized to int8 (QuantizeWeights), or
+  // null to use the model's own.
+  CpuModelRunner(std::shared_ptr<const Model> model, std::unique_ptr<const QuantizedWeights> q8,
+                 KvBlockLayout layout, int32_t num_blocks,
                  std::unique_ptr<std::byte, FreeDeleter> pool, int num_threads,
                  cpu::MatMulOptions matmul)
       : model_(std::move(model)),
+        q8_(std::move(q8)),
+        weights_(q8_ != nullptr ? q8_->weights : model_->weights()),
         layout_(layout),
         num_blocks_(num_blocks),
         pool_(std::move(pool)),
@@ -53,6 +97,8 @@ class CpuModelRunner final : public ModelRunner {
   void Attention(const ForwardBatch& batch, int layer);
 
   const std::shared_ptr<const Model> model_;
+  const std::unique_ptr<const QuantizedWeights> q8_;
+  const ModelWeights& weights_;  // q8_'s or the model's.
   const KvBlockLayout layout_;
   const int32_t num_blocks_;
   const std::unique_ptr<std::byte, FreeDeleter> pool_;
@@ -116,7 +162,7 @@ void CpuModelRunner::Attention(const ForwardBatch& batch, int layer) {
 absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::span<float> logits) {
   PD_RETURN_IF_ERROR(ValidateBatch(batch, logits));
   const ModelConfig& c = model_->config();
-  const ModelWeights& w = model_->weights();
+  const ModelWeights& w = weights_;
   const int64_t hidden = c.hidden_size;
   const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
@@ -245,10 +291,20 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(
   std::unique_ptr<std::byte, FreeDeleter> pool(static_cast<std::byte*>(raw));
   int threads = options.num_threads;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::unique_ptr<const QuantizedWeights> q8;
+  if (options.int8_weights) {
+    const absl::Time start = absl::Now();
+    PD_ASSIGN_OR_RETURN(q8, QuantizeWeights(model->weights(), threads));
+    size_t bytes = 0;
+    for (const std::vector<std::byte>& s : q8->storage) bytes += s.size();
+    PD_LOG(INFO) << "cpu backend: weights quantized to int8 (" << (bytes >> 20) << " MiB) in "
+                 << absl::ToInt64Milliseconds(absl::Now() - start) << " ms";
+  }
   PD_LOG(INFO) << "cpu backend: " << threads << " threads, " << cpu::CpuIsaName(isa)
-               << " kernels" << (options.bf16_activations ? ", bf16 activations" : "");
+               << " kernels" << (options.int8_weights ? ", int8 weights" : "")
+               << (options.bf16_activations && !options.int8_weights ? ", bf16 activations" : "");
   return std::make_unique<CpuModelRunner>(
-      std::move(model), layout, static_cast<int32_t>(num_blocks), std::move(pool), threads,
+      std::move(model), std::move(q8), layout, static_cast<int32_t>(num_blocks), std::move(pool), threads,
       cpu::MatMulOptions{
           .num_threads = threads, .isa = isa, .bf16_activations = options.bf16_activations});
 }

@@ -1,5 +1,6 @@
 // MatMul's tiles for the AVX2/FMA/F16C baseline (x86-64-v3): 8 lanes of
-// fp32; fp16 and bf16 weights widened to fp32 as they are loaded.
+// fp32; fp16 and bf16 weights widened to fp32 as they are loaded; int8
+// weights against int8 x, 32 products a step by VPMADDUBSW.
 #include "engine/cpu/matmul_tile.h"
 
 namespace pdserve::cpu::internal {
@@ -36,6 +37,45 @@ struct Avx2 {
   static float XAt(const float* p, int64_t i) { return p[i]; }
 };
 
+// One group of 32 int8 a step. VPMADDUBSW multiplies unsigned by signed
+// bytes, so x's step is kept as |x| and its signs move onto w (VPSIGNB):
+// |x| * (w * sign(x)) = x * w. Pairs of products stay within int16
+// (2 * 127 * 127), as neither side is ever -128.
+struct Avx2Q8 {
+  using Acc = __m256;
+  struct XQ {
+    __m256i abs;
+    __m256i x;
+  };
+  using W = __m256i;
+  using Scales = __m256;
+  static constexpr int kGroups = 1;
+
+  static Acc Zero() { return _mm256_setzero_ps(); }
+  static Acc Add(Acc a, Acc b) { return _mm256_add_ps(a, b); }
+  static float Sum(Acc v) { return Avx2::Sum(v); }
+  template <bool kTail>
+  static XQ LoadX(const int8_t* p) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return {_mm256_sign_epi8(v, v), v};
+  }
+  template <bool kTail>
+  static W LoadW(const int8_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  template <bool kTail>
+  static Scales LoadXScales(const float* p) { return _mm256_broadcast_ss(p); }
+  template <bool kTail>
+  static Scales LoadWScales(const uint16_t* p) { return _mm256_set1_ps(_cvtsh_ss(*p)); }
+  static Acc MulAdd(const XQ& x, Scales xs, W w, Scales ws, Acc acc) {
+    const __m256i pairs = _mm256_maddubs_epi16(x.abs, _mm256_sign_epi8(w, x.x));
+    const __m256i sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(xs, ws), acc);
+  }
+};
+
+constexpr TileKernels kAvx2Q8 = MakeQ8TileKernels<Avx2Q8>();
+
 // Indexed by DType (kF32 = 0, kF16 = 1, kBF16 = 2).
 constexpr TileKernels kAvx2[3] = {MakeTileKernels<Avx2, DType::kF32>(),
                                   MakeTileKernels<Avx2, DType::kF16>(),
@@ -43,6 +83,8 @@ constexpr TileKernels kAvx2[3] = {MakeTileKernels<Avx2, DType::kF32>(),
 
 }  // namespace
 
-const TileKernels& Avx2Tiles(DType weights) { return kAvx2[static_cast<int>(weights)]; }
+const TileKernels& Avx2Tiles(DType weights) {
+  return weights == DType::kQ8 ? kAvx2Q8 : kAvx2[static_cast<int>(weights)];
+}
 
 }  // namespace pdserve::cpu::internal

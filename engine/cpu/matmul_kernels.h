@@ -26,8 +26,19 @@ struct TileKernels {
 };
 
 // AVX2/FMA/F16C (matmul_avx2.cc): fp32 x against fp32, fp16 and bf16
-// weights.
+// weights; for kQ8 weights, x quantized as Q8XRowBytes says.
 const TileKernels& Avx2Tiles(DType weights);
+
+// Bytes of one row of x quantized for kQ8 weights: RoundUp(k, kQ8Group)
+// int8 (zero past k), then one fp32 scale per group.
+inline constexpr int64_t Q8XRowBytes(int64_t k) {
+  const int64_t groups = (k + kQ8Group - 1) / kQ8Group;
+  return groups * (kQ8Group + 4);
+}
+
+// AVX-512 F/BW/VL/DQ and VNNI (matmul_avx512_vnni.cc): kQ8 weights
+// against quantized x, 64 products a step by VPDPBUSD.
+const TileKernels& Avx512VnniQ8Tiles();
 
 // AVX512_BF16 with AVX-512 F/BW/VL/DQ (matmul_avx512_bf16.cc): bf16 x
 // against bf16 weights, two products a lane (VDPBF16PS), summed in fp32;

@@ -322,6 +322,11 @@ CudaModelRunner::~CudaModelRunner() {
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     std::shared_ptr<const Model> model, const ModelRunnerOptions& options) {
   const ModelConfig& c = model->config();
+  if (options.int8_weights) {
+    return absl::InvalidArgumentError(
+        "int8 weights are a cpu backend format; the cuda backend runs bf16 "
+        "(drop --int8_weights or use --backend=cpu)");
+  }
   if (options.block_size < 1 || options.block_size > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block_size must be in [1, 1024], got ", options.block_size));

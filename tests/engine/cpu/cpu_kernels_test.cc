@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <complex>
 #include <numeric>
@@ -96,6 +97,151 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<2>(info.param) ? "_bf16_activations" : "");
     });
 
+// Int8 weights: QuantizeToQ8 of fp32, bf16 and fp16 matrices, then MatMul
+// on every instruction set (int8 kernels: VNNI from kAvx512Vnni up, AVX2
+// below), against a double reference that quantizes x itself.
+struct Q8Case {
+  int64_t m, n, k;
+  DType from;
+};
+void PrintTo(const Q8Case& c, std::ostream* os) {
+  *os << "m=" << c.m << " n=" << c.n << " k=" << c.k << " from " << DTypeName(c.from);
+}
+
+class Q8MatMulTest : public ::testing::TestWithParam<std::tuple<Q8Case, CpuIsa>> {};
+
+TEST_P(Q8MatMulTest, MatchesTheQuantizedProductAndStaysNearFp32) {
+  const auto [m, n, k, from] = std::get<0>(GetParam());
+  const CpuIsa isa = std::get<1>(GetParam());
+  if (!CpuRuns(isa)) GTEST_SKIP() << "this CPU has no " << CpuIsaName(isa);
+  std::mt19937 rng(static_cast<unsigned>(m * 7919 + n * 31 + k));
+  const std::vector<float> x = RandomVector(m * k, rng);
+  const std::vector<float> wf = RandomVector(n * k, rng, 0.05f);
+  std::vector<std::byte> wbytes(n * k * DTypeSize(from));
+  for (int64_t i = 0; i < n * k; ++i) StoreFromFloat(wbytes.data(), from, i, wf[i]);
+  const WeightMatrix w{from, static_cast<int32_t>(n), static_cast<int32_t>(k), wbytes.data()};
+  std::vector<std::byte> storage;
+  const absl::StatusOr<WeightMatrix> q = QuantizeToQ8(w, storage, 2);
+  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_EQ(q->dtype, DType::kQ8);
+  ASSERT_EQ(storage.size(), q->size_bytes());
+
+  // The stored rows: int8 within +-127, zero past k, each weight within
+  // half a step of its scale, the scale fp16(max |w| / 127).
+  const int64_t groups = (k + 31) / 32;
+  const size_t row_bytes = static_cast<size_t>(groups) * 34;
+  ASSERT_EQ(q->row_bytes(), row_bytes);
+  std::vector<int8_t> wq(n * groups * 32);
+  std::vector<float> ws(n * groups);
+  for (int64_t j = 0; j < n; ++j) {
+    const std::byte* row = q->data + j * row_bytes;
+    std::memcpy(&wq[j * groups * 32], row, groups * 32);
+    for (int64_t g = 0; g < groups; ++g) {
+      uint16_t h;
+      std::memcpy(&h, row + groups * 32 + 2 * g, 2);
+      ws[j * groups + g] = Fp16ToFloat(h);
+      float max_abs = 0.0f;
+      for (int64_t t = g * 32; t < std::min(k, g * 32 + 32); ++t) {
+        max_abs = std::max(max_abs, std::abs(LoadAsFloat(wbytes.data(), from, j * k + t)));
+      }
+      ASSERT_EQ(h, FloatToFp16(max_abs / 127.0f)) << "row " << j << " group " << g;
+    }
+    for (int64_t t = 0; t < groups * 32; ++t) {
+      const int8_t v = wq[j * groups * 32 + t];
+      ASSERT_GE(v, -127);
+      if (t >= k) {
+        ASSERT_EQ(v, 0) << "padding of row " << j;
+        continue;
+      }
+      const float scale = ws[j * groups + t / 32];
+      ASSERT_NEAR(v * scale, LoadAsFloat(wbytes.data(), from, j * k + t), 0.5001f * scale);
+    }
+  }
+
+  std::vector<float> y(m * n, -1.0f);
+  MatMul(x.data(), m, *q, y.data(), {.num_threads = 2, .isa = isa});
+  for (int64_t i = 0; i < m; ++i) {
+    // x quantized as MatMul documents: per group scale max |x| / 127.
+    std::vector<double> xq(groups * 32, 0.0), xs(groups, 0.0);
+    for (int64_t g = 0; g < groups; ++g) {
+      float max_abs = 0.0f;
+      for (int64_t t = g * 32; t < std::min(k, g * 32 + 32); ++t) {
+        max_abs = std::max(max_abs, std::abs(x[i * k + t]));
+      }
+      xs[g] = max_abs / 127.0f;
+      for (int64_t t = g * 32; t < std::min(k, g * 32 + 32); ++t) {
+        xq[t] = xs[g] > 0 ? std::nearbyint(x[i * k + t] / xs[g]) : 0.0;
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0.0, mag = 0.0, step = 0.0, fp32 = 0.0, fp32_mag = 0.0;
+      for (int64_t g = 0; g < groups; ++g) {
+        const double scale = xs[g] * ws[j * groups + g];
+        for (int64_t t = g * 32; t < g * 32 + 32; ++t) {
+          const double p = scale * xq[t] * wq[j * groups * 32 + t];
+          ref += p;
+          mag += std::abs(p);
+        }
+        step = std::max(step, scale * 127);  // One x rounded the other way.
+      }
+      for (int64_t t = 0; t < k; ++t) {
+        const double p = static_cast<double>(x[i * k + t]) * wf[j * k + t];
+        fp32 += p;
+        fp32_mag += std::abs(p);
+      }
+      ASSERT_NEAR(y[i * n + j], ref, 1e-5 * mag + step + 1e-6) << "at " << i << "," << j;
+      // Two roundings of at most half a step each side of every product.
+      ASSERT_NEAR(y[i * n + j], fp32, 0.02 * fp32_mag + 1e-6) << "at " << i << "," << j;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Q8MatMulTest,
+    ::testing::Combine(
+        ::testing::Values(
+            // Decode's few-row path, a group's tail (k % 32), an odd
+            // number of groups (the 64-wide step's half step), one group.
+            Q8Case{1, 1, 1, DType::kF32}, Q8Case{1, 7, 13, DType::kBF16},
+            Q8Case{1, 200, 768, DType::kBF16}, Q8Case{2, 33, 100, DType::kF32},
+            Q8Case{3, 10, 40, DType::kF16}, Q8Case{4, 64, 2048, DType::kBF16},
+            Q8Case{1, 19, 161, DType::kF16}, Q8Case{1, 5, 96, DType::kF32},
+            // Register tiles (m > 4) and their row and column tails.
+            Q8Case{5, 49, 32, DType::kF32}, Q8Case{6, 20, 96, DType::kBF16},
+            Q8Case{9, 100, 129, DType::kF16}, Q8Case{17, 131, 200, DType::kBF16},
+            Q8Case{13, 97, 256, DType::kF32}),
+        ::testing::ValuesIn(kAllCpuIsas)),
+    [](const auto& info) {
+      const Q8Case& c = std::get<0>(info.param);
+      return absl::StrCat("m", c.m, "n", c.n, "k", c.k, "from", std::string(DTypeName(c.from)),
+                          "_", std::string(CpuIsaName(std::get<1>(info.param))));
+    });
+
+TEST(QuantizeToQ8Test, ZeroRowsStayZeroAndNonFiniteWeightsAreAnError) {
+  std::vector<float> wf(3 * 40, 0.0f);
+  wf[40 + 3] = 1.0f;  // Row 1: one weight, the rest zero.
+  WeightMatrix w{DType::kF32, 3, 40, reinterpret_cast<const std::byte*>(wf.data())};
+  std::vector<std::byte> storage;
+  absl::StatusOr<WeightMatrix> q = QuantizeToQ8(w, storage, 1);
+  ASSERT_TRUE(q.ok()) << q.status();
+  const std::vector<float> x(40, 2.0f);
+  std::vector<float> y(3, -1.0f);
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (!CpuRuns(isa)) continue;
+    MatMul(x.data(), 1, *q, y.data(), {.isa = isa});
+    // 1 is 127 steps of fp16(1 / 127).
+    const float one = 127 * Fp16ToFloat(FloatToFp16(1.0f / 127));
+    EXPECT_EQ(y, (std::vector<float>{0.0f, 2.0f * one, 0.0f})) << CpuIsaName(isa);
+  }
+
+  for (float bad : {INFINITY, NAN, 1e9f}) {
+    wf[2 * 40 + 39] = bad;
+    q = QuantizeToQ8(w, storage, 2);
+    EXPECT_EQ(q.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(q.status().message(), "row 2")) << q.status();
+  }
+}
+
 TEST(CpuIsaTest, TheEnvironmentCapsTheKernelsAndABadValueIsAnError) {
   testing_util::ScopedEnv env("PDSERVE_CPU_ISA", "avx2");
   EXPECT_EQ(CpuIsaFromEnvironment().value(), CpuIsa::kAvx2);
@@ -109,7 +255,7 @@ TEST(CpuIsaTest, TheEnvironmentCapsTheKernelsAndABadValueIsAnError) {
   env.Set("avx1024");
   const absl::StatusOr<CpuIsa> bad = CpuIsaFromEnvironment();
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(bad.status().message(), "avx2, avx512_bf16"))
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "avx2, avx512_vnni, avx512_bf16"))
       << bad.status();
   env.Set(std::nullopt);
   EXPECT_EQ(CpuIsaFromEnvironment().value(), best);
