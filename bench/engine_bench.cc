@@ -131,7 +131,7 @@ double PrefillFlops(const ModelConfig& c, int64_t n) {
 // The matrices' bytes, as stored or (int8) as quantized at load.
 size_t WeightBytesReadPerStep(const Model& m, bool int8) {
   auto bytes_of = [int8](const WeightMatrix& w) {
-    return int8 ? w.rows * RowBytes(DType::kQ8, w.cols) : w.size_bytes();
+    return int8 ? MatrixBytes(DType::kQ8, w.rows, w.cols) : w.size_bytes();
   };
   size_t bytes = bytes_of(m.weights().lm_head);
   for (const LayerWeights& L : m.weights().layers) {

@@ -15,25 +15,30 @@
 namespace pdserve {
 
 // kQ8 is not an element type but the cpu backend's int8 weight format,
-// made at load (ModelRunnerOptions::int8_weights): each row is
-// RoundUp(cols, kQ8Group) int8 weights (zero past cols), then one fp16
-// scale per group of kQ8Group of them; weight = int8 * scale (symmetric).
-// It never comes from a file, a KV block or the wire: ParseDType rejects
-// it, and LoadAsFloat / StoreFromFloat do not take it.
+// made at load (ModelRunnerOptions::int8_weights): symmetric int8 weights,
+// one fp16 scale per group of kQ8Group consecutive weights of a row,
+// weight = int8 * scale, laid out for the kernels (cpu::QuantizeToQ8 says
+// how). It never comes from a file, a KV block or the wire: ParseDType
+// rejects it, and LoadAsFloat / StoreFromFloat do not take it.
 enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8 = 3 };
 
 inline constexpr int64_t kQ8Group = 32;
+// kQ8 rows come in blocks of this many (the last padded with zero rows).
+inline constexpr int64_t kQ8BlockRows = 16;
+// Bytes of one block's group: its int8 weights and their fp16 scales.
+inline constexpr int64_t kQ8UnitBytes = kQ8BlockRows * (kQ8Group + 2);
 
-// Bytes of one element; for kQ8 its int8 (RowBytes counts the scales).
+// Bytes of one element; for kQ8 its int8 (MatrixBytes counts the rest).
 constexpr size_t DTypeSize(DType t) {
   return t == DType::kF32 ? 4 : t == DType::kQ8 ? 1 : 2;
 }
 
-// Bytes of one row of `cols` elements.
-constexpr size_t RowBytes(DType t, int64_t cols) {
-  if (t != DType::kQ8) return static_cast<size_t>(cols) * DTypeSize(t);
+// Bytes of a rows x cols matrix.
+constexpr size_t MatrixBytes(DType t, int64_t rows, int64_t cols) {
+  if (t != DType::kQ8) return static_cast<size_t>(rows * cols) * DTypeSize(t);
+  const int64_t blocks = (rows + kQ8BlockRows - 1) / kQ8BlockRows;
   const int64_t groups = (cols + kQ8Group - 1) / kQ8Group;
-  return static_cast<size_t>(groups) * (kQ8Group + 2);
+  return static_cast<size_t>(blocks * groups * kQ8UnitBytes);
 }
 
 // "F32", "F16", "BF16" (the safetensors spelling), "Q8".

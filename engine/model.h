@@ -34,8 +34,7 @@ struct WeightMatrix {
   int32_t cols = 0;
   const std::byte* data = nullptr;
 
-  size_t row_bytes() const { return RowBytes(dtype, cols); }
-  size_t size_bytes() const { return static_cast<size_t>(rows) * row_bytes(); }
+  size_t size_bytes() const { return MatrixBytes(dtype, rows, cols); }
 };
 
 struct LayerWeights {

@@ -53,7 +53,7 @@ void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_r
                  int64_t m, const WeightMatrix& w, float* y, int num_threads) {
   const int64_t n = w.rows;
   const int64_t k = w.cols;
-  const size_t row_bytes = w.row_bytes();
+  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
   const auto* x_bytes = static_cast<const std::byte*>(x);
   if (m <= kMaxMR) {
     const internal::TileFn tile = kernels.tiles[m - 1][0];
@@ -106,12 +106,60 @@ void QuantizeActivationRow(const float* x, int64_t k, std::byte* out) {
   const int64_t groups = (k + kQ8Group - 1) / kQ8Group;
   auto* q = reinterpret_cast<int8_t*>(out);
   std::byte* scales = out + groups * kQ8Group;
+  std::byte* sums = scales + 4 * groups;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t lo = g * kQ8Group;
     const int64_t n = std::min(k - lo, kQ8Group);
     const float scale = MaxAbs(x + lo, n) / 127.0f;
     QuantizeGroup(x + lo, n, scale, q + lo);
+    int32_t sum = 0;
+    for (int64_t t = lo; t < lo + kQ8Group; ++t) sum += q[t];
+    const int32_t start = -128 * sum;
     std::memcpy(scales + 4 * g, &scale, 4);
+    std::memcpy(sums + 4 * g, &start, 4);
+  }
+}
+
+// MatMul of kQ8 weights: x quantized, then tasks of whole blocks of
+// kQ8BlockRows weight rows, each read once per max_rows rows of x. With
+// few rows of x (decode) the tasks are a few long runs of blocks per
+// thread, each block one sequential stream (as MatMulTiled's few-row
+// path); with many, tasks of kRowsPerTask rows.
+void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m, const WeightMatrix& w,
+              float* y, int num_threads) {
+  const int64_t k = w.cols;
+  const int64_t n = w.rows;
+  const int64_t groups = (k + kQ8Group - 1) / kQ8Group;
+  const int64_t x_row = internal::Q8XRowBytes(k);
+  const std::span<std::byte> xq = Scratch<std::byte>(static_cast<size_t>(m * x_row));
+#pragma omp parallel for num_threads(num_threads) if (m > 1 && num_threads > 1)
+  for (int64_t i = 0; i < m; ++i) QuantizeActivationRow(x + i * k, k, &xq[i * x_row]);
+
+  const int64_t blocks = (n + kQ8BlockRows - 1) / kQ8BlockRows;
+  const int64_t block_bytes = groups * kQ8UnitBytes;
+  const int64_t tasks =
+      m <= kernels.max_rows
+          ? std::min<int64_t>(blocks, num_threads * kFewRowTasksPerThread)
+          : (blocks + kRowsPerTask / kQ8BlockRows - 1) / (kRowsPerTask / kQ8BlockRows);
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads, tasks));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    // The last block's rows past n land here, not in y.
+    float tail[internal::kMaxQ8Rows * kQ8BlockRows];
+    for (int64_t b = blocks * task / tasks; b < blocks * (task + 1) / tasks; ++b) {
+      const int64_t j = b * kQ8BlockRows;
+      const bool partial = n - j < kQ8BlockRows;
+      for (int64_t m0 = 0; m0 < m; m0 += kernels.max_rows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kernels.max_rows, m - m0));
+        kernels.rows[mr - 1](&xq[m0 * x_row], x_row, groups, w.data + b * block_bytes,
+                             partial ? tail : y + m0 * n + j, partial ? kQ8BlockRows : n);
+        if (partial) {
+          for (int i = 0; i < mr; ++i) {
+            std::copy_n(tail + i * kQ8BlockRows, n - j, y + (m0 + i) * n + j);
+          }
+        }
+      }
+    }
   }
 }
 
@@ -180,13 +228,9 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
   if (m <= 0 || w.rows == 0) return;
   const size_t n = static_cast<size_t>(m) * w.cols;
   if (w.dtype == DType::kQ8) {
-    const int64_t row = internal::Q8XRowBytes(w.cols);
-    const std::span<std::byte> xq = Scratch<std::byte>(static_cast<size_t>(m * row));
-#pragma omp parallel for num_threads(options.num_threads) if (m > 1 && options.num_threads > 1)
-    for (int64_t i = 0; i < m; ++i) QuantizeActivationRow(x + i * w.cols, w.cols, &xq[i * row]);
-    MatMulTiled(options.isa >= CpuIsa::kAvx512Vnni ? internal::Avx512VnniQ8Tiles()
-                                                   : internal::Avx2Tiles(DType::kQ8),
-                xq.data(), static_cast<size_t>(row), m, w, y, options.num_threads);
+    MatMulQ8(options.isa >= CpuIsa::kAvx512Vnni ? internal::Avx512VnniQ8Kernels()
+                                                : internal::Avx2Q8Kernels(),
+             x, m, w, y, options.num_threads);
   } else if (!options.bf16_activations || w.dtype != DType::kBF16) {
     MatMulTiled(internal::Avx2Tiles(w.dtype), x, w.cols * sizeof(float), m, w, y,
                 options.num_threads);
@@ -214,14 +258,22 @@ absl::StatusOr<WeightMatrix> QuantizeToQ8(const WeightMatrix& w, std::vector<std
                                           int num_threads) {
   if (w.dtype == DType::kQ8) return absl::InvalidArgumentError("the matrix is already kQ8");
   const WeightMatrix q{.dtype = DType::kQ8, .rows = w.rows, .cols = w.cols};
-  storage.assign(q.size_bytes(), std::byte{0});
   const int64_t groups = (w.cols + kQ8Group - 1) / kQ8Group;
-  const size_t in_row = w.row_bytes();
-  const size_t out_row = q.row_bytes();
+  const int64_t units = static_cast<int64_t>(q.size_bytes()) / kQ8UnitBytes;
+  storage.resize(q.size_bytes());
+  // Padding (rows past w.rows, columns past w.cols): weight 0 (biased:
+  // 128), scale 0.
+  for (int64_t u = 0; u < units; ++u) {
+    std::byte* unit = storage.data() + u * kQ8UnitBytes;
+    std::fill_n(unit, kQ8BlockRows * kQ8Group, std::byte{0x80});
+    std::fill_n(unit + kQ8BlockRows * kQ8Group, 2 * kQ8BlockRows, std::byte{0});
+  }
+  const size_t in_row = static_cast<size_t>(w.cols) * DTypeSize(w.dtype);
   std::vector<int64_t> bad_rows(std::max(1, num_threads), -1);
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
     std::vector<float> row(w.cols);
+    int8_t group[kQ8Group];
     int64_t& bad = bad_rows[omp_get_thread_num()];
 #pragma omp for schedule(static)
     for (int32_t r = 0; r < w.rows; ++r) {
@@ -234,19 +286,24 @@ absl::StatusOr<WeightMatrix> QuantizeToQ8(const WeightMatrix& w, std::vector<std
         bad = bad < 0 ? r : std::min<int64_t>(bad, r);
         continue;
       }
-      std::byte* out = storage.data() + r * out_row;
+      const int64_t block = r / kQ8BlockRows;
+      const int64_t lane = r % kQ8BlockRows;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t lo = g * kQ8Group;
         const int64_t n = std::min<int64_t>(w.cols - lo, kQ8Group);
-        const float max_abs = MaxAbs(&row[lo], n);
-        const uint16_t half = FloatToFp16(max_abs / 127.0f);
+        const uint16_t half = FloatToFp16(MaxAbs(&row[lo], n) / 127.0f);
         const float scale = Fp16ToFloat(half);
         if (!std::isfinite(scale)) {
           bad = bad < 0 ? r : std::min<int64_t>(bad, r);
-          continue;
+          break;
         }
-        QuantizeGroup(&row[lo], n, scale, reinterpret_cast<int8_t*>(out) + lo);
-        std::memcpy(out + groups * kQ8Group + 2 * g, &half, 2);
+        QuantizeGroup(&row[lo], n, scale, group);
+        std::byte* unit = storage.data() + (block * groups + g) * kQ8UnitBytes;
+        for (int64_t t = 0; t < kQ8Group; ++t) {
+          unit[(t / 4) * 4 * kQ8BlockRows + lane * 4 + t % 4] =
+              static_cast<std::byte>(static_cast<uint8_t>(group[t] + 128));
+        }
+        std::memcpy(unit + kQ8BlockRows * kQ8Group + 2 * lane, &half, 2);
       }
     }
   }

@@ -79,9 +79,15 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
 // With the default options but `num_threads`.
 void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads);
 
-// w (fp32, fp16 or bf16) as kQ8 rows (dtype.h) written into `storage`,
-// which the result points into. Per group of kQ8Group weights of a row:
+// w (fp32, fp16 or bf16) as kQ8 (dtype.h) written into `storage`, which
+// the result points into. Per group of kQ8Group weights of a row:
 // scale = fp16(max |w| / 127), int8 = round(w / scale), within +-127.
+// The layout, for the kernels: blocks of kQ8BlockRows rows (the last
+// padded with zero rows), each a run of kQ8UnitBytes units, one per
+// group of columns (the last padded with zeros). A unit holds 8 lines of
+// 64 bytes, line q the weights 4q .. 4q + 3 of the group of each of the 16
+// rows in turn, each stored as int8 + 128 (unsigned); then the 16 rows'
+// fp16 scales. Same bytes per weight as llama.cpp's Q8_0 (34 per 32).
 // INVALID_ARGUMENT naming the row when a weight is not finite or a scale
 // overflows fp16. Rows are split among `num_threads` threads.
 absl::StatusOr<WeightMatrix> QuantizeToQ8(const WeightMatrix& w, std::vector<std::byte>& storage,

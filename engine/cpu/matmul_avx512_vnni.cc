@@ -1,72 +1,69 @@
-// MatMul's tiles for int8 weights with AVX512_VNNI: two groups of 32 int8
-// a step by VPDPBUSD. Compiled with -mavx512f/bw/vl/dq/vnni
-// (engine/CMakeLists.txt); called only where the CPU has them
-// (cpu_kernels.cc).
+// MatMul's kernels for int8 weights with AVX512_VNNI. Compiled with
+// -mavx512f/bw/vl/dq/vnni (engine/CMakeLists.txt); called only where the
+// CPU has them (cpu_kernels.cc).
 #include "engine/cpu/matmul_tile.h"
 
 namespace pdserve::cpu::internal {
 namespace {
 
-// VPDPBUSD multiplies unsigned by signed bytes, so x's step is kept as |x|
-// and a mask of its negative bytes, which negates w's bytes there (AVX-512
-// has no VPSIGNB): |x| * (w * sign(x)) = x * w. Each 32-bit lane sums four
-// products; lanes 0-7 are the step's first group, 8-15 its second, and
-// the scales are laid out alike.
-struct Avx512VnniQ8 {
-  using Acc = __m512;
-  struct XQ {
-    __m512i abs;
-    __mmask64 negative;
-  };
-  using W = __m512i;
-  using Scales = __m512;
-  static constexpr int kGroups = 2;
+// One block of kQ8BlockRows weight rows: a 64-byte line of the layout is
+// one quad (4 consecutive weights) of each of the 16 rows, so one
+// VPDPBUSD multiplies it by x's quad broadcast and adds each row's 4
+// products to its own int32 lane. VPDPBUSD takes unsigned by signed bytes:
+// the weights are stored biased (w + 128), and each row of x carries
+// -128 * the sum of each group, the start of the group's sums, which
+// leaves exactly x . w. Each group's sums are then scaled by the rows'
+// fp16 scales and x's scale, in fp32. Few rows of x split a group's 8
+// steps into independent chains, so that VPDPBUSD's latency (5 cycles)
+// does not bound decode.
+template <int MR>
+void Q8BlockAvx512(const std::byte* x, int64_t x_row, int64_t groups, const std::byte* w,
+                   float* y, int64_t ldy) {
+  constexpr int kChains = MR == 1 ? 4 : MR <= 4 ? 2 : 1;
+  const int64_t scales_at = groups * kQ8Group;
+  const int64_t sums_at = scales_at + 4 * groups;
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const std::byte* unit = w + g * kQ8UnitBytes;
+    __m512i dot[kChains][MR];
+    for (int i = 0; i < MR; ++i) {
+      int32_t start;
+      std::memcpy(&start, x + i * x_row + sums_at + 4 * g, 4);
+      dot[0][i] = _mm512_set1_epi32(start);
+      for (int c = 1; c < kChains; ++c) dot[c][i] = _mm512_setzero_si512();
+    }
+    for (int q = 0; q < kQ8Group / 4; ++q) {
+      const __m512i wq = _mm512_loadu_si512(unit + 64 * q);
+      for (int i = 0; i < MR; ++i) {
+        int32_t quad;
+        std::memcpy(&quad, x + i * x_row + g * kQ8Group + 4 * q, 4);
+        __m512i& d = dot[q % kChains][i];
+        d = _mm512_dpbusd_epi32(d, wq, _mm512_set1_epi32(quad));
+      }
+    }
+    const __m512 ws = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + kQ8BlockRows * kQ8Group)));
+    for (int i = 0; i < MR; ++i) {
+      __m512i sum = dot[0][i];
+      for (int c = 1; c < kChains; ++c) sum = _mm512_add_epi32(sum, dot[c][i]);
+      float sx;
+      std::memcpy(&sx, x + i * x_row + scales_at + 4 * g, 4);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, _mm512_set1_ps(sx)),
+                               acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(y + i * ldy, acc[i]);
+}
 
-  static Acc Zero() { return _mm512_setzero_ps(); }
-  static Acc Add(Acc a, Acc b) { return _mm512_add_ps(a, b); }
-  static float Sum(Acc v) { return _mm512_reduce_add_ps(v); }
-  // The tail step reads only the first group; the second is zero.
-  template <bool kTail>
-  static __m512i LoadBytes(const int8_t* p) {
-    if constexpr (kTail) return _mm512_maskz_loadu_epi8(0xffffffffull, p);
-    return _mm512_loadu_si512(p);
-  }
-  template <bool kTail>
-  static XQ LoadX(const int8_t* p) {
-    const __m512i v = LoadBytes<kTail>(p);
-    return {_mm512_abs_epi8(v), _mm512_movepi8_mask(v)};
-  }
-  template <bool kTail>
-  static W LoadW(const int8_t* p) {
-    return LoadBytes<kTail>(p);
-  }
-  // Lanes 0-7 from element 0 of `two`, lanes 8-15 from element 1.
-  static Scales Spread(__m128 two) {
-    const __m512i index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_permutexvar_ps(index, _mm512_castps128_ps512(two));
-  }
-  template <bool kTail>
-  static Scales LoadXScales(const float* p) {
-    if constexpr (kTail) return Spread(_mm_load_ss(p));
-    return Spread(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p))));
-  }
-  template <bool kTail>
-  static Scales LoadWScales(const uint16_t* p) {
-    uint32_t bits = p[0];
-    if constexpr (!kTail) bits |= static_cast<uint32_t>(p[1]) << 16;
-    return Spread(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits))));
-  }
-  static Acc MulAdd(const XQ& x, Scales xs, W w, Scales ws, Acc acc) {
-    const __m512i signed_w = _mm512_mask_sub_epi8(w, x.negative, _mm512_setzero_si512(), w);
-    const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x.abs, signed_w);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(xs, ws), acc);
-  }
-};
-
-constexpr TileKernels kAvx512VnniQ8 = MakeQ8TileKernels<Avx512VnniQ8>();
+// Up to 8 rows of x: 8 accumulators and 8 sums of the 32 zmm.
+constexpr Q8Kernels kAvx512VnniQ8 = {
+    .max_rows = 8,
+    .rows = {&Q8BlockAvx512<1>, &Q8BlockAvx512<2>, &Q8BlockAvx512<3>, &Q8BlockAvx512<4>,
+             &Q8BlockAvx512<5>, &Q8BlockAvx512<6>, &Q8BlockAvx512<7>, &Q8BlockAvx512<8>}};
 
 }  // namespace
 
-const TileKernels& Avx512VnniQ8Tiles() { return kAvx512VnniQ8; }
+const Q8Kernels& Avx512VnniQ8Kernels() { return kAvx512VnniQ8; }
 
 }  // namespace pdserve::cpu::internal

@@ -26,19 +26,37 @@ struct TileKernels {
 };
 
 // AVX2/FMA/F16C (matmul_avx2.cc): fp32 x against fp32, fp16 and bf16
-// weights; for kQ8 weights, x quantized as Q8XRowBytes says.
+// weights.
 const TileKernels& Avx2Tiles(DType weights);
 
-// Bytes of one row of x quantized for kQ8 weights: RoundUp(k, kQ8Group)
-// int8 (zero past k), then one fp32 scale per group.
+// Int8 weights (DType::kQ8, laid out as cpu::QuantizeToQ8 says) against x
+// quantized alike by MatMul. Each row of x, Q8XRowBytes(k) bytes:
+//   RoundUp(k, kQ8Group) int8 (zero past k),
+//   one fp32 scale per group,
+//   one int32 per group: -128 * the sum of the group's int8 (the VNNI
+//   kernels multiply the weights biased to unsigned, w + 128).
 inline constexpr int64_t Q8XRowBytes(int64_t k) {
   const int64_t groups = (k + kQ8Group - 1) / kQ8Group;
-  return groups * (kQ8Group + 4);
+  return groups * (kQ8Group + 8);
 }
 
-// AVX-512 F/BW/VL/DQ and VNNI (matmul_avx512_vnni.cc): kQ8 weights
-// against quantized x, 64 products a step by VPDPBUSD.
-const TileKernels& Avx512VnniQ8Tiles();
+// y[i * ldy + r] = row r < kQ8BlockRows of one block of weights (`w`: its
+// first group) times row i < MR of x (`x`, rows x_row bytes apart), over
+// `groups` groups.
+using Q8BlockFn = void (*)(const std::byte* x, int64_t x_row, int64_t groups, const std::byte* w,
+                           float* y, int64_t ldy);
+
+// One kernel per MR = 1 .. max_rows.
+inline constexpr int kMaxQ8Rows = 8;
+struct Q8Kernels {
+  int max_rows;
+  Q8BlockFn rows[kMaxQ8Rows];  // [MR - 1]
+};
+
+// AVX2 (matmul_avx2.cc): VPMADDUBSW on |x| and w with x's signs.
+const Q8Kernels& Avx2Q8Kernels();
+// AVX-512 F/BW/VL/DQ and VNNI (matmul_avx512_vnni.cc): VPDPBUSD.
+const Q8Kernels& Avx512VnniQ8Kernels();
 
 // AVX512_BF16 with AVX-512 F/BW/VL/DQ (matmul_avx512_bf16.cc): bf16 x
 // against bf16 weights, two products a lane (VDPBF16PS), summed in fp32;

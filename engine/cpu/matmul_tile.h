@@ -2,8 +2,6 @@
 // instantiated by each kernel file (matmul_avx2.cc, matmul_avx512_bf16.cc) with
 // its vector type, under that file's -m flags.
 //
-// The int8 tile (Q8Tile, below) is written once in the same way.
-//
 // Everything here has internal linkage, on purpose: were a function of this
 // header an ordinary inline one, the linker would keep one copy of it for
 // the whole program, possibly the one compiled with AVX-512, and an AVX2
@@ -115,96 +113,6 @@ constexpr TileKernels MakeTileKernels() {
   FillTileRow<V, T, 2>(out);
   FillTileRow<V, T, 3>(out);
   FillTileRow<V, T, 4>(out);
-  static_assert(kMaxTileRows == 4);
-  return out;
-}
-
-
-// Q8: int8 weights (DType::kQ8 rows: RoundUp(k, kQ8Group) int8, then one
-// fp16 scale per group) against x quantized alike by MatMul (each row
-// RoundUp(k, kQ8Group) int8, then one fp32 scale per group). Within a
-// group the products are summed exactly in int32; each group's sum is
-// scaled by its two scales and summed in fp32, as llama.cpp's Q8_0 does.
-// A vector type Q provides:
-//   Acc                      fp32 accumulators of one tile cell
-//   XQ, W, Scales            a step of x (prepared once per row of x), of
-//                            a weight row, and the step's scales in lanes
-//   kGroups                  groups of kQ8Group one step consumes
-//   Zero(), Add(a, b), Sum(a)
-//   LoadX<kTail>(p), LoadW<kTail>(p), LoadXScales<kTail>(const float*),
-//   LoadWScales<kTail>(const uint16_t*)
-//                            one step; kTail: only its first group (the
-//                            last group of a row when kGroups > 1)
-//   MulAdd(x, xs, w, ws, acc)  acc + each group's x . w times xs * ws
-template <typename Q, bool kTail, int MR, int NR>
-void Q8Step(const std::byte* x, int64_t x_row, const std::byte* w, int64_t w_row, int64_t kp,
-            int64_t g, typename Q::Acc (&acc)[MR][NR]) {
-  const auto* xq = reinterpret_cast<const int8_t*>(x);
-  const auto* wq = reinterpret_cast<const int8_t*>(w);
-  typename Q::W wv[NR];
-  typename Q::Scales ws[NR];
-  for (int j = 0; j < NR; ++j) {
-    wv[j] = Q::template LoadW<kTail>(wq + j * w_row + g * kQ8Group);
-    ws[j] = Q::template LoadWScales<kTail>(
-        reinterpret_cast<const uint16_t*>(w + j * w_row + kp) + g);
-  }
-  for (int i = 0; i < MR; ++i) {
-    const typename Q::XQ xv = Q::template LoadX<kTail>(xq + i * x_row + g * kQ8Group);
-    const typename Q::Scales xs =
-        Q::template LoadXScales<kTail>(reinterpret_cast<const float*>(x + i * x_row + kp) + g);
-    for (int j = 0; j < NR; ++j) acc[i][j] = Q::MulAdd(xv, xs, wv[j], ws[j], acc[i][j]);
-  }
-}
-
-template <typename Q, int MR, int NR>
-void Q8Tile(const void* x_data, int64_t k, const std::byte* w, float* y, int64_t ldy) {
-  const auto* x = static_cast<const std::byte*>(x_data);
-  const int64_t groups = (k + kQ8Group - 1) / kQ8Group;
-  const int64_t kp = groups * kQ8Group;
-  const int64_t x_row = kp + groups * 4;
-  const int64_t w_row = kp + groups * 2;
-  // Two banks for the smallest tiles, alternating by step, so that the
-  // fp32 multiply-add chain does not bound them (as MatMulTile).
-  constexpr int kBanks = MR * NR <= 2 ? 2 : 1;
-  typename Q::Acc acc[kBanks][MR][NR];
-  for (int b = 0; b < kBanks; ++b)
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) acc[b][i][j] = Q::Zero();
-  int64_t g = 0;
-  for (; g + Q::kGroups * kBanks <= groups; g += Q::kGroups * kBanks) {
-    for (int b = 0; b < kBanks; ++b) {
-      Q8Step<Q, false, MR, NR>(x, x_row, w, w_row, kp, g + b * Q::kGroups, acc[b]);
-    }
-  }
-  for (; g + Q::kGroups <= groups; g += Q::kGroups) {
-    Q8Step<Q, false, MR, NR>(x, x_row, w, w_row, kp, g, acc[0]);
-  }
-  for (; g < groups; ++g) Q8Step<Q, true, MR, NR>(x, x_row, w, w_row, kp, g, acc[0]);
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) {
-      typename Q::Acc sum = acc[0][i][j];
-      for (int b = 1; b < kBanks; ++b) sum = Q::Add(sum, acc[b][i][j]);
-      y[i * ldy + j] = Q::Sum(sum);
-    }
-  }
-}
-
-template <typename Q, int MR>
-constexpr void FillQ8TileRow(TileKernels& out) {
-  out.tiles[MR - 1][0] = &Q8Tile<Q, MR, 1>;
-  out.tiles[MR - 1][1] = &Q8Tile<Q, MR, 2>;
-  out.tiles[MR - 1][2] = &Q8Tile<Q, MR, 3>;
-  static_assert(kMaxTileCols == 3);
-}
-
-// Every tile shape of Q.
-template <typename Q>
-constexpr TileKernels MakeQ8TileKernels() {
-  TileKernels out{};
-  FillQ8TileRow<Q, 1>(out);
-  FillQ8TileRow<Q, 2>(out);
-  FillQ8TileRow<Q, 3>(out);
-  FillQ8TileRow<Q, 4>(out);
   static_assert(kMaxTileRows == 4);
   return out;
 }

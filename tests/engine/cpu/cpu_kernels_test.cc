@@ -126,33 +126,42 @@ TEST_P(Q8MatMulTest, MatchesTheQuantizedProductAndStaysNearFp32) {
   ASSERT_EQ(q->dtype, DType::kQ8);
   ASSERT_EQ(storage.size(), q->size_bytes());
 
-  // The stored rows: int8 within +-127, zero past k, each weight within
-  // half a step of its scale, the scale fp16(max |w| / 127).
+  // The stored layout (QuantizeToQ8): int8 within +-127, stored + 128,
+  // zero past k and past n, each weight within half a step of its scale,
+  // the scale fp16(max |w| / 127).
   const int64_t groups = (k + 31) / 32;
-  const size_t row_bytes = static_cast<size_t>(groups) * 34;
-  ASSERT_EQ(q->row_bytes(), row_bytes);
+  const int64_t blocks = (n + 15) / 16;
+  ASSERT_EQ(static_cast<int64_t>(storage.size()), blocks * groups * 16 * 34);
+  auto unit = [&](int64_t row, int64_t g) { return q->data + ((row / 16) * groups + g) * 16 * 34; };
+  auto stored = [&](int64_t row, int64_t t) {  // Weight t of row, as int8.
+    return static_cast<int>(unit(row, t / 32)[(t % 32) / 4 * 64 + (row % 16) * 4 + t % 4]) - 128;
+  };
+  auto stored_scale = [&](int64_t row, int64_t g) {
+    uint16_t h;
+    std::memcpy(&h, unit(row, g) + 512 + 2 * (row % 16), 2);
+    return h;
+  };
   std::vector<int8_t> wq(n * groups * 32);
   std::vector<float> ws(n * groups);
-  for (int64_t j = 0; j < n; ++j) {
-    const std::byte* row = q->data + j * row_bytes;
-    std::memcpy(&wq[j * groups * 32], row, groups * 32);
+  for (int64_t j = 0; j < blocks * 16; ++j) {
     for (int64_t g = 0; g < groups; ++g) {
-      uint16_t h;
-      std::memcpy(&h, row + groups * 32 + 2 * g, 2);
-      ws[j * groups + g] = Fp16ToFloat(h);
       float max_abs = 0.0f;
-      for (int64_t t = g * 32; t < std::min(k, g * 32 + 32); ++t) {
+      for (int64_t t = g * 32; j < n && t < std::min(k, g * 32 + 32); ++t) {
         max_abs = std::max(max_abs, std::abs(LoadAsFloat(wbytes.data(), from, j * k + t)));
       }
-      ASSERT_EQ(h, FloatToFp16(max_abs / 127.0f)) << "row " << j << " group " << g;
+      ASSERT_EQ(stored_scale(j, g), j < n ? FloatToFp16(max_abs / 127.0f) : 0)
+          << "row " << j << " group " << g;
+      if (j < n) ws[j * groups + g] = Fp16ToFloat(stored_scale(j, g));
     }
     for (int64_t t = 0; t < groups * 32; ++t) {
-      const int8_t v = wq[j * groups * 32 + t];
+      const int v = stored(j, t);
       ASSERT_GE(v, -127);
-      if (t >= k) {
-        ASSERT_EQ(v, 0) << "padding of row " << j;
+      ASSERT_LE(v, 127);
+      if (j >= n || t >= k) {
+        ASSERT_EQ(v, 0) << "padding at row " << j << ", column " << t;
         continue;
       }
+      wq[j * groups * 32 + t] = static_cast<int8_t>(v);
       const float scale = ws[j * groups + t / 32];
       ASSERT_NEAR(v * scale, LoadAsFloat(wbytes.data(), from, j * k + t), 0.5001f * scale);
     }
