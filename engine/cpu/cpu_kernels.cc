@@ -101,25 +101,6 @@ float MaxAbs(const float* v, int64_t n) {
   return m;
 }
 
-// One row of x quantized for kQ8 weights (internal::Q8XRowBytes).
-void QuantizeActivationRow(const float* x, int64_t k, std::byte* out) {
-  const int64_t groups = (k + kQ8Group - 1) / kQ8Group;
-  auto* q = reinterpret_cast<int8_t*>(out);
-  std::byte* scales = out + groups * kQ8Group;
-  std::byte* sums = scales + 4 * groups;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t lo = g * kQ8Group;
-    const int64_t n = std::min(k - lo, kQ8Group);
-    const float scale = MaxAbs(x + lo, n) / 127.0f;
-    QuantizeGroup(x + lo, n, scale, q + lo);
-    int32_t sum = 0;
-    for (int64_t t = lo; t < lo + kQ8Group; ++t) sum += q[t];
-    const int32_t start = -128 * sum;
-    std::memcpy(scales + 4 * g, &scale, 4);
-    std::memcpy(sums + 4 * g, &start, 4);
-  }
-}
-
 // MatMul of kQ8 weights: x quantized, then tasks of whole blocks of
 // kQ8BlockRows weight rows, each read once per max_rows rows of x. With
 // few rows of x (decode) the tasks are a few long runs of blocks per
@@ -133,7 +114,7 @@ void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m, con
   const int64_t x_row = internal::Q8XRowBytes(k);
   const std::span<std::byte> xq = Scratch<std::byte>(static_cast<size_t>(m * x_row));
 #pragma omp parallel for num_threads(num_threads) if (m > 1 && num_threads > 1)
-  for (int64_t i = 0; i < m; ++i) QuantizeActivationRow(x + i * k, k, &xq[i * x_row]);
+  for (int64_t i = 0; i < m; ++i) internal::QuantizeRowQ8(x + i * k, k, &xq[i * x_row]);
 
   const int64_t blocks = (n + kQ8BlockRows - 1) / kQ8BlockRows;
   const int64_t block_bytes = groups * kQ8UnitBytes;

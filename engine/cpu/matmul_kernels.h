@@ -40,6 +40,12 @@ inline constexpr int64_t Q8XRowBytes(int64_t k) {
   return groups * (kQ8Group + 8);
 }
 
+// One row of x (k floats) quantized as Q8XRowBytes says, into `out`: per
+// group scale = max |x| / 127, int8 = round(x / scale) (to nearest even)
+// within +-127 (NaN to -127, never -128, which the kernels rely on).
+// matmul_avx2.cc, for every instruction set.
+void QuantizeRowQ8(const float* x, int64_t k, std::byte* out);
+
 // y[i * ldy + r] = row r < kQ8BlockRows of one block of weights (`w`: its
 // first group) times row i < MR of x (`x`, rows x_row bytes apart), over
 // `groups` groups.
