@@ -281,12 +281,14 @@ absl::Status Run() {
   const std::string_view kernels = cpu::CpuIsaName(isa);
   const std::string_view int8_kernels =
       cpu::CpuIsaName(std::min(isa, cpu::CpuIsa::kAvx512Vnni));
-  std::cout << absl::StrFormat("%s\nkernels: avx2 for fp32 activations, %s for bf16 ones, %s "
-                               "for int8 weights (PDSERVE_CPU_ISA caps them)\n"
+  const std::string_view fp32_decode_kernels =
+      isa >= cpu::CpuIsa::kAvx512Vnni && cpu::Avx512Fp32Pays() ? "avx512" : "avx2";
+  std::cout << absl::StrFormat("%s\nkernels: avx2 for fp32 activations (%s at most 4 rows), %s "
+                               "for bf16 ones, %s for int8 weights (PDSERVE_CPU_ISA caps them)\n"
                                "copy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak: %.1f "
                                "GFLOP/s\n\n",
-                               bench::MachineDescription(), kernels, int8_kernels, threads,
-                               copy_gbps, peak_gflops);
+                               bench::MachineDescription(), fp32_decode_kernels, kernels,
+                               int8_kernels, threads, copy_gbps, peak_gflops);
   std::cout << "| weights | phase | tokens per forward | median time | tokens/s | GB/s read (share of copy BW) | GFLOP/s (share of FMA peak) |\n"
                "|---|---|---|---|---|---|---|\n";
 
@@ -311,6 +313,7 @@ absl::Status Run() {
     nlohmann::json j = {{"machine", bench::MachineDescription()},
                         {"bf16_activation_kernels", std::string(kernels)},
                         {"int8_kernels", std::string(int8_kernels)},
+                        {"fp32_decode_kernels", std::string(fp32_decode_kernels)},
                         {"threads", threads},
                         {"copy_gbps", copy_gbps}, {"fma_gflops", peak_gflops},
                         {"rows", nlohmann::json::array()}};

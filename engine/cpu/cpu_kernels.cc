@@ -1,5 +1,6 @@
 #include "engine/cpu/cpu_kernels.h"
 
+#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -199,6 +200,23 @@ absl::StatusOr<CpuIsa> CpuIsaFromEnvironment() {
                                                  " (the most the kernels may use) or unset it"));
 }
 
+bool Avx512Fp32Pays() {
+  static const bool pays = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return true;
+    char vendor[13] = {};
+    std::memcpy(vendor, &ebx, 4);
+    std::memcpy(vendor + 4, &edx, 4);
+    std::memcpy(vendor + 8, &ecx, 4);
+    if (std::string_view(vendor) != "AuthenticAMD") return true;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return true;
+    const unsigned base = (eax >> 8) & 0xf;
+    const unsigned family = base == 0xf ? base + ((eax >> 20) & 0xff) : base;
+    return family != 0x19;
+  }();
+  return pays;
+}
+
 CpuIsa DefaultCpuIsa() {
   static const CpuIsa isa = CpuIsaFromEnvironment().value_or(BestCpuIsa());
   return isa;
@@ -213,8 +231,10 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
                                                 : internal::Avx2Q8Kernels(),
              x, m, w, y, options.num_threads);
   } else if (!options.bf16_activations || w.dtype != DType::kBF16) {
-    MatMulTiled(internal::Avx2Tiles(w.dtype), x, w.cols * sizeof(float), m, w, y,
-                options.num_threads);
+    const bool avx512 =
+        options.avx512_few_rows && options.isa >= CpuIsa::kAvx512Vnni && m <= kMaxMR;
+    MatMulTiled(avx512 ? internal::Avx512Tiles(w.dtype) : internal::Avx2Tiles(w.dtype), x,
+                w.cols * sizeof(float), m, w, y, options.num_threads);
   } else if (options.isa == CpuIsa::kAvx512Bf16) {
     const std::span<uint16_t> x_bf16 = Scratch<uint16_t>(n);
     internal::Avx512RoundToBf16(x, static_cast<int64_t>(n), x_bf16.data());

@@ -301,7 +301,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(
                  << absl::ToInt64Milliseconds(absl::Now() - start) << " ms";
   }
   PD_LOG(INFO) << "cpu backend: " << threads << " threads, " << cpu::CpuIsaName(isa)
-               << " kernels" << (options.int8_weights ? ", int8 weights" : "")
+               << " kernels"
+               << (isa >= cpu::CpuIsa::kAvx512Vnni && cpu::Avx512Fp32Pays()
+                       ? " (16-lane fp32 decode)"
+                       : "")
+               << (options.int8_weights ? ", int8 weights" : "")
                << (options.bf16_activations && !options.int8_weights ? ", bf16 activations" : "");
   return std::make_unique<CpuModelRunner>(
       std::move(model), std::move(q8), layout, static_cast<int32_t>(num_blocks), std::move(pool), threads,

@@ -1,6 +1,7 @@
-// MatMul's kernels for int8 weights with AVX512_VNNI. Compiled with
-// -mavx512f/bw/vl/dq/vnni (engine/CMakeLists.txt); called only where the
-// CPU has them (cpu_kernels.cc).
+// MatMul's AVX-512 kernels: int8 weights with AVX512_VNNI, and 16-lane
+// fp32 tiles for fp32 activations. Compiled with -mavx512f/bw/vl/dq/vnni
+// (engine/CMakeLists.txt); called only where the CPU has them
+// (cpu_kernels.cc).
 #include "engine/cpu/matmul_tile.h"
 
 namespace pdserve::cpu::internal {
@@ -62,8 +63,43 @@ constexpr Q8Kernels kAvx512VnniQ8 = {
     .rows = {&Q8BlockAvx512<1>, &Q8BlockAvx512<2>, &Q8BlockAvx512<3>, &Q8BlockAvx512<4>,
              &Q8BlockAvx512<5>, &Q8BlockAvx512<6>, &Q8BlockAvx512<7>, &Q8BlockAvx512<8>}};
 
+// fp32 x against fp32, fp16 and bf16 weights widened as they are loaded,
+// 16 lanes: MatMulTile's vector type.
+struct Avx512 {
+  using Acc = __m512;
+  using X = __m512;
+  using W = __m512;
+  using XElem = float;
+  static constexpr int kStep = 16;
+
+  static Acc Zero() { return _mm512_setzero_ps(); }
+  static Acc Add(Acc a, Acc b) { return _mm512_add_ps(a, b); }
+  static float Sum(Acc v) { return _mm512_reduce_add_ps(v); }
+  static X LoadX(const float* p) { return _mm512_loadu_ps(p); }
+  template <DType T>
+  static W LoadW(const std::byte* p) {
+    if constexpr (T == DType::kF32) {
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+    } else if constexpr (T == DType::kBF16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    }
+  }
+  static Acc MulAdd(X x, W w, Acc acc) { return _mm512_fmadd_ps(x, w, acc); }
+  static float XAt(const float* p, int64_t i) { return p[i]; }
+};
+
+// Indexed by DType (kF32 = 0, kF16 = 1, kBF16 = 2).
+constexpr TileKernels kAvx512[3] = {MakeTileKernels<Avx512, DType::kF32>(),
+                                    MakeTileKernels<Avx512, DType::kF16>(),
+                                    MakeTileKernels<Avx512, DType::kBF16>()};
+
 }  // namespace
 
 const Q8Kernels& Avx512VnniQ8Kernels() { return kAvx512VnniQ8; }
+
+const TileKernels& Avx512Tiles(DType weights) { return kAvx512[static_cast<int>(weights)]; }
 
 }  // namespace pdserve::cpu::internal

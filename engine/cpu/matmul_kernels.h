@@ -64,6 +64,9 @@ const Q8Kernels& Avx2Q8Kernels();
 // AVX-512 F/BW/VL/DQ and VNNI (matmul_avx512_vnni.cc): VPDPBUSD.
 const Q8Kernels& Avx512VnniQ8Kernels();
 
+// The same file: fp32 x against fp32, fp16 and bf16 weights, 16 lanes.
+const TileKernels& Avx512Tiles(DType weights);
+
 // AVX512_BF16 with AVX-512 F/BW/VL/DQ (matmul_avx512_bf16.cc): bf16 x
 // against bf16 weights, two products a lane (VDPBF16PS), summed in fp32;
 // and x's conversion: out[i] = x[i] rounded to bf16 (to nearest even).

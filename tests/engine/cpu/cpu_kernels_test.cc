@@ -53,9 +53,12 @@ TEST_P(MatMulTest, MatchesDoubleReference) {
   // bf16 activations: bf16 weights multiply x rounded to bf16.
   const bool bf16_x = bf16_activations && dtype == DType::kBF16;
 
+  // Every AVX-512 set runs its 16-lane fp32 tiles for m <= 4 here,
+  // whichever the CPU prefers (Avx512Fp32Pays); avx2 runs the 8-lane ones.
   std::vector<float> y(m * n, -1.0f);
   MatMul(x.data(), m, w, y.data(),
-         {.num_threads = 2, .isa = isa, .bf16_activations = bf16_activations});
+         {.num_threads = 2, .isa = isa, .bf16_activations = bf16_activations,
+          .avx512_few_rows = true});
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double ref = 0.0, mag = 0.0;
