@@ -33,6 +33,27 @@ float RelativeRowError(const std::vector<float>& want, const float* got) {
   return max_diff / max_abs;
 }
 
+// Forwards one fixture case (`c`) asking for every row's logits; returns
+// the largest RelativeRowError over its logits positions, expecting each
+// within `bound`.
+float CaseLogitError(ModelRunner& runner, const nlohmann::json& c, int vocab,
+                     const std::vector<BlockId>& table, float bound) {
+  const std::vector<int32_t> ids = c["input_ids"].get<std::vector<int32_t>>();
+  ForwardBatch b;
+  b.sequences.push_back({.tokens = ids, .start_pos = 0, .block_table = table, .all_logits = true});
+  std::vector<float> logits(ids.size() * vocab);
+  EXPECT_TRUE(runner.Forward(b, logits).ok());
+  const auto positions = c["logits_positions"].get<std::vector<int>>();
+  float worst = 0.0f;
+  for (size_t p = 0; p < positions.size(); ++p) {
+    const std::vector<float> want = c["logits"][p].get<std::vector<float>>();
+    const float error = RelativeRowError(want, &logits[positions[p] * vocab]);
+    EXPECT_LE(error, bound) << "position " << positions[p];
+    worst = std::max(worst, error);
+  }
+  return worst;
+}
+
 class HfReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
@@ -168,18 +189,8 @@ TEST(HfReferenceBf16Test, Bf16ActivationsStayNearTransformersOnEveryKernelSet) {
       auto runner = CreateModelRunner(
           *model, {.num_kv_blocks = 64, .block_size = 16, .num_threads = 2, .bf16_activations = true});
       ASSERT_TRUE(runner.ok()) << runner.status();
-      ForwardBatch b;
-      b.sequences.push_back({.tokens = ids, .start_pos = 0, .block_table = table, .all_logits = true});
-      std::vector<float> logits(ids.size() * vocab);
-      ASSERT_TRUE((*runner)->Forward(b, logits).ok());
-      const auto positions = c["logits_positions"].get<std::vector<int>>();
-      for (size_t p = 0; p < positions.size(); ++p) {
-        const std::vector<float> want = c["logits"][p].get<std::vector<float>>();
-        const float error = RelativeRowError(want, &logits[positions[p] * vocab]);
-        EXPECT_LE(error, 5e-2f) << "position " << positions[p];
-        double& worst = worst_vs_hf[static_cast<int>(isa)];
-        worst = std::max(worst, static_cast<double>(error));
-      }
+      double& worst = worst_vs_hf[static_cast<int>(isa)];
+      worst = std::max<double>(worst, CaseLogitError(**runner, c, vocab, table, 5e-2f));
     }
   }
   for (cpu::CpuIsa isa : cpu::kAllCpuIsas) {
@@ -231,17 +242,7 @@ TEST_P(HfReferenceInt8Test, Int8WeightsStayNearTransformersOnEveryKernelSet) {
     for (const auto& c : ref["cases"]) {
       const std::vector<int32_t> ids = c["input_ids"].get<std::vector<int32_t>>();
       SCOPED_TRACE(testing::Message() << "prompt of " << ids.size() << " tokens");
-      ForwardBatch b;
-      b.sequences.push_back({.tokens = ids, .start_pos = 0, .block_table = table, .all_logits = true});
-      std::vector<float> logits(ids.size() * vocab);
-      ASSERT_TRUE((*runner)->Forward(b, logits).ok());
-      const auto positions = c["logits_positions"].get<std::vector<int>>();
-      for (size_t p = 0; p < positions.size(); ++p) {
-        const std::vector<float> want = c["logits"][p].get<std::vector<float>>();
-        const float error = RelativeRowError(want, &logits[positions[p] * vocab]);
-        EXPECT_LE(error, 0.15f) << "position " << positions[p];
-        worst = std::max(worst, static_cast<double>(error));
-      }
+      worst = std::max<double>(worst, CaseLogitError(**runner, c, vocab, table, 0.15f));
       const auto want_tokens = c["greedy_new_tokens"].get<std::vector<int32_t>>();
       const std::vector<int32_t> got = testing_util::GreedyTokens(
           **runner, ids, static_cast<int32_t>(want_tokens.size()));
