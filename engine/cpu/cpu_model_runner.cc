@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/log.h"
@@ -297,7 +298,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(
     PD_ASSIGN_OR_RETURN(q8, QuantizeWeights(model->weights(), threads));
     size_t bytes = 0;
     for (const std::vector<std::byte>& s : q8->storage) bytes += s.size();
-    PD_LOG(INFO) << "cpu backend: weights quantized to int8 (" << (bytes >> 20) << " MiB) in "
+    PD_LOG(INFO) << "cpu backend: weights quantized to int8 ("
+                 << absl::StrFormat("%.1f", bytes / 1048576.0) << " MiB) in "
                  << absl::ToInt64Milliseconds(absl::Now() - start) << " ms";
   }
   PD_LOG(INFO) << "cpu backend: " << threads << " threads, " << cpu::CpuIsaName(isa)
