@@ -545,6 +545,8 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(
         .landing_id = landing_id,
         .blocks = {blocks.begin(), blocks.end()},
         .cached_tokens = static_cast<uint32_t>(reserved->cached_tokens)};
+    // A caller that asks GetLoad once Reserve returned sees the blocks taken.
+    loop_->PublishLoad();
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
@@ -571,9 +573,9 @@ grpc::ServerUnaryReactor* DecodeWorker::Release(
       }
       DropReservation(it, g);
     }
-    // Answered on the loop's next pass, after it has published its load:
-    // a caller that asks GetLoad once Release returned sees the blocks free.
-    loop_->Post([reactor](Generator&) { reactor->Finish(grpc::Status::OK); });
+    // A caller that asks GetLoad once Release returned sees the blocks free.
+    loop_->PublishLoad();
+    reactor->Finish(grpc::Status::OK);
   });
   return reactor;
 }

@@ -135,7 +135,14 @@ class EngineLoop {
   // Loop thread only: drops `id`'s sink without calling it again.
   void Unsubscribe(RequestId id);
 
+  // The load as of the end of the loop's last pass, or of the last
+  // PublishLoad().
   EngineLoad load() const;
+  // Loop thread only (inside a command): publishes the load now, so that a
+  // command that changed it (a reservation made or released) answers its
+  // caller only once load() shows the change. The loop also publishes at
+  // the end of every pass.
+  void PublishLoad();
 
   // The pool's prefix-cache events, published with the load: what a
   // worker's LoadReport carries to the router's KV index.
@@ -177,7 +184,6 @@ class EngineLoop {
              absl::AnyInvocable<void(Generator&)> tick);
   void Run();
   void Dispatch(const GenerationEvent& event);
-  void PublishLoad();
 
   const std::unique_ptr<ModelRunner> runner_;
   const std::unique_ptr<Generator> generator_;  // Loop thread only.
