@@ -85,23 +85,6 @@ void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_r
   }
 }
 
-// v[0, n) as int8 with `scale` (0: all zero) into q[0, kQ8Group), zero
-// past n. Rounds to nearest even; clamps to +-127 (NaN to -127), so no
-// value reaches -128 (the kernels rely on it) or overflows.
-void QuantizeGroup(const float* v, int64_t n, float scale, int8_t* q) {
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  for (int64_t t = 0; t < n; ++t) {
-    q[t] = static_cast<int8_t>(std::fmin(std::fmax(std::nearbyint(v[t] * inv), -127.0f), 127.0f));
-  }
-  std::fill(q + n, q + kQ8Group, int8_t{0});
-}
-
-float MaxAbs(const float* v, int64_t n) {
-  float m = 0.0f;
-  for (int64_t t = 0; t < n; ++t) m = std::max(m, std::abs(v[t]));
-  return m;
-}
-
 // MatMul of kQ8 weights: x quantized, then tasks of whole blocks of
 // kQ8BlockRows weight rows, each read once per max_rows rows of x. With
 // few rows of x (decode) the tasks are a few long runs of blocks per
@@ -270,52 +253,40 @@ absl::StatusOr<WeightMatrix> QuantizeToQ8(const WeightMatrix& w, std::vector<std
     std::fill_n(unit + kQ8BlockRows * kQ8Group, 2 * kQ8BlockRows, std::byte{0});
   }
   const size_t in_row = static_cast<size_t>(w.cols) * DTypeSize(w.dtype);
-  std::vector<int64_t> bad_rows(std::max(1, num_threads), -1);
+  // Rows with a weight that is not finite or needs a scale beyond fp16.
+  std::vector<uint8_t> bad(w.rows, 0);
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
     std::vector<float> row(w.cols);
-    int8_t group[kQ8Group];
-    int64_t& bad = bad_rows[omp_get_thread_num()];
 #pragma omp for schedule(static)
     for (int32_t r = 0; r < w.rows; ++r) {
-      bool finite = true;
       for (int32_t i = 0; i < w.cols; ++i) {
         row[i] = LoadAsFloat(w.data + r * in_row, w.dtype, i);
-        finite &= std::isfinite(row[i]);
-      }
-      if (!finite) {
-        bad = bad < 0 ? r : std::min<int64_t>(bad, r);
-        continue;
+        bad[r] |= !std::isfinite(row[i]);
       }
       const int64_t block = r / kQ8BlockRows;
       const int64_t lane = r % kQ8BlockRows;
-      for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t g = 0; g < groups && !bad[r]; ++g) {
         const int64_t lo = g * kQ8Group;
-        const int64_t n = std::min<int64_t>(w.cols - lo, kQ8Group);
-        const uint16_t half = FloatToFp16(MaxAbs(&row[lo], n) / 127.0f);
-        const float scale = Fp16ToFloat(half);
-        if (!std::isfinite(scale)) {
-          bad = bad < 0 ? r : std::min<int64_t>(bad, r);
-          break;
-        }
-        QuantizeGroup(&row[lo], n, scale, group);
+        int8_t group[kQ8Group];
+        int32_t sum;
+        const float scale = internal::QuantizeGroupQ8(
+            &row[lo], std::min<int64_t>(w.cols - lo, kQ8Group), /*fp16_scale=*/true, group, &sum);
+        bad[r] = !std::isfinite(scale);
         std::byte* unit = storage.data() + (block * groups + g) * kQ8UnitBytes;
         for (int64_t t = 0; t < kQ8Group; ++t) {
           unit[(t / 4) * 4 * kQ8BlockRows + lane * 4 + t % 4] =
               static_cast<std::byte>(static_cast<uint8_t>(group[t] + 128));
         }
+        const uint16_t half = FloatToFp16(scale);  // Exact: scale is an fp16 value.
         std::memcpy(unit + kQ8BlockRows * kQ8Group + 2 * lane, &half, 2);
       }
     }
   }
-  int64_t bad = -1;
-  for (int64_t r : bad_rows) {
-    if (r >= 0) bad = bad < 0 ? r : std::min(bad, r);
-  }
-  if (bad >= 0) {
+  if (const auto it = std::find(bad.begin(), bad.end(), 1); it != bad.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cannot quantize to int8: row ", bad, " has a weight that is not finite or above ",
-        "127 * 65504 (an fp16 scale)"));
+        "cannot quantize to int8: row ", it - bad.begin(),
+        " has a weight that is not finite or above 127 * 65504 (an fp16 scale)"));
   }
   WeightMatrix out = q;
   out.data = storage.data();

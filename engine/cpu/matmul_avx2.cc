@@ -110,47 +110,55 @@ const TileKernels& Avx2Tiles(DType weights) { return kAvx2[static_cast<int>(weig
 
 const Q8Kernels& Avx2Q8Kernels() { return kAvx2Q8; }
 
+float QuantizeGroupQ8(const float* v, int64_t n, bool fp16_scale, int8_t* q, int32_t* sum) {
+  alignas(32) float group[kQ8Group] = {};  // Zero past n.
+  std::memcpy(group, v, n * sizeof(float));
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 lanes[4];
+  __m256 max_abs = _mm256_setzero_ps();
+  for (int c = 0; c < 4; ++c) {
+    lanes[c] = _mm256_load_ps(group + 8 * c);
+    max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign, lanes[c]));
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(max_abs), _mm256_extractf128_ps(max_abs, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float scale = _mm_cvtss_f32(m4) / 127.0f;
+  if (fp16_scale) scale = _cvtsh_ss(_cvtss_sh(scale, _MM_FROUND_TO_NEAREST_INT));
+  const __m256 inv = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+  __m256i ints[4];
+  for (int c = 0; c < 4; ++c) {
+    __m256 r = _mm256_round_ps(_mm256_mul_ps(lanes[c], inv),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // MAXPS returns its second operand when the first is NaN.
+    r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    ints[c] = _mm256_cvtps_epi32(r);
+  }
+  // 32 int32 to 32 int8, back in order (the packs work per 128-bit lane).
+  const __m256i words = _mm256_packs_epi32(ints[0], ints[1]);
+  const __m256i words2 = _mm256_packs_epi32(ints[2], ints[3]);
+  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, words2),
+                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
+  const __m256i sum16 = _mm256_madd_epi16(_mm256_add_epi16(words, words2), _mm256_set1_epi16(1));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum16), _mm256_extracti128_si256(sum16, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+  *sum = _mm_cvtsi128_si32(s4);
+  return scale;
+}
+
 void QuantizeRowQ8(const float* x, int64_t k, std::byte* out) {
   const int64_t groups = (k + kQ8Group - 1) / kQ8Group;
   auto* q = reinterpret_cast<int8_t*>(out);
   std::byte* scales = out + groups * kQ8Group;
   std::byte* sums = scales + 4 * groups;
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t g = 0; g < groups; ++g) {
-    // The group, zero past k.
-    alignas(32) float v[kQ8Group] = {};
     const int64_t n = std::min(k - g * kQ8Group, kQ8Group);
-    std::memcpy(v, x + g * kQ8Group, n * sizeof(float));
-    __m256 lanes[4];
-    __m256 max_abs = _mm256_setzero_ps();
-    for (int c = 0; c < 4; ++c) {
-      lanes[c] = _mm256_load_ps(v + 8 * c);
-      max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign, lanes[c]));
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(max_abs), _mm256_extractf128_ps(max_abs, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float scale = _mm_cvtss_f32(m4) / 127.0f;
-    const __m256 inv = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
-    __m256i ints[4];
-    for (int c = 0; c < 4; ++c) {
-      __m256 r = _mm256_round_ps(_mm256_mul_ps(lanes[c], inv),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      // MAXPS returns its second operand when the first is NaN.
-      r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
-      ints[c] = _mm256_cvtps_epi32(r);
-    }
-    // 32 int32 to 32 int8, back in order (the packs work per 128-bit lane).
-    const __m256i words = _mm256_packs_epi32(ints[0], ints[1]);
-    const __m256i words2 = _mm256_packs_epi32(ints[2], ints[3]);
-    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, words2),
-                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + g * kQ8Group), bytes);
-    const __m256i sum16 = _mm256_madd_epi16(_mm256_add_epi16(words, words2), _mm256_set1_epi16(1));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum16), _mm256_extracti128_si256(sum16, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-    const int32_t start = -128 * _mm_cvtsi128_si32(s4);
+    int32_t sum;
+    const float scale =
+        QuantizeGroupQ8(x + g * kQ8Group, n, /*fp16_scale=*/false, q + g * kQ8Group, &sum);
+    const int32_t start = -128 * sum;
     std::memcpy(scales + 4 * g, &scale, 4);
     std::memcpy(sums + 4 * g, &start, 4);
   }

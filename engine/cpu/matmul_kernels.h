@@ -40,10 +40,16 @@ inline constexpr int64_t Q8XRowBytes(int64_t k) {
   return groups * (kQ8Group + 8);
 }
 
-// One row of x (k floats) quantized as Q8XRowBytes says, into `out`: per
-// group scale = max |x| / 127, int8 = round(x / scale) (to nearest even)
-// within +-127 (NaN to -127, never -128, which the kernels rely on).
-// matmul_avx2.cc, for every instruction set.
+// One group of n <= kQ8Group values as int8 into q[0, kQ8Group), zero past
+// n: scale = max |v| / 127 (rounded to fp16 when `fp16_scale`), int8 =
+// round(v / scale) (to nearest even) within +-127 (NaN to -127, never
+// -128, which the kernels rely on; all zero when the scale is 0). Returns
+// the scale; *sum = the sum of the int8. matmul_avx2.cc, for every
+// instruction set; QuantizeRowQ8 (x) and cpu::QuantizeToQ8 (weights).
+float QuantizeGroupQ8(const float* v, int64_t n, bool fp16_scale, int8_t* q, int32_t* sum);
+
+// One row of x (k floats) quantized as Q8XRowBytes says, into `out`, a
+// QuantizeGroupQ8 with an fp32 scale per group.
 void QuantizeRowQ8(const float* x, int64_t k, std::byte* out);
 
 // y[i * ldy + r] = row r < kQ8BlockRows of one block of weights (`w`: its
