@@ -282,7 +282,7 @@ absl::Status Run() {
   const std::string_view int8_kernels =
       cpu::CpuIsaName(std::min(isa, cpu::CpuIsa::kAvx512Vnni));
   const std::string_view fp32_decode_kernels =
-      isa >= cpu::CpuIsa::kAvx512Vnni && cpu::Avx512Fp32Pays() ? "avx512" : "avx2";
+      cpu::MatMulOptions{.isa = isa}.Avx512FewRows() ? "avx512" : "avx2";
   std::cout << absl::StrFormat("%s\nkernels: avx2 for fp32 activations (%s at most 4 rows), %s "
                                "for bf16 ones, %s for int8 weights (PDSERVE_CPU_ISA caps them)\n"
                                "copy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak: %.1f "

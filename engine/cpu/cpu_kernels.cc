@@ -214,8 +214,7 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
                                                 : internal::Avx2Q8Kernels(),
              x, m, w, y, options.num_threads);
   } else if (!options.bf16_activations || w.dtype != DType::kBF16) {
-    const bool avx512 =
-        options.avx512_few_rows && options.isa >= CpuIsa::kAvx512Vnni && m <= kMaxMR;
+    const bool avx512 = options.Avx512FewRows() && m <= kMaxMR;
     MatMulTiled(avx512 ? internal::Avx512Tiles(w.dtype) : internal::Avx2Tiles(w.dtype), x,
                 w.cols * sizeof(float), m, w, y, options.num_threads);
   } else if (options.isa == CpuIsa::kAvx512Bf16) {

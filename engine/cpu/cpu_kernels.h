@@ -78,6 +78,9 @@ struct MatMulOptions {
   // the sums are the same products in another order.
   // Default: Avx512Fp32Pays().
   bool avx512_few_rows = Avx512Fp32Pays();
+
+  // Whether fp32 x of at most 4 rows runs the 16-lane tiles.
+  bool Avx512FewRows() const { return avx512_few_rows && isa >= CpuIsa::kAvx512Vnni; }
 };
 
 // y[i][j] = sum_k x[i][k] * w[j][k] for i < m, j < w.rows, k < w.cols.

@@ -302,17 +302,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(
                  << absl::StrFormat("%.1f", bytes / 1048576.0) << " MiB) in "
                  << absl::ToInt64Milliseconds(absl::Now() - start) << " ms";
   }
+  const cpu::MatMulOptions matmul{
+      .num_threads = threads, .isa = isa, .bf16_activations = options.bf16_activations};
   PD_LOG(INFO) << "cpu backend: " << threads << " threads, " << cpu::CpuIsaName(isa)
-               << " kernels"
-               << (isa >= cpu::CpuIsa::kAvx512Vnni && cpu::Avx512Fp32Pays()
-                       ? " (16-lane fp32 decode)"
-                       : "")
+               << " kernels" << (matmul.Avx512FewRows() ? " (16-lane fp32 decode)" : "")
                << (options.int8_weights ? ", int8 weights" : "")
                << (options.bf16_activations && !options.int8_weights ? ", bf16 activations" : "");
-  return std::make_unique<CpuModelRunner>(
-      std::move(model), std::move(q8), layout, static_cast<int32_t>(num_blocks), std::move(pool), threads,
-      cpu::MatMulOptions{
-          .num_threads = threads, .isa = isa, .bf16_activations = options.bf16_activations});
+  return std::make_unique<CpuModelRunner>(std::move(model), std::move(q8), layout,
+                                          static_cast<int32_t>(num_blocks), std::move(pool),
+                                          threads, matmul);
 }
 
 }  // namespace pdserve
