@@ -81,37 +81,49 @@ double MeasureCopyBandwidth(int threads, int reps) {
   return Median(gbps);
 }
 
-// fp32 FMA throughput with `threads` threads: ten independent chains of
-// 8-wide FMAs per thread, enough to cover the FMA latency.
-double MeasureFmaPeak(int threads, int reps) {
+// One thread's fp32 multiply-adds: ten independent chains of 16-lane
+// (AVX-512) or 8-lane FMAs, enough to cover the FMA latency. Each returns
+// a value that keeps its loop alive.
+__attribute__((target("avx512f"))) float FmaChains16(long iters) {
+  const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
+  __m512 a[10];
+  for (int j = 0; j < 10; ++j) a[j] = _mm512_set1_ps(static_cast<float>(j));
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 10
+    for (int j = 0; j < 10; ++j) a[j] = _mm512_fmadd_ps(a[j], b, c);
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < 10; ++j) sum += _mm512_cvtss_f32(a[j]);
+  return sum;
+}
+
+float FmaChains8(long iters) {
+  const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
+  __m256 a[10];
+  for (int j = 0; j < 10; ++j) a[j] = _mm256_set1_ps(static_cast<float>(j));
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 10
+    for (int j = 0; j < 10; ++j) a[j] = _mm256_fmadd_ps(a[j], b, c);
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < 10; ++j) sum += a[j][0];
+  return sum;
+}
+
+// fp32 FMA throughput with `threads` threads, in vectors of 16 lanes
+// (`avx512`: the width of the fp32 kernels on this CPU) or 8.
+double MeasureFmaPeak(int threads, int reps, bool avx512) {
   const long iters = 50'000'000;
+  const int lanes = avx512 ? 16 : 8;
   std::vector<double> gflops;
   for (int r = 0; r < reps; ++r) {
     float sink = 0.0f;
     const auto t0 = Clock::now();
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-      const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
-      __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2),
-             a3 = _mm256_set1_ps(3), a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5),
-             a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7), a8 = _mm256_set1_ps(8),
-             a9 = _mm256_set1_ps(9);
-      for (long i = 0; i < iters; ++i) {
-        a0 = _mm256_fmadd_ps(a0, b, c); a1 = _mm256_fmadd_ps(a1, b, c);
-        a2 = _mm256_fmadd_ps(a2, b, c); a3 = _mm256_fmadd_ps(a3, b, c);
-        a4 = _mm256_fmadd_ps(a4, b, c); a5 = _mm256_fmadd_ps(a5, b, c);
-        a6 = _mm256_fmadd_ps(a6, b, c); a7 = _mm256_fmadd_ps(a7, b, c);
-        a8 = _mm256_fmadd_ps(a8, b, c); a9 = _mm256_fmadd_ps(a9, b, c);
-      }
-      const __m256 s = _mm256_add_ps(
-          _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-          _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)),
-                        _mm256_add_ps(a8, a9)));
-      sink += s[0];
-    }
+    sink += avx512 ? FmaChains16(iters) : FmaChains8(iters);
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (sink == 0.0f) std::cerr << "";  // Keeps the loop alive.
-    gflops.push_back(2.0 * 8 * 10 * iters * threads / sec / 1e9);
+    if (sink == 0.0f) std::cerr << "";  // Keeps the loops alive.
+    gflops.push_back(2.0 * lanes * 10 * iters * threads / sec / 1e9);
   }
   return Median(gflops);
 }
@@ -276,19 +288,19 @@ absl::Status Run() {
     return absl::InvalidArgumentError("--prefill_lengths and --decode_batches need a value each");
   }
   const double copy_gbps = MeasureCopyBandwidth(threads, reps);
-  const double peak_gflops = MeasureFmaPeak(threads, reps);
   const cpu::CpuIsa isa = cpu::DefaultCpuIsa();
+  const bool avx512_fp32 = cpu::MatMulOptions{.isa = isa}.Avx512Fp32();
+  const double peak_gflops = MeasureFmaPeak(threads, reps, avx512_fp32);
   const std::string_view kernels = cpu::CpuIsaName(isa);
   const std::string_view int8_kernels =
       cpu::CpuIsaName(std::min(isa, cpu::CpuIsa::kAvx512Vnni));
-  const std::string_view fp32_decode_kernels =
-      cpu::MatMulOptions{.isa = isa}.Avx512FewRows() ? "avx512" : "avx2";
-  std::cout << absl::StrFormat("%s\nkernels: avx2 for fp32 activations (%s at most 4 rows), %s "
+  const std::string_view fp32_kernels = avx512_fp32 ? "avx512 (16 lanes)" : "avx2";
+  std::cout << absl::StrFormat("%s\nkernels: %s for fp32 activations, %s "
                                "for bf16 ones, %s for int8 weights (PDSERVE_CPU_ISA caps them)\n"
-                               "copy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak: %.1f "
-                               "GFLOP/s\n\n",
-                               bench::MachineDescription(), fp32_decode_kernels, kernels,
-                               int8_kernels, threads, copy_gbps, peak_gflops);
+                               "copy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak (%d lanes): "
+                               "%.1f GFLOP/s\n\n",
+                               bench::MachineDescription(), fp32_kernels, kernels,
+                               int8_kernels, threads, copy_gbps, avx512_fp32 ? 16 : 8, peak_gflops);
   std::cout << "| weights | phase | tokens per forward | median time | tokens/s | GB/s read (share of copy BW) | GFLOP/s (share of FMA peak) |\n"
                "|---|---|---|---|---|---|---|\n";
 
@@ -313,7 +325,7 @@ absl::Status Run() {
     nlohmann::json j = {{"machine", bench::MachineDescription()},
                         {"bf16_activation_kernels", std::string(kernels)},
                         {"int8_kernels", std::string(int8_kernels)},
-                        {"fp32_decode_kernels", std::string(fp32_decode_kernels)},
+                        {"fp32_kernels", std::string(fp32_kernels)},
                         {"threads", threads},
                         {"copy_gbps", copy_gbps}, {"fma_gflops", peak_gflops},
                         {"rows", nlohmann::json::array()}};

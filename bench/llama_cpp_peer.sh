@@ -123,10 +123,10 @@ first = rounds_of("pdserve-f32")[0]
 machine = first["machine"]  # bench/bench_process.h MachineDescription.
 kernels = first.get("bf16_activation_kernels", "avx2")
 int8_kernels = first.get("int8_kernels", "avx2")
-decode_kernels = first.get("fp32_decode_kernels", "avx2")
+fp32_kernels = first.get("fp32_kernels", "avx2")
 isa = ("both limited to AVX2/FMA/F16C (llama.cpp built without GGML_NATIVE, PDSERVE_CPU_ISA=avx2)"
-       if avx2 else f"llama.cpp built with GGML_NATIVE; pdserve kernels: avx2 for fp32 activations "
-                    f"({decode_kernels} at most 4 rows), {kernels} for bf16 activations, "
+       if avx2 else f"llama.cpp built with GGML_NATIVE; pdserve kernels: {fp32_kernels} for fp32 "
+                    f"activations, {kernels} for bf16 activations, "
                     f"{int8_kernels} for int8 weights")
 lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; {machine}; {isa}",
          "",

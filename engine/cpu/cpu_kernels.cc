@@ -128,6 +128,51 @@ void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m, con
   }
 }
 
+// Many rows of fp32 x with AVX-512 (internal::PanelKernels): each thread
+// takes a run of consecutive panels of kPanelRows weight rows; each panel
+// is copied to fp32 in a scratch of the thread's (k * 128 bytes: L2) and
+// multiplied by every tile of x. The copy is the one read of w, which
+// would wait on memory (one thread reads about 9 GB/s where the tiles
+// would take ~25): the tiles of one panel prefetch the next one's rows,
+// which follow in memory. The rows of x are split into tiles of equal
+// size, at most kMaxPanelMR each, so that no tile is left with a few rows
+// (and few accumulator chains).
+void MatMulPanels(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads) {
+  const int64_t n = w.rows;
+  const int64_t k = w.cols;
+  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
+  const internal::PanelKernels& kernels = internal::Avx512PanelKernels();
+  constexpr int64_t kPanel = internal::kPanelRows;
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const int64_t tiles = (m + internal::kMaxPanelMR - 1) / internal::kMaxPanelMR;
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads, panels));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    const int64_t thread = omp_get_thread_num();
+    const int64_t team = omp_get_num_threads();
+    thread_local std::vector<float> panel;
+    panel.resize(static_cast<size_t>(k * kPanel));
+    const int64_t last = panels * (thread + 1) / team;
+    for (int64_t p = panels * thread / team; p < last; ++p) {
+      const int rows = static_cast<int>(std::min(kPanel, n - p * kPanel));
+      const std::byte* source = w.data + p * kPanel * row_bytes;
+      internal::Avx512PackPanel(source, w.dtype, row_bytes, rows, k, panel.data());
+      // The next panel's rows, a share for each tile.
+      const std::byte* next = source + rows * row_bytes;
+      const int64_t next_bytes =
+          p + 1 < last ? std::min(kPanel, n - (p + 1) * kPanel) * static_cast<int64_t>(row_bytes)
+                       : 0;
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t i0 = m * tile / tiles;
+        const int64_t i1 = m * (tile + 1) / tiles;
+        kernels.rows[i1 - i0 - 1](x + i0 * k, k, panel.data(), y + i0 * n + p * kPanel, n, rows,
+                                  next + next_bytes * tile / tiles,
+                                  next + next_bytes * (tile + 1) / tiles);
+      }
+    }
+  }
+}
+
 inline float Dot(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -214,9 +259,13 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
                                                 : internal::Avx2Q8Kernels(),
              x, m, w, y, options.num_threads);
   } else if (!options.bf16_activations || w.dtype != DType::kBF16) {
-    const bool avx512 = options.Avx512FewRows() && m <= kMaxMR;
-    MatMulTiled(avx512 ? internal::Avx512Tiles(w.dtype) : internal::Avx2Tiles(w.dtype), x,
-                w.cols * sizeof(float), m, w, y, options.num_threads);
+    if (options.Avx512Fp32() && m > kMaxMR) {
+      MatMulPanels(x, m, w, y, options.num_threads);
+    } else {
+      MatMulTiled(options.Avx512Fp32() ? internal::Avx512Tiles(w.dtype)
+                                       : internal::Avx2Tiles(w.dtype),
+                  x, w.cols * sizeof(float), m, w, y, options.num_threads);
+    }
   } else if (options.isa == CpuIsa::kAvx512Bf16) {
     const std::span<uint16_t> x_bf16 = Scratch<uint16_t>(n);
     internal::Avx512RoundToBf16(x, static_cast<int64_t>(n), x_bf16.data());

@@ -27,7 +27,7 @@ namespace pdserve::cpu {
 enum class CpuIsa : uint8_t {
   kAvx2,        // AVX2, FMA, F16C: the baseline the whole binary needs.
   kAvx512Vnni,  // AVX-512 F, BW, VL, DQ and VNNI: int8 weights, 16-lane
-                // fp32 decode tiles (Avx512Fp32Pays).
+                // fp32 kernels (Avx512Fp32Pays).
   kAvx512Bf16,  // The above and AVX512_BF16: fast bf16 activations.
 };
 inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kAvx2, CpuIsa::kAvx512Vnni,
@@ -50,15 +50,14 @@ absl::StatusOr<CpuIsa> CpuIsaFromEnvironment();
 // best this CPU runs when the variable is bad. Thread-safe.
 CpuIsa DefaultCpuIsa();
 
-// Whether fp32 activations in few rows (decode: m <= 4, the path bound by
-// reading the weights) should run 16-lane AVX-512 tiles rather than the
-// 8-lane AVX2 ones, where the CPU has AVX-512 at all: on an Intel Xeon
-// they decode 15-20% faster (docs/benchmarks.md); AMD family 19h (Zen 4)
-// splits a 512-bit FMA in two 256-bit halves, and there they did not pay.
-// Read from CPUID, as BLAS libraries pick kernels per core type. Prefill
-// (many rows) runs the 8-lane tiles everywhere: 16-lane ones of the same
-// shape were slower on both CPUs (0.75x on the Xeon, 0.77-0.86x on Zen 4).
-// Thread-safe.
+// Whether fp32 activations should run 16-lane AVX-512 kernels rather than
+// the 8-lane AVX2 ones, where the CPU has AVX-512 at all: few rows
+// (decode: m <= 4, the path bound by reading the weights) run 16-lane
+// tiles, many rows (prefill) panels (matmul_kernels.h). On an Intel Xeon
+// they decode 15-20% faster and prefill faster still (docs/benchmarks.md);
+// AMD family 19h (Zen 4) splits a 512-bit FMA in two 256-bit halves, and
+// there 16-lane tiles did not pay. Read from CPUID, as BLAS libraries pick
+// kernels per core type. Thread-safe.
 bool Avx512Fp32Pays();
 
 // How MatMul runs.
@@ -74,13 +73,13 @@ struct MatMulOptions {
   // Off, every product is of fp32 x. No effect on kQ8 weights either.
   // Default: false.
   bool bf16_activations = false;
-  // fp32 x of at most 4 rows runs 16-lane tiles when `isa` has AVX-512;
-  // the sums are the same products in another order.
+  // fp32 x runs 16-lane kernels when `isa` has AVX-512 (Avx512Fp32Pays
+  // says which); the sums are the same products in another order.
   // Default: Avx512Fp32Pays().
-  bool avx512_few_rows = Avx512Fp32Pays();
+  bool avx512_fp32 = Avx512Fp32Pays();
 
-  // Whether fp32 x of at most 4 rows runs the 16-lane tiles.
-  bool Avx512FewRows() const { return avx512_few_rows && isa >= CpuIsa::kAvx512Vnni; }
+  // Whether fp32 x runs the 16-lane kernels.
+  bool Avx512Fp32() const { return avx512_fp32 && isa >= CpuIsa::kAvx512Vnni; }
 };
 
 // y[i][j] = sum_k x[i][k] * w[j][k] for i < m, j < w.rows, k < w.cols.

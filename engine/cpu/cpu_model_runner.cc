@@ -305,7 +305,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(
   const cpu::MatMulOptions matmul{
       .num_threads = threads, .isa = isa, .bf16_activations = options.bf16_activations};
   PD_LOG(INFO) << "cpu backend: " << threads << " threads, " << cpu::CpuIsaName(isa)
-               << " kernels" << (matmul.Avx512FewRows() ? " (16-lane fp32 decode)" : "")
+               << " kernels" << (matmul.Avx512Fp32() ? " (16-lane fp32)" : "")
                << (options.int8_weights ? ", int8 weights" : "")
                << (options.bf16_activations && !options.int8_weights ? ", bf16 activations" : "");
   return std::make_unique<CpuModelRunner>(std::move(model), std::move(q8), layout,

@@ -53,12 +53,13 @@ TEST_P(MatMulTest, MatchesDoubleReference) {
   // bf16 activations: bf16 weights multiply x rounded to bf16.
   const bool bf16_x = bf16_activations && dtype == DType::kBF16;
 
-  // Every AVX-512 set runs its 16-lane fp32 tiles for m <= 4 here,
-  // whichever the CPU prefers (Avx512Fp32Pays); avx2 runs the 8-lane ones.
+  // Every AVX-512 set runs its 16-lane fp32 kernels here (tiles for
+  // m <= 4, panels above), whichever the CPU prefers (Avx512Fp32Pays);
+  // avx2 runs the 8-lane tiles.
   std::vector<float> y(m * n, -1.0f);
   MatMul(x.data(), m, w, y.data(),
          {.num_threads = 2, .isa = isa, .bf16_activations = bf16_activations,
-          .avx512_few_rows = true});
+          .avx512_fp32 = true});
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double ref = 0.0, mag = 0.0;
@@ -91,7 +92,13 @@ INSTANTIATE_TEST_SUITE_P(
             // Every k tail of the 16- and 32-lane kernels, and odd k for
             // the bf16 pairs.
             MatMulCase{6, 20, 95, DType::kBF16}, MatMulCase{5, 11, 33, DType::kBF16},
-            MatMulCase{7, 9, 47, DType::kF16}, MatMulCase{1, 19, 161, DType::kBF16}),
+            MatMulCase{7, 9, 47, DType::kF16}, MatMulCase{1, 19, 161, DType::kBF16},
+            // Panels (m > 4 with AVX-512): whole tiles of 12 rows and
+            // panels of 32, a panel of one row, tiles of 8 and 9 rows, k
+            // of one element and k tails of a 16-column transpose.
+            MatMulCase{24, 64, 16, DType::kF32}, MatMulCase{17, 33, 17, DType::kF32},
+            MatMulCase{12, 32, 1, DType::kF16}, MatMulCase{40, 70, 100, DType::kBF16},
+            MatMulCase{128, 96, 768, DType::kF32}),
         ::testing::ValuesIn(kAllCpuIsas), ::testing::Bool()),
     [](const auto& info) {
       const MatMulCase& c = std::get<0>(info.param);
