@@ -1,6 +1,7 @@
 #include "engine/cpu/cpu_kernels.h"
 
 #include <cpuid.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -429,27 +430,86 @@ float* PagedKv::Value(int64_t pos, int kv_head) const {
       base + layout->ValueOffset(static_cast<int>(pos % layout->block_size), kv_head));
 }
 
+namespace {
+
+// v[i] = exp(v[i] - shift) for i < n; returns their sum. Eight lanes at a
+// time: exp(x) = 2^j * exp(r), x = j ln 2 + r with |r| <= ln 2 / 2 (ln 2
+// in two parts, so r is exact), exp(r) by its degree-6 polynomial (Cephes'
+// expf coefficients, within 2 ulp of the exact value). x below -87.3
+// gives 0 where expf gives a subnormal (< 1e-38 against the largest, 1);
+// NaN stays NaN. The tail of n % 8 values: std::exp.
+float ExpShifted(float* v, int64_t n, float shift) {
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f);
+  const __m256 ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+  const __m256 lowest = _mm256_set1_ps(-87.3f);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 shift_v = _mm256_set1_ps(shift);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    // max(lowest, x) keeps x where x is NaN (MAXPS returns its second operand).
+    const __m256 x = _mm256_max_ps(lowest, _mm256_sub_ps(_mm256_loadu_ps(v + i), shift_v));
+    const __m256 j = _mm256_round_ps(_mm256_mul_ps(x, log2e),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_fnmadd_ps(j, ln2_lo, _mm256_fnmadd_ps(j, ln2_hi, x));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, one));
+    const __m256i pow2j =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(j), _mm256_set1_epi32(127)), 23);
+    const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(pow2j));
+    _mm256_storeu_ps(v + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  for (; i < n; ++i) {
+    v[i] = std::exp(v[i] - shift);
+    total += v[i];
+  }
+  return total;
+}
+
+}  // namespace
+
+// The keys and values of one KV head are read a block at a time: within a
+// block, consecutive positions are slot_bytes apart.
 void AttendOne(const float* q, const PagedKv& kv, int kv_head, int64_t first_pos, int64_t pos,
                float scale, float* scores, float* out) {
   const int d = kv.layout->head_dim;
   const int64_t n = pos - first_pos + 1;
+  const int64_t block_size = kv.layout->block_size;
+  const int64_t slot_floats = static_cast<int64_t>(kv.layout->slot_bytes() / sizeof(float));
   float max_score = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) {
-    scores[t] = Dot(q, kv.Key(first_pos + t, kv_head), d) * scale;
-    max_score = std::max(max_score, scores[t]);
+  for (int64_t p = first_pos; p <= pos;) {
+    const int64_t run = std::min(pos + 1, (p / block_size + 1) * block_size) - p;
+    const float* key = kv.Key(p, kv_head);
+    for (int64_t j = 0; j < run; ++j) {
+      const float s = Dot(q, key + j * slot_floats, d) * scale;
+      scores[p - first_pos + j] = s;
+      max_score = std::max(max_score, s);
+    }
+    p += run;
   }
-  float sum = 0.0f;
-  for (int64_t t = 0; t < n; ++t) {
-    scores[t] = std::exp(scores[t] - max_score);
-    sum += scores[t];
-  }
+  const float inv_sum = 1.0f / ExpShifted(scores, n, max_score);
   std::fill(out, out + d, 0.0f);
-  const float inv_sum = 1.0f / sum;
-  for (int64_t t = 0; t < n; ++t) {
-    const float p = scores[t] * inv_sum;
-    const float* v = kv.Value(first_pos + t, kv_head);
+  for (int64_t p = first_pos; p <= pos;) {
+    const int64_t run = std::min(pos + 1, (p / block_size + 1) * block_size) - p;
+    const float* value = kv.Value(p, kv_head);
+    for (int64_t j = 0; j < run; ++j) {
+      const float weight = scores[p - first_pos + j] * inv_sum;
+      const float* v = value + j * slot_floats;
 #pragma omp simd
-    for (int i = 0; i < d; ++i) out[i] += p * v[i];
+      for (int i = 0; i < d; ++i) out[i] += weight * v[i];
+    }
+    p += run;
   }
 }
 

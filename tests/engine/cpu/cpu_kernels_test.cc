@@ -361,14 +361,19 @@ TEST(RopeTest, Llama3ScalingKeepsHighScalesLowAndBlendsMiddle) {
   EXPECT_GT(mid, 0);
 }
 
+// Runs of positions within each block, a window starting mid-block, the
+// exponentials eight at a time and in the tail (lengths 9 to 45), and a
+// scale that spreads the scores so that most weights underflow.
 TEST(AttendOneTest, MatchesSoftmaxAttentionThroughAShuffledBlockTable) {
   const KvBlockLayout layout{1, 2, 16, 4, DType::kF32};
-  const int num_blocks = 6;
+  const int num_blocks = 14;
   std::vector<std::byte> pool(layout.layer_block_bytes() * num_blocks);
-  const std::vector<BlockId> table = {BlockId(4), BlockId(1), BlockId(5), BlockId(0)};
+  const std::vector<BlockId> table = {BlockId(4),  BlockId(1), BlockId(5), BlockId(0),
+                                      BlockId(13), BlockId(7), BlockId(2), BlockId(9),
+                                      BlockId(11), BlockId(3), BlockId(8), BlockId(12)};
   const PagedKv kv{&layout, pool.data(), table};
   std::mt19937 rng(7);
-  const int len = 14;
+  const int len = 45;
   std::vector<std::vector<float>> keys, values;
   for (int p = 0; p < len; ++p) {
     keys.push_back(RandomVector(16, rng));
@@ -377,22 +382,26 @@ TEST(AttendOneTest, MatchesSoftmaxAttentionThroughAShuffledBlockTable) {
     std::copy(values.back().begin(), values.back().end(), kv.Value(p, 1));
   }
   const std::vector<float> q = RandomVector(16, rng);
-  for (int first : {0, 5}) {
-    std::vector<float> scores(len), out(16);
-    AttendOne(q.data(), kv, 1, first, len - 1, 0.25f, scores.data(), out.data());
-    std::vector<double> w;
-    double mx = -1e30, sum = 0;
-    for (int p = first; p < len; ++p) {
-      double s = 0;
-      for (int i = 0; i < 16; ++i) s += q[i] * keys[p][i];
-      w.push_back(s * 0.25);
-      mx = std::max(mx, w.back());
-    }
-    for (double& x : w) sum += (x = std::exp(x - mx));
-    for (int i = 0; i < 16; ++i) {
-      double ref = 0;
-      for (int p = first; p < len; ++p) ref += w[p - first] / sum * values[p][i];
-      EXPECT_NEAR(out[i], ref, 1e-5);
+  for (const float scale : {0.25f, 60.0f}) {
+    for (const auto [first, last] : {std::pair{0, 13}, std::pair{5, 13}, std::pair{0, 44},
+                                     std::pair{7, 44}, std::pair{3, 11}}) {
+      std::vector<float> scores(len), out(16);
+      AttendOne(q.data(), kv, 1, first, last, scale, scores.data(), out.data());
+      std::vector<double> w;
+      double mx = -1e30, sum = 0;
+      for (int p = first; p <= last; ++p) {
+        double s = 0;
+        for (int i = 0; i < 16; ++i) s += q[i] * keys[p][i];
+        w.push_back(s * scale);
+        mx = std::max(mx, w.back());
+      }
+      for (double& x : w) sum += (x = std::exp(x - mx));
+      for (int i = 0; i < 16; ++i) {
+        double ref = 0;
+        for (int p = first; p <= last; ++p) ref += w[p - first] / sum * values[p][i];
+        EXPECT_NEAR(out[i], ref, 1e-5) << "scale " << scale << ", positions " << first << ".."
+                                       << last << ", element " << i;
+      }
     }
   }
 }
