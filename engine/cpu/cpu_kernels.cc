@@ -151,18 +151,19 @@ void MatMulPanels(const float* x, int64_t m, const WeightMatrix& w, float* y, in
   {
     const int64_t thread = omp_get_thread_num();
     const int64_t team = omp_get_num_threads();
+    // Not Scratch<float>: the calling thread's may hold x (rounded to bf16).
     thread_local std::vector<float> panel;
     panel.resize(static_cast<size_t>(k * kPanel));
+    const auto rows_of = [&](int64_t p) { return std::min(kPanel, n - p * kPanel); };
     const int64_t last = panels * (thread + 1) / team;
     for (int64_t p = panels * thread / team; p < last; ++p) {
-      const int rows = static_cast<int>(std::min(kPanel, n - p * kPanel));
+      const int rows = static_cast<int>(rows_of(p));
       const std::byte* source = w.data + p * kPanel * row_bytes;
       internal::Avx512PackPanel(source, w.dtype, row_bytes, rows, k, panel.data());
       // The next panel's rows, a share for each tile.
       const std::byte* next = source + rows * row_bytes;
       const int64_t next_bytes =
-          p + 1 < last ? std::min(kPanel, n - (p + 1) * kPanel) * static_cast<int64_t>(row_bytes)
-                       : 0;
+          p + 1 < last ? rows_of(p + 1) * static_cast<int64_t>(row_bytes) : 0;
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t i0 = m * tile / tiles;
         const int64_t i1 = m * (tile + 1) / tiles;
@@ -275,19 +276,22 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
             const MatMulOptions& options) {
   if (m <= 0 || w.rows == 0) return;
   const size_t n = static_cast<size_t>(m) * w.cols;
+  // Many rows of fp32 x (or of x rounded to bf16 values) with 16-lane
+  // kernels: MatMulPanels.
+  const bool panels = options.Avx512Fp32() && m > kMaxMR;
   if (w.dtype == DType::kQ8) {
     MatMulQ8(options.isa >= CpuIsa::kAvx512Vnni ? internal::Avx512VnniQ8Kernels()
                                                 : internal::Avx2Q8Kernels(),
              x, m, w, y, options.num_threads);
   } else if (!options.bf16_activations || w.dtype != DType::kBF16) {
-    if (options.Avx512Fp32() && m > kMaxMR) {
+    if (panels) {
       MatMulPanels(x, m, w, y, options.num_threads);
     } else {
       MatMulTiled(options.Avx512Fp32() ? internal::Avx512Tiles(w.dtype)
                                        : internal::Avx2Tiles(w.dtype),
                   x, w.cols * sizeof(float), m, w, y, options.num_threads);
     }
-  } else if (options.isa == CpuIsa::kAvx512Bf16 && !(options.Avx512Fp32() && m > kMaxMR)) {
+  } else if (options.isa == CpuIsa::kAvx512Bf16 && !panels) {
     const std::span<uint16_t> x_bf16 = Scratch<uint16_t>(n);
     internal::Avx512RoundToBf16(x, static_cast<int64_t>(n), x_bf16.data());
     MatMulTiled(internal::Avx512Bf16Tiles(), x_bf16.data(), w.cols * sizeof(uint16_t), m, w, y,
@@ -301,7 +305,7 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
     // BF16 against 0.94-0.95x).
     const std::span<float> x_rounded = Scratch<float>(n);
     RoundToBf16Values(x, static_cast<int64_t>(n), x_rounded.data());
-    if (options.Avx512Fp32() && m > kMaxMR) {
+    if (panels) {
       MatMulPanels(x_rounded.data(), m, w, y, options.num_threads);
     } else {
       MatMulTiled(internal::Avx2Tiles(DType::kBF16), x_rounded.data(), w.cols * sizeof(float), m,
@@ -514,9 +518,13 @@ void AttendOne(const float* q, const PagedKv& kv, int kv_head, int64_t first_pos
   const int64_t n = pos - first_pos + 1;
   const int64_t block_size = kv.layout->block_size;
   const int64_t slot_floats = static_cast<int64_t>(kv.layout->slot_bytes() / sizeof(float));
+  // Positions from p to the end of p's block or `pos`, whichever is first.
+  const auto run_from = [&](int64_t p) {
+    return std::min(pos + 1, (p / block_size + 1) * block_size) - p;
+  };
   float max_score = -INFINITY;
   for (int64_t p = first_pos; p <= pos;) {
-    const int64_t run = std::min(pos + 1, (p / block_size + 1) * block_size) - p;
+    const int64_t run = run_from(p);
     const float* key = kv.Key(p, kv_head);
     for (int64_t j = 0; j < run; ++j) {
       const float s = Dot(q, key + j * slot_floats, d) * scale;
@@ -528,7 +536,7 @@ void AttendOne(const float* q, const PagedKv& kv, int kv_head, int64_t first_pos
   const float inv_sum = 1.0f / ExpShifted(scores, n, max_score);
   std::fill(out, out + d, 0.0f);
   for (int64_t p = first_pos; p <= pos;) {
-    const int64_t run = std::min(pos + 1, (p / block_size + 1) * block_size) - p;
+    const int64_t run = run_from(p);
     const float* value = kv.Value(p, kv_head);
     for (int64_t j = 0; j < run; ++j) {
       const float weight = scores[p - first_pos + j] * inv_sum;
