@@ -55,6 +55,7 @@ void Q8BlockAvx2(const std::byte* x, int64_t x_row, int64_t groups, const std::b
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const std::byte* unit = w + g * kQ8UnitBytes;
+    PrefetchAhead(unit, kQ8UnitBytes);
     __m256i dot[MR][2];
     for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
     for (int q = 0; q < kQ8Group / 4; ++q) {

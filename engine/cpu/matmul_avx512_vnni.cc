@@ -27,6 +27,7 @@ void Q8BlockAvx512(const std::byte* x, int64_t x_row, int64_t groups, const std:
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const std::byte* unit = w + g * kQ8UnitBytes;
+    PrefetchAhead(unit, kQ8UnitBytes);
     __m512i dot[kChains][MR];
     for (int i = 0; i < MR; ++i) {
       int32_t start;

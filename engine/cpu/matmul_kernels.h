@@ -17,6 +17,14 @@ namespace pdserve::cpu::internal {
 inline constexpr int kMaxTileRows = 4;
 inline constexpr int kMaxTileCols = 3;
 
+// Kernels that read w in order (one weight row a tile, int8 blocks) ask
+// for its lines this many bytes ahead, into L2. The hardware prefetcher
+// alone keeps too few lines in flight: on the Xeon VM of
+// docs/benchmarks.md, batch-1 products of bf16 weights read 18 GB/s on two
+// threads that way and 26-28 GB/s (its read bandwidth) with this; from 2
+// KiB ahead to 16 KiB, 4 KiB and up did best (bench/engine_bench.cc).
+inline constexpr int64_t kPrefetchAhead = 8192;
+
 // y[i * ldy + j] = sum_t x[i * k + t] * w[j * k + t] for i < MR, j < NR.
 using TileFn = void (*)(const void* x, int64_t k, const std::byte* w, float* y, int64_t ldy);
 

@@ -50,11 +50,19 @@ float WeightAt(const std::byte* w, int64_t i) {
   }
 }
 
+// Asks for the lines of [p, p + bytes) + kPrefetchAhead into L2.
+void PrefetchAhead(const std::byte* p, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchAhead + line), _MM_HINT_T1);
+  }
+}
+
 // A register tile: MR rows of x against NR rows of w over the whole k.
 // Small tiles would be bound by the latency of the multiply-adds with only
 // MR * NR dependency chains, so they keep several banks of accumulators
 // and alternate between them along k: at least four chains for one weight
-// row (NR = 1, MatMul's few-row path), two for up to six.
+// row (NR = 1, MatMul's few-row path), two for up to six. One weight row
+// is a step of a sequential read of w, which prefetches ahead.
 template <typename V, DType T, int MR, int NR>
 void MatMulTile(const void* x_data, int64_t k, const std::byte* w, float* y, int64_t ldy) {
   using X = typename V::XElem;
@@ -68,6 +76,7 @@ void MatMulTile(const void* x_data, int64_t k, const std::byte* w, float* y, int
       for (int j = 0; j < NR; ++j) acc[b][i][j] = V::Zero();
   int64_t kk = 0;
   for (; kk + kStep * kBanks <= k; kk += kStep * kBanks) {
+    if constexpr (NR == 1) PrefetchAhead(w + kk * kElem, kStep * kBanks * kElem);
     for (int b = 0; b < kBanks; ++b) {
       const int64_t at = kk + kStep * b;
       typename V::W wv[NR];
