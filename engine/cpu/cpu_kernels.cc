@@ -5,11 +5,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <numbers>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/matmul_kernels.h"
@@ -195,10 +197,52 @@ void RoundToBf16Values(const float* x, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = Bf16ToFloat(FloatToBf16(x[i]));
 }
 
-inline float Dot(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+// exp(x) in eight lanes: exp(x) = 2^j * exp(r), x = j ln 2 + r with
+// |r| <= ln 2 / 2 (ln 2 in two parts, so r is exact), exp(r) by its
+// degree-6 polynomial (Cephes' expf coefficients, within 2 ulp of the
+// exact value). x is held within [-87.3, 88.3], where 2^j stays a normal
+// float: below, 0 where expf gives a subnormal (< 1e-38); above, 2e38
+// where expf overflows towards infinity. NaN stays NaN.
+__m256 Exp8(__m256 x) {
+  // MAXPS and MINPS return their second operand, x, where x is NaN.
+  x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
+  const __m256 j = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fnmadd_ps(j, _mm256_set1_ps(-2.12194440e-4f),
+                                    _mm256_fnmadd_ps(j, _mm256_set1_ps(0.693359375f), x));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i pow2j =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(j), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2j));
+}
+
+// The sum of a[i] * b[i], i < n: four chains of eight lanes, so that a
+// head's dot product (64 or 128) is not bound by the latency of one chain.
+float Dot(const float* a, const float* b, int64_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int c = 0; c < 4; ++c) {
+      acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * c), _mm256_loadu_ps(b + i + 8 * c),
+                               acc[c]);
+    }
+  }
+  for (int c = 0; i + 8 <= n; i += 8, c = (c + 1) % 4) {
+    acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc[c]);
+  }
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  float s = _mm_cvtss_f32(h);
+  for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
@@ -383,7 +427,15 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* y
 }
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
+                                            _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.0f + std::exp(-g)) * up[i];
   }
@@ -463,37 +515,14 @@ float* PagedKv::Value(int64_t pos, int kv_head) const {
 
 namespace {
 
-// v[i] = exp(v[i] - shift) for i < n; returns their sum. Eight lanes at a
-// time: exp(x) = 2^j * exp(r), x = j ln 2 + r with |r| <= ln 2 / 2 (ln 2
-// in two parts, so r is exact), exp(r) by its degree-6 polynomial (Cephes'
-// expf coefficients, within 2 ulp of the exact value). x below -87.3
-// gives 0 where expf gives a subnormal (< 1e-38 against the largest, 1);
-// NaN stays NaN. The tail of n % 8 values: std::exp.
+// v[i] = exp(v[i] - shift) for i < n; returns their sum. Eight lanes at
+// a time (Exp8); the tail of n % 8 values: std::exp.
 float ExpShifted(float* v, int64_t n, float shift) {
-  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f);
-  const __m256 ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
-  const __m256 lowest = _mm256_set1_ps(-87.3f);
-  const __m256 one = _mm256_set1_ps(1.0f);
   const __m256 shift_v = _mm256_set1_ps(shift);
   __m256 sum = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    // max(lowest, x) keeps x where x is NaN (MAXPS returns its second operand).
-    const __m256 x = _mm256_max_ps(lowest, _mm256_sub_ps(_mm256_loadu_ps(v + i), shift_v));
-    const __m256 j = _mm256_round_ps(_mm256_mul_ps(x, log2e),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 r = _mm256_fnmadd_ps(j, ln2_lo, _mm256_fnmadd_ps(j, ln2_hi, x));
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, one));
-    const __m256i pow2j =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(j), _mm256_set1_epi32(127)), 23);
-    const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(pow2j));
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), shift_v));
     _mm256_storeu_ps(v + i, e);
     sum = _mm256_add_ps(sum, e);
   }
@@ -508,41 +537,93 @@ float ExpShifted(float* v, int64_t n, float shift) {
   return total;
 }
 
+// Positions from p to the end of p's block or `pos`, whichever is first:
+// consecutive slots of one block.
+int64_t RunFrom(const PagedKv& kv, int64_t p, int64_t pos) {
+  const int64_t block_size = kv.layout->block_size;
+  return std::min(pos + 1, (p / block_size + 1) * block_size) - p;
+}
+
+// The largest of v[0, n), NaN skipped (-inf when all are).
+float MaxOf(const float* v, int64_t n) {
+  __m256 acc = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  // MAXPS returns its second operand, the running maximum, when v is NaN.
+  for (; i + 8 <= n; i += 8) acc = _mm256_max_ps(_mm256_loadu_ps(v + i), acc);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float m = -INFINITY;
+  for (float lane : lanes) m = std::max(m, lane);
+  for (; i < n; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// out[e] += sum over j < run of weights[j] * value[j * slot_floats + e],
+// for e < 8 * VECTORS: the sums stay in registers over the run.
+template <int VECTORS>
+void AddValues(const float* value, int64_t run, int64_t slot_floats, const float* weights,
+               float* out) {
+  __m256 acc[VECTORS];
+  for (int v = 0; v < VECTORS; ++v) acc[v] = _mm256_loadu_ps(out + 8 * v);
+  for (int64_t j = 0; j < run; ++j) {
+    const __m256 weight = _mm256_set1_ps(weights[j]);
+    for (int v = 0; v < VECTORS; ++v) {
+      acc[v] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + j * slot_floats + 8 * v), acc[v]);
+    }
+  }
+  for (int v = 0; v < VECTORS; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
+}
+
+// AddValues<1> .. AddValues<kMaxValueVectors>: a head of 64 in one call.
+constexpr int kMaxValueVectors = 8;
+template <int... V>
+constexpr auto MakeAddValues(std::integer_sequence<int, V...>) {
+  return std::array{&AddValues<V + 1>...};
+}
+constexpr auto kAddValues = MakeAddValues(std::make_integer_sequence<int, kMaxValueVectors>{});
+
 }  // namespace
 
-// The keys and values of one KV head are read a block at a time: within a
-// block, consecutive positions are slot_bytes apart.
-void AttendOne(const float* q, const PagedKv& kv, int kv_head, int64_t first_pos, int64_t pos,
-               float scale, float* scores, float* out) {
+// The keys and values of one KV head are read a block's run of positions
+// at a time (consecutive slots, slot_bytes apart). Every query head of the group takes its turn on a run
+// while it is in L1, so the group reads the K/V from memory once.
+void AttendGroup(const float* q, int heads, const PagedKv& kv, int kv_head, int64_t first_pos,
+                 int64_t pos, float scale, float* scores, float* out) {
   const int d = kv.layout->head_dim;
   const int64_t n = pos - first_pos + 1;
-  const int64_t block_size = kv.layout->block_size;
   const int64_t slot_floats = static_cast<int64_t>(kv.layout->slot_bytes() / sizeof(float));
-  // Positions from p to the end of p's block or `pos`, whichever is first.
-  const auto run_from = [&](int64_t p) {
-    return std::min(pos + 1, (p / block_size + 1) * block_size) - p;
-  };
-  float max_score = -INFINITY;
   for (int64_t p = first_pos; p <= pos;) {
-    const int64_t run = run_from(p);
+    const int64_t run = RunFrom(kv, p, pos);
     const float* key = kv.Key(p, kv_head);
-    for (int64_t j = 0; j < run; ++j) {
-      const float s = Dot(q, key + j * slot_floats, d) * scale;
-      scores[p - first_pos + j] = s;
-      max_score = std::max(max_score, s);
+    for (int h = 0; h < heads; ++h) {
+      float* s = scores + h * n + (p - first_pos);
+      for (int64_t j = 0; j < run; ++j) s[j] = Dot(q + h * d, key + j * slot_floats, d) * scale;
     }
     p += run;
   }
-  const float inv_sum = 1.0f / ExpShifted(scores, n, max_score);
-  std::fill(out, out + d, 0.0f);
+  // Each head's softmax, its weights normalized in place.
+  for (int h = 0; h < heads; ++h) {
+    float* s = scores + h * n;
+    const float max_score = MaxOf(s, n);
+    const float inv_sum = 1.0f / ExpShifted(s, n, max_score);
+    for (int64_t j = 0; j < n; ++j) s[j] *= inv_sum;
+  }
+  std::fill(out, out + static_cast<int64_t>(heads) * d, 0.0f);
   for (int64_t p = first_pos; p <= pos;) {
-    const int64_t run = run_from(p);
+    const int64_t run = RunFrom(kv, p, pos);
     const float* value = kv.Value(p, kv_head);
-    for (int64_t j = 0; j < run; ++j) {
-      const float weight = scores[p - first_pos + j] * inv_sum;
-      const float* v = value + j * slot_floats;
-#pragma omp simd
-      for (int i = 0; i < d; ++i) out[i] += weight * v[i];
+    for (int h = 0; h < heads; ++h) {
+      const float* weights = scores + h * n + (p - first_pos);
+      float* o = out + h * d;
+      int i = 0;
+      while (i + 8 <= d) {  // Up to kMaxValueVectors vectors of out at a time.
+        const int vectors = std::min(kMaxValueVectors, (d - i) / 8);
+        kAddValues[vectors - 1](value + i, run, slot_floats, weights, o + i);
+        i += 8 * vectors;
+      }
+      for (; i < d; ++i) {  // The d % 8 tail.
+        for (int64_t j = 0; j < run; ++j) o[i] += weights[j] * value[j * slot_floats + i];
+      }
     }
     p += run;
   }

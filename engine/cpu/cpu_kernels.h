@@ -143,11 +143,13 @@ struct PagedKv {
   float* Value(int64_t pos, int kv_head) const;
 };
 
-// Attention of one query head at position `pos` over the keys at positions
-// [first_pos, pos] of `kv_head` (causal; first_pos > 0 for a sliding
-// window). `scores` is scratch of at least pos - first_pos + 1 floats.
-void AttendOne(const float* q, const PagedKv& kv, int kv_head, int64_t first_pos, int64_t pos,
-               float scale, float* scores, float* out);
+// Attention of `heads` query heads (q: heads rows of head_dim floats; the
+// heads of one GQA group, or one) at position `pos` over the keys at
+// positions [first_pos, pos] of `kv_head` (causal; first_pos > 0 for a
+// sliding window), into out (heads rows of head_dim). `scores` is scratch
+// of at least heads * (pos - first_pos + 1) floats.
+void AttendGroup(const float* q, int heads, const PagedKv& kv, int kv_head, int64_t first_pos,
+                 int64_t pos, float scale, float* scores, float* out);
 
 }  // namespace pdserve::cpu
 

@@ -131,32 +131,33 @@ void CpuModelRunner::EnsureScratch(int64_t t, int64_t max_context) {
   grow(up_, t * c.intermediate_size);
   grow(cos_, t * (c.head_dim / 2));
   grow(sin_, t * (c.head_dim / 2));
-  if (score_stride_ < max_context) {
-    score_stride_ = max_context;
+  const int64_t group_scores = static_cast<int64_t>(c.num_heads / c.num_kv_heads) * max_context;
+  if (score_stride_ < group_scores) {
+    score_stride_ = group_scores;
     scores_.assign(static_cast<size_t>(num_threads_) * score_stride_, 0.0f);
   }
 }
 
 void CpuModelRunner::Attention(const ForwardBatch& batch, int layer) {
   const ModelConfig& c = model_->config();
-  const int heads = c.num_heads;
   const int group = c.num_heads / c.num_kv_heads;
-  const int64_t q_dim = static_cast<int64_t>(heads) * c.head_dim;
+  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   std::byte* layer_base =
       pool_.get() + layout_.PoolOffset(layer, BlockId(0), num_blocks_);
-  const int64_t items = static_cast<int64_t>(tokens_.size()) * heads;
-#pragma omp parallel for schedule(dynamic, 4) num_threads(num_threads_) if (items > 1)
+  // One item per token and KV head: the group's query heads share its K/V.
+  const int64_t items = static_cast<int64_t>(tokens_.size()) * c.num_kv_heads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (items > 1)
   for (int64_t item = 0; item < items; ++item) {
-    const int64_t t = item / heads;
-    const int h = static_cast<int>(item % heads);
+    const int64_t t = item / c.num_kv_heads;
+    const int kv_head = static_cast<int>(item % c.num_kv_heads);
     const TokenRef& ref = tokens_[t];
     const cpu::PagedKv kv{&layout_, layer_base, batch.sequences[ref.seq].block_table};
     const int64_t first =
         c.sliding_window > 0 ? std::max<int64_t>(0, ref.pos - c.sliding_window + 1) : 0;
-    cpu::AttendOne(&q_[t * q_dim + h * c.head_dim], kv, h / group, first, ref.pos, scale,
-                   &scores_[omp_get_thread_num() * score_stride_],
-                   &attn_[t * q_dim + h * c.head_dim]);
+    const int64_t at = t * q_dim + static_cast<int64_t>(kv_head) * group * c.head_dim;
+    cpu::AttendGroup(&q_[at], group, kv, kv_head, first, ref.pos, scale,
+                     &scores_[omp_get_thread_num() * score_stride_], &attn_[at]);
   }
 }
 

@@ -295,9 +295,15 @@ TEST(RmsNormTest, MatchesDefinition) {
   for (int i = 0; i < n; ++i) EXPECT_FLOAT_EQ(x[i], y[i]);
 }
 
+// Eight values at a time and a tail; gates from -100 (where exp(-g)
+// overflows float) to 100.
 TEST(SiluMulTest, MatchesDefinition) {
-  const std::vector<float> g = {-20.0f, -1.0f, 0.0f, 0.5f, 3.0f, 30.0f};
-  const std::vector<float> u = {2.0f, 3.0f, 4.0f, -1.0f, 0.25f, 1.0f};
+  std::vector<float> g = {-20.0f, -1.0f, 0.0f, 0.5f, 3.0f, 30.0f};
+  std::vector<float> u = {2.0f, 3.0f, 4.0f, -1.0f, 0.25f, 1.0f};
+  for (int i = 0; i <= 400; ++i) {
+    g.push_back(-100.0f + 0.5f * i);
+    u.push_back(1.0f - 0.01f * i);
+  }
   std::vector<float> out(g.size());
   SiluMul(g.data(), u.data(), g.size(), out.data());
   for (size_t i = 0; i < g.size(); ++i) {
@@ -362,45 +368,57 @@ TEST(RopeTest, Llama3ScalingKeepsHighScalesLowAndBlendsMiddle) {
 }
 
 // Runs of positions within each block, a window starting mid-block, the
-// exponentials eight at a time and in the tail (lengths 9 to 45), and a
-// scale that spreads the scores so that most weights underflow.
-TEST(AttendOneTest, MatchesSoftmaxAttentionThroughAShuffledBlockTable) {
-  const KvBlockLayout layout{1, 2, 16, 4, DType::kF32};
-  const int num_blocks = 14;
-  std::vector<std::byte> pool(layout.layer_block_bytes() * num_blocks);
-  const std::vector<BlockId> table = {BlockId(4),  BlockId(1), BlockId(5), BlockId(0),
-                                      BlockId(13), BlockId(7), BlockId(2), BlockId(9),
-                                      BlockId(11), BlockId(3), BlockId(8), BlockId(12)};
-  const PagedKv kv{&layout, pool.data(), table};
-  std::mt19937 rng(7);
-  const int len = 45;
-  std::vector<std::vector<float>> keys, values;
-  for (int p = 0; p < len; ++p) {
-    keys.push_back(RandomVector(16, rng));
-    values.push_back(RandomVector(16, rng));
-    std::copy(keys.back().begin(), keys.back().end(), kv.Key(p, 1));
-    std::copy(values.back().begin(), values.back().end(), kv.Value(p, 1));
-  }
-  const std::vector<float> q = RandomVector(16, rng);
-  for (const float scale : {0.25f, 60.0f}) {
-    for (const auto [first, last] : {std::pair{0, 13}, std::pair{5, 13}, std::pair{0, 44},
-                                     std::pair{7, 44}, std::pair{3, 11}}) {
-      std::vector<float> scores(len), out(16);
-      AttendOne(q.data(), kv, 1, first, last, scale, scores.data(), out.data());
-      std::vector<double> w;
-      double mx = -1e30, sum = 0;
-      for (int p = first; p <= last; ++p) {
-        double s = 0;
-        for (int i = 0; i < 16; ++i) s += q[i] * keys[p][i];
-        w.push_back(s * scale);
-        mx = std::max(mx, w.back());
-      }
-      for (double& x : w) sum += (x = std::exp(x - mx));
-      for (int i = 0; i < 16; ++i) {
-        double ref = 0;
-        for (int p = first; p <= last; ++p) ref += w[p - first] / sum * values[p][i];
-        EXPECT_NEAR(out[i], ref, 1e-5) << "scale " << scale << ", positions " << first << ".."
-                                       << last << ", element " << i;
+// exponentials eight at a time and in the tail (lengths 9 to 45), a scale
+// that spreads the scores so that most weights underflow; three query
+// heads sharing the KV head; head sizes of one vector, of several and a
+// tail (68: 8 + a tail of 4), and of more vectors than one pass (136).
+TEST(AttendGroupTest, MatchesSoftmaxAttentionThroughAShuffledBlockTable) {
+  for (const int d : {16, 68, 136}) {
+    const KvBlockLayout layout{1, 2, d, 4, DType::kF32};
+    const int num_blocks = 14;
+    std::vector<std::byte> pool(layout.layer_block_bytes() * num_blocks);
+    const std::vector<BlockId> table = {BlockId(4),  BlockId(1), BlockId(5), BlockId(0),
+                                        BlockId(13), BlockId(7), BlockId(2), BlockId(9),
+                                        BlockId(11), BlockId(3), BlockId(8), BlockId(12)};
+    const PagedKv kv{&layout, pool.data(), table};
+    std::mt19937 rng(7);
+    const int len = 45;
+    const int heads = 3;
+    std::vector<std::vector<float>> keys, values;
+    for (int p = 0; p < len; ++p) {
+      keys.push_back(RandomVector(d, rng));
+      values.push_back(RandomVector(d, rng));
+      std::copy(keys.back().begin(), keys.back().end(), kv.Key(p, 1));
+      std::copy(values.back().begin(), values.back().end(), kv.Value(p, 1));
+      // KV head 0 of the same slots holds other values, never read.
+      const std::vector<float> other = RandomVector(d, rng);
+      std::copy(other.begin(), other.end(), kv.Key(p, 0));
+      std::copy(other.begin(), other.end(), kv.Value(p, 0));
+    }
+    const std::vector<float> q = RandomVector(heads * d, rng);
+    for (const float scale : {0.25f, 60.0f / d * 16}) {
+      for (const auto [first, last] : {std::pair{0, 13}, std::pair{5, 13}, std::pair{0, 44},
+                                       std::pair{7, 44}, std::pair{3, 11}}) {
+        std::vector<float> scores(heads * len), out(heads * d);
+        AttendGroup(q.data(), heads, kv, 1, first, last, scale, scores.data(), out.data());
+        for (int h = 0; h < heads; ++h) {
+          std::vector<double> w;
+          double mx = -1e30, sum = 0;
+          for (int p = first; p <= last; ++p) {
+            double s = 0;
+            for (int i = 0; i < d; ++i) s += q[h * d + i] * keys[p][i];
+            w.push_back(s * scale);
+            mx = std::max(mx, w.back());
+          }
+          for (double& x : w) sum += (x = std::exp(x - mx));
+          for (int i = 0; i < d; ++i) {
+            double ref = 0;
+            for (int p = first; p <= last; ++p) ref += w[p - first] / sum * values[p][i];
+            EXPECT_NEAR(out[h * d + i], ref, 1e-5)
+                << "d " << d << ", head " << h << ", scale " << scale << ", positions "
+                << first << ".." << last << ", element " << i;
+          }
+        }
       }
     }
   }

@@ -268,7 +268,7 @@ void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
 
 class PagedAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
 
-TEST_P(PagedAttentionTest, MatchesCpuAttendOne) {
+TEST_P(PagedAttentionTest, MatchesCpuAttendGroup) {
   PD_REQUIRE_CUDA_DEVICE();
   const AttentionCase p = GetParam();
 #ifdef PDSERVE_CUDA_EMULATION
@@ -400,8 +400,8 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendOne) {
       const int first =
           p.sliding_window > 0 ? std::max(0, pos - p.sliding_window + 1) : 0;
       for (int h = 0; h < p.heads; ++h) {
-        cpu::AttendOne(&q[token * q_stride + h * D], kv, h / group, first, pos,
-                       scale, scores.data(), want.data());
+        cpu::AttendGroup(&q[token * q_stride + h * D], 1, kv, h / group, first, pos,
+                         scale, scores.data(), want.data());
         for (const auto& [kernel, got] : results) {
           for (int d = 0; d < D; ++d) {
             ASSERT_NEAR(got[(token * p.heads + h) * D + d], want[d],
