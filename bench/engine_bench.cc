@@ -7,7 +7,8 @@
 //     (256), with the bytes a step must read (weights + KV) turned into
 //     achieved bandwidth, as a share of this machine's copy bandwidth
 //     measured in the same run (STREAM convention: bytes read + bytes
-//     written per second);
+//     written per second) and of its read bandwidth (a streaming sum,
+//     decode's own limit: it reads and hardly writes);
 //   - achieved FLOP/s as a share of the machine's fp32 FMA peak, also
 //     measured in the same run (independent FMA chains on every thread).
 // Every figure is the median of --reps runs; --json writes them all.
@@ -33,6 +34,7 @@
 #include "common/status_macros.h"
 #include "engine/builtin_tiny.h"
 #include "engine/cpu/cpu_kernels.h"
+#include "engine/cpu/matmul_kernels.h"
 #include "engine/model_runner.h"
 #include "nlohmann/json.hpp"
 
@@ -77,6 +79,46 @@ double MeasureCopyBandwidth(int threads, int reps) {
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (r > 0) gbps.push_back(2.0 * bytes / s / 1e9);  // First run warms the pages.
+  }
+  return Median(gbps);
+}
+
+// The sum of n floats, four chains of eight lanes, each line asked for
+// internal::kPrefetchAhead bytes ahead into L2 as the kernels that read
+// weights in order do.
+float StreamSum(const float* p, size_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  for (size_t i = 0; i + 32 <= n; i += 32) {  // Two lines a step.
+    for (int line = 0; line < 2; ++line) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + 16 * line) + cpu::internal::kPrefetchAhead,
+                   _MM_HINT_T1);
+    }
+    for (int c = 0; c < 4; ++c) acc[c] = _mm256_add_ps(acc[c], _mm256_loadu_ps(p + i + 8 * c));
+  }
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+
+// Read bandwidth with `threads` threads over a buffer far larger than
+// cache: the limit of decode, which reads its weights and writes next to
+// nothing. On some machines far below the copy bandwidth (bytes read +
+// written), which streaming stores help.
+double MeasureReadBandwidth(int threads, int reps) {
+  const size_t floats = (size_t{512} << 20) / sizeof(float);
+  std::vector<float> src(floats, 1.0f);
+  std::vector<double> gbps;
+  for (int r = 0; r < reps + 1; ++r) {
+    float sink = 0.0f;
+    const auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+      const size_t chunk = floats / omp_get_num_threads();
+      sink += StreamSum(src.data() + chunk * omp_get_thread_num(), chunk);
+    }
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (sink == 0.0f) std::cerr << "";  // Keeps the loop alive.
+    if (r > 0) gbps.push_back(floats * sizeof(float) / s / 1e9);
   }
   return Median(gbps);
 }
@@ -180,7 +222,8 @@ absl::StatusOr<std::vector<int>> IntList(const std::string& flag, const std::str
 // Runs the prefill and decode figures of one model; appends its rows.
 absl::Status BenchModel(const std::string& label, std::shared_ptr<const Model> model,
                         const std::vector<int>& prefill_lengths, const std::vector<int>& batches,
-                        double copy_gbps, double peak_gflops, std::vector<Row>& rows) {
+                        double copy_gbps, double read_gbps, double peak_gflops,
+                        std::vector<Row>& rows) {
   const int threads = absl::GetFlag(FLAGS_threads);
   const int reps = absl::GetFlag(FLAGS_reps);
   const int context = absl::GetFlag(FLAGS_decode_context);
@@ -214,8 +257,9 @@ absl::Status BenchModel(const std::string& label, std::shared_ptr<const Model> m
   auto print = [&](const Row& r, int tokens) {
     std::cout << absl::StrFormat("| %s | %s | %d | %.2f ms | %.1f | %s | %.1f (%.0f%%) |\n",
                                  r.weights, r.phase, tokens, r.seconds * 1e3, r.tokens_per_s,
-                                 r.gbps > 0 ? absl::StrFormat("%.1f (%.0f%%)", r.gbps,
-                                                              100.0 * r.gbps / copy_gbps)
+                                 r.gbps > 0 ? absl::StrFormat("%.1f (%.0f%% / %.0f%%)", r.gbps,
+                                                              100.0 * r.gbps / copy_gbps,
+                                                              100.0 * r.gbps / read_gbps)
                                             : std::string(),
                                  r.gflops, 100.0 * r.gflops / peak_gflops);
     std::cout.flush();
@@ -288,6 +332,7 @@ absl::Status Run() {
     return absl::InvalidArgumentError("--prefill_lengths and --decode_batches need a value each");
   }
   const double copy_gbps = MeasureCopyBandwidth(threads, reps);
+  const double read_gbps = MeasureReadBandwidth(threads, reps);
   const cpu::CpuIsa isa = cpu::DefaultCpuIsa();
   const bool avx512_fp32 = cpu::MatMulOptions{.isa = isa}.Avx512Fp32();
   const double peak_gflops = MeasureFmaPeak(threads, reps, avx512_fp32);
@@ -297,18 +342,20 @@ absl::Status Run() {
   const std::string_view fp32_kernels = avx512_fp32 ? "avx512 (16 lanes)" : "avx2";
   std::cout << absl::StrFormat("%s\nkernels: %s for fp32 activations, %s "
                                "for bf16 ones, %s for int8 weights (PDSERVE_CPU_ISA caps them)\n"
-                               "copy bandwidth (%d threads): %.1f GB/s; fp32 FMA peak (%d lanes): "
-                               "%.1f GFLOP/s\n\n",
+                               "%d threads: copy bandwidth %.1f GB/s, read bandwidth %.1f GB/s, "
+                               "fp32 FMA peak (%d lanes) %.1f GFLOP/s\n\n",
                                bench::MachineDescription(), fp32_kernels, kernels,
-                               int8_kernels, threads, copy_gbps, avx512_fp32 ? 16 : 8, peak_gflops);
-  std::cout << "| weights | phase | tokens per forward | median time | tokens/s | GB/s read (share of copy BW) | GFLOP/s (share of FMA peak) |\n"
+                               int8_kernels, threads, copy_gbps, read_gbps, avx512_fp32 ? 16 : 8,
+                               peak_gflops);
+  std::cout << "| weights | phase | tokens per forward | median time | tokens/s | GB/s read (share of copy BW / read BW) | GFLOP/s (share of FMA peak) |\n"
                "|---|---|---|---|---|---|---|\n";
 
   std::vector<Row> rows;
   if (const std::string spec = absl::GetFlag(FLAGS_model); !spec.empty()) {
     PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(spec));
     PD_RETURN_IF_ERROR(BenchModel(std::string(DTypeName(model->weights().layers[0].wq.dtype)),
-                                  model, prefill_lengths, batches, copy_gbps, peak_gflops, rows));
+                                  model, prefill_lengths, batches, copy_gbps, read_gbps, peak_gflops,
+                                  rows));
   } else {
     const std::vector<std::string> dtypes = absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',');
     for (const auto& [name, dtype] : {std::pair{"f32", DType::kF32},
@@ -317,8 +364,8 @@ absl::Status Run() {
       if (std::find(dtypes.begin(), dtypes.end(), name) == dtypes.end()) continue;
       PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
                           MakeRandomModel("bench-110m", Llama110MConfig(), dtype, 1));
-      PD_RETURN_IF_ERROR(BenchModel(name, model, prefill_lengths, batches, copy_gbps, peak_gflops,
-                                    rows));
+      PD_RETURN_IF_ERROR(BenchModel(name, model, prefill_lengths, batches, copy_gbps, read_gbps,
+                                    peak_gflops, rows));
     }
   }
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
@@ -327,7 +374,8 @@ absl::Status Run() {
                         {"int8_kernels", std::string(int8_kernels)},
                         {"fp32_kernels", std::string(fp32_kernels)},
                         {"threads", threads},
-                        {"copy_gbps", copy_gbps}, {"fma_gflops", peak_gflops},
+                        {"copy_gbps", copy_gbps}, {"read_gbps", read_gbps},
+                        {"fma_gflops", peak_gflops},
                         {"rows", nlohmann::json::array()}};
     for (const Row& r : rows) {
       j["rows"].push_back({{"weights", r.weights}, {"phase", r.phase}, {"seconds", r.seconds},

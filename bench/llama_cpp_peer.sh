@@ -19,8 +19,8 @@
 #   4. writes DIR/peer.md: per row the range over the rounds of each
 #      engine's tokens/s, the ratio of their medians and, for decode,
 #      pdserve's weight + KV bytes read per second over the copy bandwidth
-#      pd-engine-bench measured in the same run; with the machine line
-#      (CPU flags) pd-engine-bench printed.
+#      and over the read bandwidth pd-engine-bench measured in the same
+#      run; with the machine line (CPU flags) pd-engine-bench printed.
 #
 # Pairs: F32 with F32; llama.cpp F16 and BF16 with pdserve F16 and BF16,
 # and llama.cpp F16 with pdserve BF16; llama.cpp Q8_0 (quantized from the
@@ -114,8 +114,9 @@ def llama(q, key):  # tokens/s per round
     return [t["avg_ts"] for tests in rounds_of(f"llama-{q}") for t in tests
             if (t["n_prompt"], t["n_gen"]) == key]
 def ours(w, phase, key="tokens_per_s"):
-    """Per round: tokens/s, or with key="share" read GB/s over copy GB/s."""
-    return [x["gbps"] / run["copy_gbps"] if key == "share" else x[key]
+    """Per round: tokens/s, or with key="copy" / "read" the GB/s read over
+    the copy / read bandwidth of the same run."""
+    return [x["gbps"] / run[f"{key}_gbps"] if key in ("copy", "read") else x[key]
             for run in rounds_of(f"pdserve-{w}") for x in run["rows"] if x["phase"] == phase]
 def rng(v):
     return f"{min(v):.1f}–{max(v):.1f}" if v else "n/a"
@@ -130,7 +131,7 @@ isa = ("both limited to AVX2/FMA/F16C (llama.cpp built without GGML_NATIVE, PDSE
                     f"{int8_kernels} for int8 weights")
 lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; {machine}; {isa}",
          "",
-         "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians | pdserve read BW / copy BW |",
+         "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians | pdserve GB/s read / copy BW, / read BW |",
          "|---|---|---|---|---|---|"]
 names = {"bf16a": "BF16, bf16 activations", "int8": "int8 (f32 quantized at load)"}
 for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("bf16", "bf16a"), ("f16", "bf16"),
@@ -140,8 +141,10 @@ for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("bf16", "bf16a"
         if not a or not b:
             continue
         ratio = statistics.median(b) / statistics.median(a)
-        share = ours(w, phase, "share") if phase.startswith("decode") else []
-        share = f"{statistics.median(share) * 100:.0f}%" if share else ""
+        share = ""
+        if phase.startswith("decode"):
+            share = " / ".join(f"{statistics.median(ours(w, phase, bw)) * 100:.0f}%"
+                               for bw in ("copy", "read"))
         lines.append(f"| {lq.upper()} / {names.get(w, w.upper())} | {phase} | {rng(a)} | {rng(b)} | {ratio:.2f} | {share} |")
 open(f"{out}/peer.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
