@@ -222,6 +222,14 @@ __m256 Exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2j));
 }
 
+// The sum of the eight lanes of v.
+float Sum8(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
 // The sum of a[i] * b[i], i < n: four chains of eight lanes, so that a
 // head's dot product (64 or 128) is not bound by the latency of one chain.
 float Dot(const float* a, const float* b, int64_t n) {
@@ -237,11 +245,7 @@ float Dot(const float* a, const float* b, int64_t n) {
   for (int c = 0; i + 8 <= n; i += 8, c = (c + 1) % 4) {
     acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc[c]);
   }
-  const __m256 v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  float s = _mm_cvtss_f32(h);
+  float s = Sum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
@@ -526,10 +530,7 @@ float ExpShifted(float* v, int64_t n, float shift) {
     _mm256_storeu_ps(v + i, e);
     sum = _mm256_add_ps(sum, e);
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  float total = 0.0f;
-  for (float lane : lanes) total += lane;
+  float total = Sum8(sum);
   for (; i < n; ++i) {
     v[i] = std::exp(v[i] - shift);
     total += v[i];
@@ -585,8 +586,9 @@ constexpr auto kAddValues = MakeAddValues(std::make_integer_sequence<int, kMaxVa
 }  // namespace
 
 // The keys and values of one KV head are read a block's run of positions
-// at a time (consecutive slots, slot_bytes apart). Every query head of the group takes its turn on a run
-// while it is in L1, so the group reads the K/V from memory once.
+// at a time (consecutive slots, slot_bytes apart). Every query head of the
+// group takes its turn on a run while it is in L1, so the group reads the
+// K/V from memory once.
 void AttendGroup(const float* q, int heads, const PagedKv& kv, int kv_head, int64_t first_pos,
                  int64_t pos, float scale, float* scores, float* out) {
   const int d = kv.layout->head_dim;

@@ -21,8 +21,10 @@ inline constexpr int kMaxTileCols = 3;
 // for its lines this many bytes ahead, into L2. The hardware prefetcher
 // alone keeps too few lines in flight: on the Xeon VM of
 // docs/benchmarks.md, batch-1 products of bf16 weights read 18 GB/s on two
-// threads that way and 26-28 GB/s (its read bandwidth) with this; from 2
-// KiB ahead to 16 KiB, 4 KiB and up did best (bench/engine_bench.cc).
+// threads that way and 26-28 GB/s (its read bandwidth) with this. Of the
+// distances tried there (2 to 16 KiB, a microbenchmark outside the
+// repository), 4 KiB and up did best; pd-engine-bench's decode rows show
+// the effect.
 inline constexpr int64_t kPrefetchAhead = 8192;
 
 // y[i * ldy + j] = sum_t x[i * k + t] * w[j * k + t] for i < MR, j < NR.
