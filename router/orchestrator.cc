@@ -744,7 +744,9 @@ void RequestOrchestrator::Choice::OnDecodeDone(const absl::Status& status,
     if (disaggregated_) ReleaseLanding();
     return Redirect();
   }
-  if (disaggregated_ && !absl::IsUnavailable(failure)) ReleaseLanding();
+  // A Decode the network lost on its way never took the reservation; the
+  // worker ignores a Release for a reservation a Decode already took.
+  if (disaggregated_) ReleaseLanding();
   if (absl::IsInvalidArgument(failure)) {
     // As for prefill: the request was checked, so this is internal.
     return End(absl::InternalError(absl::StrCat(

@@ -141,6 +141,9 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
     absl::Duration reserve_delay = absl::ZeroDuration();
     // Decode fails with UNAVAILABLE after this many tokens (-1: never).
     int fail_decode_after = -1;
+    // Decode fails with UNAVAILABLE before it takes the reservation, as a
+    // call the network lost on its way does.
+    bool decode_unreached = false;
     absl::Duration token_delay = absl::ZeroDuration();
     // Tokens per DecodeResponse.
     int tokens_per_message = 1;
@@ -226,6 +229,9 @@ class FakeDecodeWorker final : public wire::DecodeWorker::Service {
     {
       absl::MutexLock lock(&mu_);
       decode_requests_.push_back(*r);
+    }
+    if (b.decode_unreached) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake: connection lost");
     }
     int64_t step = 0;
     if (r->has_first_token()) {

@@ -504,6 +504,20 @@ TEST(RouterTest, DecodeWorkerLostMidStreamEndsWithUnavailableKeepingTokens) {
   EXPECT_EQ(r.finish, v1::FINISH_REASON_UNSPECIFIED);
 }
 
+TEST(RouterTest, ADecodeCallLostOnItsWayReleasesTheReservation) {
+  // The worker never saw the Decode (a partition), so only the router's
+  // Release frees the reservation before the worker's timeout.
+  Cluster c(1, 1);
+  FakeDecodeWorker::Behavior b;
+  b.decode_unreached = true;
+  c.decode(0).set_behavior(b);
+  const Result r = c.Generate(Text("x"));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
+  EXPECT_EQ(c.decode(0).reserves, 1);
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
+  EXPECT_EQ(c.decode(0).releases, 1);
+}
+
 TEST(RouterTest, DecodeWorkerFailingBeforeAnyTokenIsRetriedOnAnother) {
   Cluster c(0, 2);
   FakeDecodeWorker::Behavior broken;
