@@ -131,23 +131,24 @@ void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m, con
   }
 }
 
-// Many rows of fp32 x with AVX-512 (internal::PanelKernels): each thread
-// takes a run of consecutive panels of kPanelRows weight rows; each panel
-// is copied to fp32 in a scratch of the thread's (k * 128 bytes: L2) and
+// Many rows of fp32 x (internal::PanelKernels): each thread takes a run
+// of consecutive panels of kernels.cols weight rows; each panel is copied
+// to fp32 in a scratch of the thread's (k * cols * 4 bytes: L2) and
 // multiplied by every tile of x. The copy is the one read of w, which
 // would wait on memory (one thread reads about 9 GB/s where the tiles
 // would take ~25): the tiles of one panel prefetch the next one's rows,
 // which follow in memory. The rows of x are split into tiles of equal
-// size, at most kMaxPanelMR each, so that no tile is left with a few rows
-// (and few accumulator chains).
-void MatMulPanels(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads) {
+// size, at most kernels.max_rows each, so that no tile is left with a few
+// rows (and few accumulator chains).
+void MatMulPanels(const internal::PanelKernels& kernels, const float* x, int64_t m,
+                  const WeightMatrix& w, float* y, int num_threads) {
   const int64_t n = w.rows;
   const int64_t k = w.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
-  const internal::PanelKernels& kernels = internal::Avx512PanelKernels();
-  constexpr int64_t kPanel = internal::kPanelRows;
-  const int64_t panels = (n + kPanel - 1) / kPanel;
-  const int64_t tiles = (m + internal::kMaxPanelMR - 1) / internal::kMaxPanelMR;
+  const int64_t cols = kernels.cols;
+  const internal::PackFn pack = kernels.pack[static_cast<int>(w.dtype)];
+  const int64_t panels = (n + cols - 1) / cols;
+  const int64_t tiles = (m + kernels.max_rows - 1) / kernels.max_rows;
   const int threads = static_cast<int>(std::min<int64_t>(num_threads, panels));
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
@@ -155,13 +156,13 @@ void MatMulPanels(const float* x, int64_t m, const WeightMatrix& w, float* y, in
     const int64_t team = omp_get_num_threads();
     // Not Scratch<float>: the calling thread's may hold x (rounded to bf16).
     thread_local std::vector<float> panel;
-    panel.resize(static_cast<size_t>(k * kPanel));
-    const auto rows_of = [&](int64_t p) { return std::min(kPanel, n - p * kPanel); };
+    panel.resize(static_cast<size_t>(k * cols));
+    const auto rows_of = [&](int64_t p) { return std::min(cols, n - p * cols); };
     const int64_t last = panels * (thread + 1) / team;
     for (int64_t p = panels * thread / team; p < last; ++p) {
       const int rows = static_cast<int>(rows_of(p));
-      const std::byte* source = w.data + p * kPanel * row_bytes;
-      internal::Avx512PackPanel(source, w.dtype, row_bytes, rows, k, panel.data());
+      const std::byte* source = w.data + p * cols * row_bytes;
+      pack(source, row_bytes, rows, k, panel.data());
       // The next panel's rows, a share for each tile.
       const std::byte* next = source + rows * row_bytes;
       const int64_t next_bytes =
@@ -169,7 +170,7 @@ void MatMulPanels(const float* x, int64_t m, const WeightMatrix& w, float* y, in
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t i0 = m * tile / tiles;
         const int64_t i1 = m * (tile + 1) / tiles;
-        kernels.rows[i1 - i0 - 1](x + i0 * k, k, panel.data(), y + i0 * n + p * kPanel, n, rows,
+        kernels.rows[i1 - i0 - 1](x + i0 * k, k, panel.data(), y + i0 * n + p * cols, n, rows,
                                   next + next_bytes * tile / tiles,
                                   next + next_bytes * (tile + 1) / tiles);
       }
@@ -324,22 +325,26 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
             const MatMulOptions& options) {
   if (m <= 0 || w.rows == 0) return;
   const size_t n = static_cast<size_t>(m) * w.cols;
-  // Many rows of fp32 x (or of x rounded to bf16 values) with 16-lane
-  // kernels: MatMulPanels.
-  const bool panels = options.Avx512Fp32() && m > kMaxMR;
+  // Many rows of fp32 x (or of x rounded to bf16 values): MatMulPanels,
+  // of 16 lanes where those pay, else of 8.
+  const bool many_rows = m > kMaxMR;
+  const internal::PanelKernels& panels = options.Avx512Fp32() ? internal::Avx512PanelKernels()
+                                                               : internal::Avx2PanelKernels();
   if (w.dtype == DType::kQ8) {
     MatMulQ8(options.isa >= CpuIsa::kAvx512Vnni ? internal::Avx512VnniQ8Kernels()
                                                 : internal::Avx2Q8Kernels(),
              x, m, w, y, options.num_threads);
   } else if (!options.bf16_activations || w.dtype != DType::kBF16) {
-    if (panels) {
-      MatMulPanels(x, m, w, y, options.num_threads);
+    if (many_rows) {
+      MatMulPanels(panels, x, m, w, y, options.num_threads);
     } else {
       MatMulTiled(options.Avx512Fp32() ? internal::Avx512Tiles(w.dtype)
                                        : internal::Avx2Tiles(w.dtype),
                   x, w.cols * sizeof(float), m, w, y, options.num_threads);
     }
-  } else if (options.isa == CpuIsa::kAvx512Bf16 && !panels) {
+  } else if (options.isa == CpuIsa::kAvx512Bf16 && !(many_rows && options.Avx512Fp32())) {
+    // Few rows, or a CPU where the 16-lane fp32 kernels do not pay (Zen 4:
+    // there the 8-lane panels were never measured against these).
     const std::span<uint16_t> x_bf16 = Scratch<uint16_t>(n);
     internal::Avx512RoundToBf16(x, static_cast<int64_t>(n), x_bf16.data());
     MatMulTiled(internal::Avx512Bf16Tiles(), x_bf16.data(), w.cols * sizeof(uint16_t), m, w, y,
@@ -353,8 +358,8 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
     // BF16 against 0.94-0.95x).
     const std::span<float> x_rounded = Scratch<float>(n);
     RoundToBf16Values(x, static_cast<int64_t>(n), x_rounded.data());
-    if (panels) {
-      MatMulPanels(x_rounded.data(), m, w, y, options.num_threads);
+    if (many_rows) {
+      MatMulPanels(panels, x_rounded.data(), m, w, y, options.num_threads);
     } else {
       MatMulTiled(internal::Avx2Tiles(DType::kBF16), x_rounded.data(), w.cols * sizeof(float), m,
                   w, y, options.num_threads);

@@ -1,6 +1,6 @@
-// MatMul's tiles for the AVX2/FMA/F16C baseline (x86-64-v3): 8 lanes of
-// fp32; fp16 and bf16 weights widened to fp32 as they are loaded; int8
-// weights against int8 x by VPMADDUBSW.
+// MatMul's kernels for the AVX2/FMA/F16C baseline (x86-64-v3): tiles and
+// panels of 8 lanes of fp32, fp16 and bf16 weights widened to fp32 as they
+// are loaded; int8 weights against int8 x by VPMADDUBSW.
 #include <algorithm>
 
 #include "engine/cpu/matmul_tile.h"
@@ -37,6 +37,33 @@ struct Avx2 {
   }
   static Acc MulAdd(X x, W w, Acc acc) { return _mm256_fmadd_ps(x, w, acc); }
   static float XAt(const float* p, int64_t i) { return p[i]; }
+  static X Broadcast(float f) { return _mm256_set1_ps(f); }
+  static void Store(float* p, Acc v, int n) {
+    if (n == 8) return _mm256_storeu_ps(p, v);
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes), v);
+  }
+  // v[r] holds element e of row r in lane e; afterwards v[e] holds element
+  // e of row r in lane r: pairs of rows, then 4 x 4 blocks within the
+  // 128-bit lanes, then the lanes themselves.
+  static void Transpose(__m256 v[8]) {
+    __m256 t[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+    }
+    __m256 u[8];  // u[4g + c], lane L: rows 4g .. 4g+3 at element 4L + c.
+    for (int g = 0; g < 2; ++g) {
+      u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      v[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+      v[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+  }
 };
 
 // Int8 weights: one block of kQ8BlockRows weight rows, rows 0-7 and 8-15
@@ -105,7 +132,12 @@ constexpr TileKernels kAvx2[3] = {MakeTileKernels<Avx2, DType::kF32>(),
                                   MakeTileKernels<Avx2, DType::kF16>(),
                                   MakeTileKernels<Avx2, DType::kBF16>()};
 
+// 12 accumulators, two lines and the broadcast: 15 of the 16 ymm.
+constexpr PanelKernels kAvx2Panels = MakePanelKernels<Avx2, 6>();
+
 }  // namespace
+
+const PanelKernels& Avx2PanelKernels() { return kAvx2Panels; }
 
 const TileKernels& Avx2Tiles(DType weights) { return kAvx2[static_cast<int>(weights)]; }
 

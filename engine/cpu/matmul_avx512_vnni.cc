@@ -1,5 +1,6 @@
 // MatMul's AVX-512 kernels: int8 weights with AVX512_VNNI, and for fp32
-// activations 16-lane tiles (few rows) and panels (many rows). Compiled with -mavx512f/bw/vl/dq/vnni
+// activations 16-lane tiles (few rows) and panels (many rows). Compiled
+// with -mavx512f/bw/vl/dq/vnni
 // (engine/CMakeLists.txt); called only where the CPU has them
 // (cpu_kernels.cc).
 #include "engine/cpu/matmul_tile.h"
@@ -90,6 +91,40 @@ struct Avx512 {
   }
   static Acc MulAdd(X x, W w, Acc acc) { return _mm512_fmadd_ps(x, w, acc); }
   static float XAt(const float* p, int64_t i) { return p[i]; }
+  static X Broadcast(float f) { return _mm512_set1_ps(f); }
+  static void Store(float* p, Acc v, int n) {
+    if (n == 16) return _mm512_storeu_ps(p, v);
+    _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
+  }
+  // v[r] holds element e of row r in lane e; afterwards v[e] holds element
+  // e of row r in lane r. Three rounds of shuffles: pairs of rows, then
+  // 4 x 4 blocks within 128-bit lanes, then the lanes themselves.
+  static void Transpose(__m512 v[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; ++i) {
+      // Lane L: r0[4L] r1[4L] r0[4L+1] r1[4L+1], and the next two elements.
+      t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+    }
+    __m512 u[16];  // u[4g + c], lane L: rows 4g .. 4g+3 at element 4L + c.
+    for (int g = 0; g < 4; ++g) {
+      u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      // Lanes 0 and 2 (even) and 1 and 3 (odd) of rows 0-7, then of 8-15.
+      const __m512 even_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+      const __m512 odd_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+      const __m512 even_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+      const __m512 odd_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+      v[c] = _mm512_shuffle_f32x4(even_lo, even_hi, 0x88);
+      v[8 + c] = _mm512_shuffle_f32x4(even_lo, even_hi, 0xDD);
+      v[4 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88);
+      v[12 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD);
+    }
+  }
 };
 
 // Indexed by DType (kF32 = 0, kF16 = 1, kBF16 = 2).
@@ -97,127 +132,9 @@ constexpr TileKernels kAvx512[3] = {MakeTileKernels<Avx512, DType::kF32>(),
                                     MakeTileKernels<Avx512, DType::kF16>(),
                                     MakeTileKernels<Avx512, DType::kBF16>()};
 
-// 16 elements of a weight row of type T at p as fp32; those past `mask`
-// zero (and not read).
-template <DType T>
-__m512 LoadRow16(const std::byte* p, __mmask16 mask) {
-  if constexpr (T == DType::kF32) {
-    return _mm512_maskz_loadu_ps(mask, p);
-  } else {
-    const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
-    if constexpr (T == DType::kBF16) {
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm512_cvtph_ps(h);
-    }
-  }
-}
-
-// v[r] holds element e of row r in lane e; afterwards v[e] holds element
-// e of row r in lane r. Three rounds of shuffles: pairs of rows, then
-// 4 x 4 blocks within 128-bit lanes, then the lanes themselves.
-void Transpose16(__m512 v[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    // Lane L: r0[4L] r1[4L] r0[4L+1] r1[4L+1], and the next two elements.
-    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-  }
-  __m512 u[16];  // u[4g + c], lane L: rows 4g .. 4g+3 at element 4L + c.
-  for (int g = 0; g < 4; ++g) {
-    u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-    u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-    u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-    u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-  }
-  for (int c = 0; c < 4; ++c) {
-    // Lanes 0 and 2 (even) and 1 and 3 (odd) of rows 0-7, then of 8-15.
-    const __m512 even_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
-    const __m512 odd_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
-    const __m512 even_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
-    const __m512 odd_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
-    v[c] = _mm512_shuffle_f32x4(even_lo, even_hi, 0x88);
-    v[8 + c] = _mm512_shuffle_f32x4(even_lo, even_hi, 0xDD);
-    v[4 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88);
-    v[12 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD);
-  }
-}
-
-template <DType T>
-void PackPanel(const std::byte* w, size_t row_bytes, int rows, int64_t k, float* panel) {
-  constexpr int64_t kElem = static_cast<int64_t>(DTypeSize(T));
-  for (int64_t t0 = 0; t0 < k; t0 += 16) {
-    const int n = k - t0 < 16 ? static_cast<int>(k - t0) : 16;  // No std::min: see matmul_tile.h.
-    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
-    for (int half = 0; half < kPanelRows / 16; ++half) {
-      __m512 v[16];
-      for (int i = 0; i < 16; ++i) {
-        const int r = 16 * half + i;
-        v[i] = r < rows ? LoadRow16<T>(w + r * row_bytes + t0 * kElem, mask)
-                        : _mm512_setzero_ps();
-      }
-      Transpose16(v);
-      for (int t = 0; t < n; ++t) {
-        _mm512_storeu_ps(panel + (t0 + t) * kPanelRows + 16 * half, v[t]);
-      }
-    }
-  }
-}
-
-// MR rows of x times one panel: per k step two lines of weights, each x
-// value broadcast once against both. MR = 12 keeps 24 accumulators, the
-// two lines and the broadcast in the 32 registers.
-// Every fourth k step also prefetches a line of `prefetch` into L2 (the
-// load ports have room to spare), until `prefetch_end`.
-template <int MR>
-void PanelTile(const float* x, int64_t k, const float* panel, float* y, int64_t ldy, int cols,
-               const std::byte* prefetch, const std::byte* prefetch_end) {
-  static_assert(kPanelRows == 32);
-  __m512 acc[MR][2];
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (int64_t t = 0; t < k; ++t) {
-    if ((t & 3) == 0 && prefetch < prefetch_end) {
-      _mm_prefetch(reinterpret_cast<const char*>(prefetch), _MM_HINT_T1);
-      prefetch += 64;
-    }
-    const __m512 w0 = _mm512_loadu_ps(panel + t * kPanelRows);
-    const __m512 w1 = _mm512_loadu_ps(panel + t * kPanelRows + 16);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xi = _mm512_set1_ps(x[i * k + t]);
-      acc[i][0] = _mm512_fmadd_ps(xi, w0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(xi, w1, acc[i][1]);
-    }
-  }
-  const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xffff : (1u << cols) - 1);
-  const __mmask16 hi =
-      static_cast<__mmask16>(cols >= 32 ? 0xffff : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
-  for (int i = 0; i < MR; ++i) {
-    _mm512_mask_storeu_ps(y + i * ldy, lo, acc[i][0]);
-    _mm512_mask_storeu_ps(y + i * ldy + 16, hi, acc[i][1]);
-  }
-}
-
-constexpr PanelKernels kAvx512Panels = {
-    .rows = {&PanelTile<1>, &PanelTile<2>, &PanelTile<3>, &PanelTile<4>, &PanelTile<5>,
-             &PanelTile<6>, &PanelTile<7>, &PanelTile<8>, &PanelTile<9>, &PanelTile<10>,
-             &PanelTile<11>, &PanelTile<12>}};
-static_assert(kMaxPanelMR == 12);
+constexpr PanelKernels kAvx512Panels = MakePanelKernels<Avx512, 12>();
 
 }  // namespace
-
-void Avx512PackPanel(const std::byte* w, DType weights, size_t row_bytes, int rows, int64_t k,
-                     float* panel) {
-  switch (weights) {
-    case DType::kF32:
-      return PackPanel<DType::kF32>(w, row_bytes, rows, k, panel);
-    case DType::kF16:
-      return PackPanel<DType::kF16>(w, row_bytes, rows, k, panel);
-    case DType::kBF16:
-      return PackPanel<DType::kBF16>(w, row_bytes, rows, k, panel);
-    case DType::kQ8:
-      break;
-  }
-}
 
 const PanelKernels& Avx512PanelKernels() { return kAvx512Panels; }
 

@@ -83,33 +83,35 @@ const Q8Kernels& Avx512VnniQ8Kernels();
 // The same file: fp32 x against fp32, fp16 and bf16 weights, 16 lanes.
 const TileKernels& Avx512Tiles(DType weights);
 
-// Many rows of fp32 x with AVX-512 (the same file): w is copied a panel of
-// kPanelRows rows at a time into fp32, one k step a line
-// (panel[t * kPanelRows + r] = w[r][t]), and tiles of up to kMaxPanelMR
-// rows of x multiply it as outer products: x[i][t] broadcast times the
-// panel's line t, into 2 x MR accumulators of 16 lanes. Each loaded
-// weight serves MR rows and each x value 32 columns, so the tile is bound
-// by the multiply-adds, not by the caches, as the dot-product tiles are at
-// 16 lanes.
-inline constexpr int kPanelRows = 32;
+// Many rows of fp32 x: w is copied a panel of `cols` rows (two vectors'
+// lanes) at a time into fp32, one k step a line
+// (panel[t * cols + r] = w[r][t]), and tiles of up to `max_rows` rows of
+// x multiply it as outer products: x[i][t] broadcast times the panel's
+// line t, into 2 x MR accumulators. Each loaded weight serves MR rows and
+// each x value `cols` columns, so the tile is bound by the multiply-adds,
+// not by the caches, as the dot-product tiles are.
+inline constexpr int kMaxPanelCols = 32;
 inline constexpr int kMaxPanelMR = 12;
 
-// panel[t * kPanelRows + r] = element t < k of row r < rows of w (rows
-// `row_bytes` apart, of type `weights`: fp32, fp16 or bf16) as fp32; zero
-// for rows <= r < kPanelRows.
-void Avx512PackPanel(const std::byte* w, DType weights, size_t row_bytes, int rows, int64_t k,
-                     float* panel);
+// panel[t * cols + r] = element t < k of row r < rows of w (rows
+// `row_bytes` apart) as fp32; zero for rows <= r < cols.
+using PackFn = void (*)(const std::byte* w, size_t row_bytes, int rows, int64_t k, float* panel);
 
-// y[i * ldy + r] = sum_t x[i * k + t] * panel[t * kPanelRows + r] for
-// i < MR, r < cols (<= kPanelRows). Meanwhile the bytes [prefetch,
-// prefetch_end) are fetched into L2 (the next panel's rows, so that its
-// copy does not wait on memory), one line every 4 steps of k: at most
-// k / 4 lines.
+// y[i * ldy + r] = sum_t x[i * k + t] * panel[t * cols + r] for i < MR,
+// r < n (<= cols). Meanwhile the bytes [prefetch, prefetch_end) are
+// fetched into L2 (the next panel's rows, so that its copy does not wait
+// on memory), one line every 4 steps of k: at most k / 4 lines.
 using PanelFn = void (*)(const float* x, int64_t k, const float* panel, float* y, int64_t ldy,
-                         int cols, const std::byte* prefetch, const std::byte* prefetch_end);
+                         int n, const std::byte* prefetch, const std::byte* prefetch_end);
 struct PanelKernels {
-  PanelFn rows[kMaxPanelMR];  // [MR - 1]
+  int cols;                    // Weight rows a panel holds.
+  int max_rows;                // Rows of x a tile takes at most.
+  PackFn pack[3];              // By the weights' DType: kF32, kF16, kBF16.
+  PanelFn rows[kMaxPanelMR];   // [MR - 1], MR <= max_rows.
 };
+// 8 lanes (matmul_avx2.cc): panels of 16 rows, tiles of up to 6.
+const PanelKernels& Avx2PanelKernels();
+// 16 lanes (matmul_avx512_vnni.cc): panels of 32 rows, tiles of up to 12.
 const PanelKernels& Avx512PanelKernels();
 
 // AVX512_BF16 with AVX-512 F/BW/VL/DQ (matmul_avx512_bf16.cc): bf16 x

@@ -17,6 +17,10 @@
 //   LoadX(p), LoadW<T>(p)    kStep elements of x / of a weight row
 //   MulAdd(x, w, acc)        acc + the products of x and w, in lanes
 //   XAt(p, i)                element i of x as float (the k tail)
+// and, for the panels (fp32 X and W, kStep lanes):
+//   Broadcast(f)             f in every lane
+//   Store(p, v, n)           the first n <= kStep lanes of v to p
+//   Transpose(v)             v[kStep]: lane e of v[r] to lane r of v[e]
 #ifndef PDSERVE_ENGINE_CPU_MATMUL_TILE_H_
 #define PDSERVE_ENGINE_CPU_MATMUL_TILE_H_
 
@@ -25,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "engine/cpu/matmul_kernels.h"
 #include "engine/dtype.h"
@@ -104,6 +109,89 @@ void MatMulTile(const void* x_data, int64_t k, const std::byte* w, float* y, int
       y[i * ldy + j] = s;
     }
   }
+}
+
+// kStep elements of a weight row at p as fp32, those past n (< kStep)
+// zero and not read.
+template <typename V, DType T>
+typename V::W LoadWPart(const std::byte* p, int n) {
+  constexpr int kElem = static_cast<int>(DTypeSize(T));
+  if (n == V::kStep) return V::template LoadW<T>(p);
+  alignas(64) std::byte part[V::kStep * kElem] = {};
+  std::memcpy(part, p, n * kElem);
+  return V::template LoadW<T>(part);
+}
+
+// The panel of `rows` (<= 2 * kStep) weight rows, `row_bytes` apart, of
+// type T: panel[t * 2 * kStep + r] = w[r][t] as fp32 for t < k, zero for
+// the rows past `rows` (matmul_kernels.h).
+template <typename V, DType T>
+void PackPanel(const std::byte* w, size_t row_bytes, int rows, int64_t k, float* panel) {
+  constexpr int kLanes = V::kStep;
+  constexpr int kCols = 2 * kLanes;
+  constexpr int64_t kElem = static_cast<int64_t>(DTypeSize(T));
+  for (int64_t t0 = 0; t0 < k; t0 += kLanes) {
+    const int n = k - t0 < kLanes ? static_cast<int>(k - t0) : kLanes;  // No std::min: see above.
+    for (int half = 0; half < 2; ++half) {
+      typename V::W v[kLanes];
+      for (int i = 0; i < kLanes; ++i) {
+        const int r = kLanes * half + i;
+        v[i] = r < rows ? LoadWPart<V, T>(w + r * row_bytes + t0 * kElem, n) : V::Zero();
+      }
+      V::Transpose(v);
+      for (int t = 0; t < n; ++t) V::Store(panel + (t0 + t) * kCols + kLanes * half, v[t], kLanes);
+    }
+  }
+}
+
+// MR rows of x times one panel: per k step two lines of weights, each x
+// value broadcast once against both. The largest MR keeps 2 * MR
+// accumulators, the two lines and the broadcast in the registers (AVX2:
+// 6 of 16, AVX-512: 12 of 32). Every fourth k step also prefetches a line
+// of `prefetch` into L2 (the load ports have room to spare), until
+// `prefetch_end`.
+template <typename V, int MR>
+void PanelTile(const float* x, int64_t k, const float* panel, float* y, int64_t ldy, int cols,
+               const std::byte* prefetch, const std::byte* prefetch_end) {
+  constexpr int kLanes = V::kStep;
+  constexpr int kCols = 2 * kLanes;
+  typename V::Acc acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = V::Zero();
+  for (int64_t t = 0; t < k; ++t) {
+    if ((t & 3) == 0 && prefetch < prefetch_end) {
+      _mm_prefetch(reinterpret_cast<const char*>(prefetch), _MM_HINT_T1);
+      prefetch += 64;
+    }
+    const typename V::W w0 = V::LoadX(panel + t * kCols);
+    const typename V::W w1 = V::LoadX(panel + t * kCols + kLanes);
+    for (int i = 0; i < MR; ++i) {
+      const typename V::X xi = V::Broadcast(x[i * k + t]);
+      acc[i][0] = V::MulAdd(xi, w0, acc[i][0]);
+      acc[i][1] = V::MulAdd(xi, w1, acc[i][1]);
+    }
+  }
+  const int lo = cols < kLanes ? cols : kLanes;
+  const int hi = cols - lo;
+  for (int i = 0; i < MR; ++i) {
+    V::Store(y + i * ldy, acc[i][0], lo);
+    if (hi > 0) V::Store(y + i * ldy + kLanes, acc[i][1], hi);
+  }
+}
+
+// V's panel kernels: tiles of 1 .. kMaxMR rows.
+template <typename V, int kMaxMR, int... kMR>
+constexpr PanelKernels MakePanelKernels(std::integer_sequence<int, kMR...>) {
+  static_assert(kMaxMR <= kMaxPanelMR && 2 * V::kStep <= kMaxPanelCols);
+  PanelKernels out{.cols = 2 * V::kStep,
+                   .max_rows = kMaxMR,
+                   .pack = {&PackPanel<V, DType::kF32>, &PackPanel<V, DType::kF16>,
+                            &PackPanel<V, DType::kBF16>}};
+  ((out.rows[kMR] = &PanelTile<V, kMR + 1>), ...);
+  return out;
+}
+template <typename V, int kMaxMR>
+constexpr PanelKernels MakePanelKernels() {
+  return MakePanelKernels<V, kMaxMR>(std::make_integer_sequence<int, kMaxMR>());
 }
 
 template <typename V, DType T, int MR>

@@ -93,12 +93,16 @@ INSTANTIATE_TEST_SUITE_P(
             // the bf16 pairs.
             MatMulCase{6, 20, 95, DType::kBF16}, MatMulCase{5, 11, 33, DType::kBF16},
             MatMulCase{7, 9, 47, DType::kF16}, MatMulCase{1, 19, 161, DType::kBF16},
-            // Panels (m > 4 with AVX-512): whole tiles of 12 rows and
+            // 16-lane panels (m > 4 with AVX-512): whole tiles of 12 rows and
             // panels of 32, a panel of one row, tiles of 8 and 9 rows, k
             // of one element and k tails of a 16-column transpose.
             MatMulCase{24, 64, 16, DType::kF32}, MatMulCase{17, 33, 17, DType::kF32},
             MatMulCase{12, 32, 1, DType::kF16}, MatMulCase{40, 70, 100, DType::kBF16},
-            MatMulCase{128, 96, 768, DType::kF32}),
+            MatMulCase{128, 96, 768, DType::kF32},
+            // 8-lane panels (m > 4 below AVX-512): tiles of 6 rows split
+            // in 3 and 4, one panel of 16, k tails of an 8-column
+            // transpose.
+            MatMulCase{7, 16, 9, DType::kF16}, MatMulCase{6, 18, 15, DType::kBF16}),
         ::testing::ValuesIn(kAllCpuIsas), ::testing::Bool()),
     [](const auto& info) {
       const MatMulCase& c = std::get<0>(info.param);
