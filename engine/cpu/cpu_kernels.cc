@@ -45,65 +45,100 @@ std::span<T> Scratch(size_t n) {
   return {scratch.data(), n};
 }
 
+// Calls fn(product, begin, end) for each run of product's units [begin,
+// end) that the units [first, last) cover, the products' units (of
+// `units(w)` each) laid end to end: so one split of the work covers
+// several products of one x.
+template <typename Units, typename Fn>
+void ForEachRun(std::span<const MatMulProduct> products, Units units, int64_t first,
+                int64_t last, Fn fn) {
+  int64_t start = 0;
+  for (const MatMulProduct& product : products) {
+    const int64_t count = units(*product.w);
+    const int64_t begin = std::max(first, start);
+    const int64_t end = std::min(last, start + count);
+    if (begin < end) fn(product, begin - start, end - start);
+    start += count;
+  }
+}
+
+int64_t TotalUnits(std::span<const MatMulProduct> products, int64_t (*units)(const WeightMatrix&)) {
+  int64_t total = 0;
+  for (const MatMulProduct& product : products) total += units(*product.w);
+  return total;
+}
+
+int64_t Rows(const WeightMatrix& w) { return w.rows; }
+int64_t Q8Blocks(const WeightMatrix& w) { return (w.rows + kQ8BlockRows - 1) / kQ8BlockRows; }
+
 // With few rows of x (decode: one per sequence) the product is bound by
 // reading w, once. Tiles of several weight rows read several short rows
 // at a time, each a stream the hardware prefetcher must find anew (k
 // elements, a few KiB); measured on an EPYC VM, that reached half the read
 // bandwidth. So that path reads w in order, one row at a time (NR = 1),
 // in long runs of rows per task: one sequential stream per thread, at the
-// read bandwidth (bench/engine_bench.cc). Many rows of x (prefill) are
-// bound by the multiply-adds, and keep register tiles of NR = 3 weight rows.
+// read bandwidth (bench/engine_bench.cc). The runs cross from one product
+// to the next, so that several small products (q, k and v) share one
+// parallel region. Many rows of x (prefill) are bound by the
+// multiply-adds, and keep register tiles of NR = 3 weight rows.
 void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_row_bytes,
-                 int64_t m, const WeightMatrix& w, float* y, int num_threads) {
-  const int64_t n = w.rows;
-  const int64_t k = w.cols;
-  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
+                 int64_t m, std::span<const MatMulProduct> products, int num_threads) {
+  const int64_t k = products[0].w->cols;
+  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(products[0].w->dtype);
   const auto* x_bytes = static_cast<const std::byte*>(x);
   if (m <= kMaxMR) {
     const internal::TileFn tile = kernels.tiles[m - 1][0];
-    const int64_t tasks = std::min<int64_t>(n, num_threads * kFewRowTasksPerThread);
+    const int64_t rows = TotalUnits(products, Rows);
+    const int64_t tasks = std::min<int64_t>(rows, num_threads * kFewRowTasksPerThread);
     const int threads = static_cast<int>(std::min<int64_t>(num_threads, tasks));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      for (int64_t j = n * task / tasks; j < n * (task + 1) / tasks; ++j) {
-        tile(x, k, w.data + j * row_bytes, y + j, n);
-      }
+      ForEachRun(products, Rows, rows * task / tasks, rows * (task + 1) / tasks,
+                 [&](const MatMulProduct& p, int64_t begin, int64_t end) {
+                   for (int64_t j = begin; j < end; ++j) {
+                     tile(x, k, p.w->data + j * row_bytes, p.y + j, p.w->rows);
+                   }
+                 });
     }
     return;
   }
-  const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads, tasks));
+  for (const MatMulProduct& p : products) {
+    const int64_t n = p.w->rows;
+    const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
+    if (tasks == 0) continue;
+    const int threads = static_cast<int>(std::min<int64_t>(num_threads, tasks));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
-  for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t n0 = task * kRowsPerTask;
-    const int64_t n1 = std::min(n, n0 + kRowsPerTask);
-    for (int64_t m0 = 0; m0 < m; m0 += kMaxMR) {
-      const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, m - m0));
-      for (int64_t j = n0; j < n1; j += kMaxNR) {
-        const int nr = static_cast<int>(std::min<int64_t>(kMaxNR, n1 - j));
-        kernels.tiles[mr - 1][nr - 1](x_bytes + m0 * x_row_bytes, k, w.data + j * row_bytes,
-                                      y + m0 * n + j, n);
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t n0 = task * kRowsPerTask;
+      const int64_t n1 = std::min(n, n0 + kRowsPerTask);
+      for (int64_t m0 = 0; m0 < m; m0 += kMaxMR) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, m - m0));
+        for (int64_t j = n0; j < n1; j += kMaxNR) {
+          const int nr = static_cast<int>(std::min<int64_t>(kMaxNR, n1 - j));
+          kernels.tiles[mr - 1][nr - 1](x_bytes + m0 * x_row_bytes, k, p.w->data + j * row_bytes,
+                                        p.y + m0 * n + j, n);
+        }
       }
     }
   }
 }
 
-// MatMul of kQ8 weights: x quantized, then tasks of whole blocks of
-// kQ8BlockRows weight rows, each read once per max_rows rows of x. With
-// few rows of x (decode) the tasks are a few long runs of blocks per
-// thread, each block one sequential stream (as MatMulTiled's few-row
-// path); with many, tasks of kRowsPerTask rows.
-void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m, const WeightMatrix& w,
-              float* y, int num_threads) {
-  const int64_t k = w.cols;
-  const int64_t n = w.rows;
+// MatMul of kQ8 weights: x quantized (once for all the products), then
+// tasks of whole blocks of kQ8BlockRows weight rows, each read once per
+// max_rows rows of x. With few rows of x (decode) the tasks are a few long
+// runs of blocks per thread, each block one sequential stream (as
+// MatMulTiled's few-row path, crossing from one product to the next);
+// with many, tasks of kRowsPerTask rows.
+void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m,
+              std::span<const MatMulProduct> products, int num_threads) {
+  const int64_t k = products[0].w->cols;
   const int64_t groups = (k + kQ8Group - 1) / kQ8Group;
   const int64_t x_row = internal::Q8XRowBytes(k);
   const std::span<std::byte> xq = Scratch<std::byte>(static_cast<size_t>(m * x_row));
 #pragma omp parallel for num_threads(num_threads) if (m > 1 && num_threads > 1)
   for (int64_t i = 0; i < m; ++i) internal::QuantizeRowQ8(x + i * k, k, &xq[i * x_row]);
 
-  const int64_t blocks = (n + kQ8BlockRows - 1) / kQ8BlockRows;
+  const int64_t blocks = TotalUnits(products, Q8Blocks);
   const int64_t block_bytes = groups * kQ8UnitBytes;
   const int64_t tasks =
       m <= kernels.max_rows
@@ -112,22 +147,26 @@ void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m, con
   const int threads = static_cast<int>(std::min<int64_t>(num_threads, tasks));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
   for (int64_t task = 0; task < tasks; ++task) {
-    // The last block's rows past n land here, not in y.
-    float tail[internal::kMaxQ8Rows * kQ8BlockRows];
-    for (int64_t b = blocks * task / tasks; b < blocks * (task + 1) / tasks; ++b) {
-      const int64_t j = b * kQ8BlockRows;
-      const bool partial = n - j < kQ8BlockRows;
-      for (int64_t m0 = 0; m0 < m; m0 += kernels.max_rows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kernels.max_rows, m - m0));
-        kernels.rows[mr - 1](&xq[m0 * x_row], x_row, groups, w.data + b * block_bytes,
-                             partial ? tail : y + m0 * n + j, partial ? kQ8BlockRows : n);
-        if (partial) {
-          for (int i = 0; i < mr; ++i) {
-            std::copy_n(tail + i * kQ8BlockRows, n - j, y + (m0 + i) * n + j);
+    ForEachRun(products, Q8Blocks, blocks * task / tasks, blocks * (task + 1) / tasks,
+               [&](const MatMulProduct& p, int64_t begin, int64_t end) {
+      const int64_t n = p.w->rows;
+      // The last block's rows past n land here, not in y.
+      float tail[internal::kMaxQ8Rows * kQ8BlockRows];
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t j = b * kQ8BlockRows;
+        const bool partial = n - j < kQ8BlockRows;
+        for (int64_t m0 = 0; m0 < m; m0 += kernels.max_rows) {
+          const int mr = static_cast<int>(std::min<int64_t>(kernels.max_rows, m - m0));
+          kernels.rows[mr - 1](&xq[m0 * x_row], x_row, groups, p.w->data + b * block_bytes,
+                               partial ? tail : p.y + m0 * n + j, partial ? kQ8BlockRows : n);
+          if (partial) {
+            for (int i = 0; i < mr; ++i) {
+              std::copy_n(tail + i * kQ8BlockRows, n - j, p.y + (m0 + i) * n + j);
+            }
           }
         }
       }
-    }
+    });
   }
 }
 
@@ -321,34 +360,47 @@ CpuIsa DefaultCpuIsa() {
   return isa;
 }
 
-void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
+void MatMul(const float* x, int64_t m, std::span<const MatMulProduct> products,
             const MatMulOptions& options) {
-  if (m <= 0 || w.rows == 0) return;
+  if (m <= 0 || products.empty() || TotalUnits(products, Rows) == 0) return;
+  const WeightMatrix& w = *products[0].w;
+  for (const MatMulProduct& p : products) {
+    if (p.w->dtype != w.dtype || p.w->cols != w.cols) {
+      // A model file may store q, k and v in different types: one at a time.
+      for (const MatMulProduct& q : products) MatMul(x, m, std::span(&q, 1), options);
+      return;
+    }
+  }
   const size_t n = static_cast<size_t>(m) * w.cols;
   // Many rows of fp32 x (or of x rounded to bf16 values): MatMulPanels,
   // of 16 lanes where those pay, else of 8.
   const bool many_rows = m > kMaxMR;
   const internal::PanelKernels& panels = options.Avx512Fp32() ? internal::Avx512PanelKernels()
                                                                : internal::Avx2PanelKernels();
+  const auto panel_products = [&](const float* xs) {
+    for (const MatMulProduct& p : products) {
+      if (p.w->rows > 0) MatMulPanels(panels, xs, m, *p.w, p.y, options.num_threads);
+    }
+  };
   if (w.dtype == DType::kQ8) {
     MatMulQ8(options.isa >= CpuIsa::kAvx512Vnni ? internal::Avx512VnniQ8Kernels()
                                                 : internal::Avx2Q8Kernels(),
-             x, m, w, y, options.num_threads);
+             x, m, products, options.num_threads);
   } else if (!options.bf16_activations || w.dtype != DType::kBF16) {
     if (many_rows) {
-      MatMulPanels(panels, x, m, w, y, options.num_threads);
+      panel_products(x);
     } else {
       MatMulTiled(options.Avx512Fp32() ? internal::Avx512Tiles(w.dtype)
                                        : internal::Avx2Tiles(w.dtype),
-                  x, w.cols * sizeof(float), m, w, y, options.num_threads);
+                  x, w.cols * sizeof(float), m, products, options.num_threads);
     }
   } else if (options.isa == CpuIsa::kAvx512Bf16 && !(many_rows && options.Avx512Fp32())) {
     // Few rows, or a CPU where the 16-lane fp32 kernels do not pay (Zen 4:
     // there the 8-lane panels were never measured against these).
     const std::span<uint16_t> x_bf16 = Scratch<uint16_t>(n);
     internal::Avx512RoundToBf16(x, static_cast<int64_t>(n), x_bf16.data());
-    MatMulTiled(internal::Avx512Bf16Tiles(), x_bf16.data(), w.cols * sizeof(uint16_t), m, w, y,
-                options.num_threads);
+    MatMulTiled(internal::Avx512Bf16Tiles(), x_bf16.data(), w.cols * sizeof(uint16_t), m,
+                products, options.num_threads);
   } else {
     // The same products from the fp32 kernels (bf16 values are exact in
     // fp32, and so are the products of two of them), summed in another
@@ -359,12 +411,18 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
     const std::span<float> x_rounded = Scratch<float>(n);
     RoundToBf16Values(x, static_cast<int64_t>(n), x_rounded.data());
     if (many_rows) {
-      MatMulPanels(panels, x_rounded.data(), m, w, y, options.num_threads);
+      panel_products(x_rounded.data());
     } else {
       MatMulTiled(internal::Avx2Tiles(DType::kBF16), x_rounded.data(), w.cols * sizeof(float), m,
-                  w, y, options.num_threads);
+                  products, options.num_threads);
     }
   }
+}
+
+void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
+            const MatMulOptions& options) {
+  const MatMulProduct product{.w = &w, .y = y};
+  MatMul(x, m, std::span(&product, 1), options);
 }
 
 void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads) {

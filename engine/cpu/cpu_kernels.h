@@ -93,6 +93,20 @@ void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y,
 // With the default options but `num_threads`.
 void MatMul(const float* x, int64_t m, const WeightMatrix& w, float* y, int num_threads);
 
+// One product of several of one x: y = x times w's rows, of row stride
+// w->rows.
+struct MatMulProduct {
+  const WeightMatrix* w = nullptr;
+  float* y = nullptr;
+};
+// Each product as MatMul(x, m, *p.w, p.y, options) computes it (the same
+// numbers). Where the weights share their type (and, as they must, their
+// columns), few rows of x (decode) share one parallel region, the split
+// of the work and, for kQ8, x's quantization: q, k and v (or gate and up)
+// cost one pass over their rows, not three short ones.
+void MatMul(const float* x, int64_t m, std::span<const MatMulProduct> products,
+            const MatMulOptions& options);
+
 // w (fp32, fp16 or bf16) as kQ8 (dtype.h) written into `storage`, which
 // the result points into. Per group of kQ8Group weights of a row:
 // scale = fp16(max |w| / 127), int8 = round(w / scale), within +-127.

@@ -200,9 +200,9 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::span<float>
     for (int64_t t = 0; t < T; ++t) {
       cpu::RmsNorm(&x_[t * hidden], L.attn_norm.data(), hidden, c.rms_norm_eps, &xn_[t * hidden]);
     }
-    cpu::MatMul(xn_.data(), T, L.wq, q_.data(), matmul_);
-    cpu::MatMul(xn_.data(), T, L.wk, k_.data(), matmul_);
-    cpu::MatMul(xn_.data(), T, L.wv, v_.data(), matmul_);
+    const cpu::MatMulProduct qkv[] = {
+        {.w = &L.wq, .y = q_.data()}, {.w = &L.wk, .y = k_.data()}, {.w = &L.wv, .y = v_.data()}};
+    cpu::MatMul(xn_.data(), T, qkv, matmul_);
     std::byte* layer_base = pool_.get() + layout_.PoolOffset(l, BlockId(0), num_blocks_);
     for (int64_t t = 0; t < T; ++t) {
       float* q = &q_[t * q_dim];
@@ -242,8 +242,9 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::span<float>
     for (int64_t t = 0; t < T; ++t) {
       cpu::RmsNorm(&x_[t * hidden], L.ffn_norm.data(), hidden, c.rms_norm_eps, &xn_[t * hidden]);
     }
-    cpu::MatMul(xn_.data(), T, L.w_gate, gate_.data(), matmul_);
-    cpu::MatMul(xn_.data(), T, L.w_up, up_.data(), matmul_);
+    const cpu::MatMulProduct gate_up[] = {{.w = &L.w_gate, .y = gate_.data()},
+                                          {.w = &L.w_up, .y = up_.data()}};
+    cpu::MatMul(xn_.data(), T, gate_up, matmul_);
     cpu::SiluMul(gate_.data(), up_.data(), T * ffn, gate_.data());
     cpu::MatMul(gate_.data(), T, L.w_down, xn_.data(), matmul_);
     for (int64_t i = 0; i < T * hidden; ++i) x_[i] += xn_[i];

@@ -111,6 +111,76 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<2>(info.param) ? "_bf16_activations" : "");
     });
 
+// Several products of one x (q, k and v) in one call give each product's
+// own MatMul bit for bit, on every instruction set, weight type, few and
+// many rows, one and two threads; products whose weights differ in type
+// too.
+TEST(MatMulProductsTest, EqualOneMatMulEach) {
+  constexpr int64_t k = 72;
+  const int64_t rows[] = {40, 17, 33};  // Partial int8 blocks and tiles.
+  std::mt19937 rng(7);
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8}) {
+    std::vector<std::vector<std::byte>> bytes(3), storage(3);
+    std::vector<WeightMatrix> w(3);
+    for (int p = 0; p < 3; ++p) {
+      const DType stored = dtype == DType::kQ8 ? DType::kBF16 : dtype;
+      const std::vector<float> wf = RandomVector(rows[p] * k, rng, 0.1f);
+      bytes[p].resize(wf.size() * DTypeSize(stored));
+      for (size_t i = 0; i < wf.size(); ++i) StoreFromFloat(bytes[p].data(), stored, i, wf[i]);
+      w[p] = {stored, static_cast<int32_t>(rows[p]), static_cast<int32_t>(k), bytes[p].data()};
+      if (dtype == DType::kQ8) {
+        absl::StatusOr<WeightMatrix> q = QuantizeToQ8(w[p], storage[p], 1);
+        ASSERT_TRUE(q.ok()) << q.status();
+        w[p] = *q;
+      }
+    }
+    for (const CpuIsa isa : kAllCpuIsas) {
+      if (!CpuRuns(isa)) continue;
+      for (const int64_t m : {1, 3, 7}) {
+        for (const int threads : {1, 2}) {
+          for (const bool bf16_activations : {false, true}) {
+            SCOPED_TRACE(absl::StrCat(std::string(DTypeName(dtype)), " ",
+                                      std::string(CpuIsaName(isa)), " m=", m, " threads=", threads,
+                                      " bf16_activations=", bf16_activations ? "yes" : "no"));
+            const MatMulOptions options{
+                .num_threads = threads, .isa = isa, .bf16_activations = bf16_activations};
+            const std::vector<float> x = RandomVector(m * k, rng);
+            std::vector<std::vector<float>> one(3), all(3);
+            std::vector<MatMulProduct> products;
+            for (int p = 0; p < 3; ++p) {
+              one[p].assign(m * rows[p], 0.0f);
+              all[p].assign(m * rows[p], -1.0f);
+              MatMul(x.data(), m, w[p], one[p].data(), options);
+              products.push_back({.w = &w[p], .y = all[p].data()});
+            }
+            MatMul(x.data(), m, products, options);
+            for (int p = 0; p < 3; ++p) EXPECT_EQ(one[p], all[p]) << "product " << p;
+          }
+        }
+      }
+    }
+  }
+  // Weights of two types: each product on its own kernels.
+  const WeightMatrix f32{DType::kF32, 5, k, nullptr};
+  std::vector<float> f32_values = RandomVector(5 * k, rng);
+  WeightMatrix mixed[2] = {f32, {}};
+  mixed[0].data = reinterpret_cast<const std::byte*>(f32_values.data());
+  std::vector<std::byte> bf16_bytes(9 * k * 2);
+  for (int64_t i = 0; i < 9 * k; ++i) {
+    StoreFromFloat(bf16_bytes.data(), DType::kBF16, i, 0.01f * i);
+  }
+  mixed[1] = {DType::kBF16, 9, k, bf16_bytes.data()};
+  const std::vector<float> x = RandomVector(2 * k, rng);
+  std::vector<float> a(2 * 5), b(2 * 9), a1(2 * 5), b1(2 * 9);
+  const MatMulProduct products[] = {{.w = &mixed[0], .y = a.data()},
+                                    {.w = &mixed[1], .y = b.data()}};
+  MatMul(x.data(), 2, products, MatMulOptions{});
+  MatMul(x.data(), 2, mixed[0], a1.data(), MatMulOptions{});
+  MatMul(x.data(), 2, mixed[1], b1.data(), MatMulOptions{});
+  EXPECT_EQ(a, a1);
+  EXPECT_EQ(b, b1);
+}
+
 // Int8 weights: QuantizeToQ8 of fp32, bf16 and fp16 matrices, then MatMul
 // on every instruction set (int8 kernels: VNNI from kAvx512Vnni up, AVX2
 // below), against a double reference that quantizes x itself.
