@@ -43,26 +43,22 @@ struct Avx2 {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes), v);
   }
+  static W UnpackLo(W a, W b) { return _mm256_unpacklo_ps(a, b); }
+  static W UnpackHi(W a, W b) { return _mm256_unpackhi_ps(a, b); }
+  template <int kImm>
+  static W Shuffle(W a, W b) {
+    return _mm256_shuffle_ps(a, b, kImm);
+  }
   // v[r] holds element e of row r in lane e; afterwards v[e] holds element
-  // e of row r in lane r: pairs of rows, then 4 x 4 blocks within the
-  // 128-bit lanes, then the lanes themselves.
+  // e of row r in lane r.
   static void Transpose(__m256 v[8]) {
-    __m256 t[8];
-    for (int i = 0; i < 4; ++i) {
-      t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-      t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-    }
-    __m256 u[8];  // u[4g + c], lane L: rows 4g .. 4g+3 at element 4L + c.
-    for (int g = 0; g < 2; ++g) {
-      u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-      u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-      u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-      u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
+    TransposeWithinLanes<Avx2>(v);
+    __m256 out[8];
     for (int c = 0; c < 4; ++c) {
-      v[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
-      v[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+      out[c] = _mm256_permute2f128_ps(v[c], v[4 + c], 0x20);
+      out[4 + c] = _mm256_permute2f128_ps(v[c], v[4 + c], 0x31);
     }
+    for (int i = 0; i < 8; ++i) v[i] = out[i];
   }
 };
 

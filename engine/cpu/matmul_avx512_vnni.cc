@@ -96,34 +96,29 @@ struct Avx512 {
     if (n == 16) return _mm512_storeu_ps(p, v);
     _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
   }
+  static W UnpackLo(W a, W b) { return _mm512_unpacklo_ps(a, b); }
+  static W UnpackHi(W a, W b) { return _mm512_unpackhi_ps(a, b); }
+  template <int kImm>
+  static W Shuffle(W a, W b) {
+    return _mm512_shuffle_ps(a, b, kImm);
+  }
   // v[r] holds element e of row r in lane e; afterwards v[e] holds element
-  // e of row r in lane r. Three rounds of shuffles: pairs of rows, then
-  // 4 x 4 blocks within 128-bit lanes, then the lanes themselves.
+  // e of row r in lane r.
   static void Transpose(__m512 v[16]) {
-    __m512 t[16];
-    for (int i = 0; i < 8; ++i) {
-      // Lane L: r0[4L] r1[4L] r0[4L+1] r1[4L+1], and the next two elements.
-      t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-      t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-    }
-    __m512 u[16];  // u[4g + c], lane L: rows 4g .. 4g+3 at element 4L + c.
-    for (int g = 0; g < 4; ++g) {
-      u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-      u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-      u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-      u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
+    TransposeWithinLanes<Avx512>(v);
+    __m512 out[16];
     for (int c = 0; c < 4; ++c) {
       // Lanes 0 and 2 (even) and 1 and 3 (odd) of rows 0-7, then of 8-15.
-      const __m512 even_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
-      const __m512 odd_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
-      const __m512 even_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
-      const __m512 odd_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
-      v[c] = _mm512_shuffle_f32x4(even_lo, even_hi, 0x88);
-      v[8 + c] = _mm512_shuffle_f32x4(even_lo, even_hi, 0xDD);
-      v[4 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88);
-      v[12 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD);
+      const __m512 even_lo = _mm512_shuffle_f32x4(v[c], v[4 + c], 0x88);
+      const __m512 odd_lo = _mm512_shuffle_f32x4(v[c], v[4 + c], 0xDD);
+      const __m512 even_hi = _mm512_shuffle_f32x4(v[8 + c], v[12 + c], 0x88);
+      const __m512 odd_hi = _mm512_shuffle_f32x4(v[8 + c], v[12 + c], 0xDD);
+      out[c] = _mm512_shuffle_f32x4(even_lo, even_hi, 0x88);
+      out[8 + c] = _mm512_shuffle_f32x4(even_lo, even_hi, 0xDD);
+      out[4 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88);
+      out[12 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD);
     }
+    for (int i = 0; i < 16; ++i) v[i] = out[i];
   }
 };
 

@@ -21,6 +21,8 @@
 //   Broadcast(f)             f in every lane
 //   Store(p, v, n)           the first n <= kStep lanes of v to p
 //   Transpose(v)             v[kStep]: lane e of v[r] to lane r of v[e]
+//   UnpackLo/UnpackHi(a, b), Shuffle<imm>(a, b): the unpack and shuffle
+//                            instructions, for TransposeWithinLanes
 #ifndef PDSERVE_ENGINE_CPU_MATMUL_TILE_H_
 #define PDSERVE_ENGINE_CPU_MATMUL_TILE_H_
 
@@ -108,6 +110,27 @@ void MatMulTile(const void* x_data, int64_t k, const std::byte* w, float* y, int
       for (int64_t t = kk; t < k; ++t) s += V::XAt(x, i * k + t) * WeightAt<T>(w + j * k * kElem, t);
       y[i * ldy + j] = s;
     }
+  }
+}
+
+// The first two rounds of V::Transpose, alike at every width since they
+// work within 128-bit lanes: pairs of rows interleaved, then 4 x 4
+// blocks. Afterwards lane L (of 4 floats) of v[4g + c] holds rows
+// 4g .. 4g+3 at element 4L + c; V::Transpose then moves the lanes.
+template <typename V>
+void TransposeWithinLanes(typename V::W v[V::kStep]) {
+  constexpr int kRows = V::kStep;
+  typename V::W t[kRows];
+  for (int i = 0; i < kRows / 2; ++i) {
+    // Lane L: r0[4L] r1[4L] r0[4L+1] r1[4L+1], and the next two elements.
+    t[2 * i] = V::UnpackLo(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = V::UnpackHi(v[2 * i], v[2 * i + 1]);
+  }
+  for (int g = 0; g < kRows / 4; ++g) {
+    v[4 * g + 0] = V::template Shuffle<0x44>(t[4 * g], t[4 * g + 2]);
+    v[4 * g + 1] = V::template Shuffle<0xEE>(t[4 * g], t[4 * g + 2]);
+    v[4 * g + 2] = V::template Shuffle<0x44>(t[4 * g + 1], t[4 * g + 3]);
+    v[4 * g + 3] = V::template Shuffle<0xEE>(t[4 * g + 1], t[4 * g + 3]);
   }
 }
 
