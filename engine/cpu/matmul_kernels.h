@@ -90,7 +90,6 @@ const TileKernels& Avx512Tiles(DType weights);
 // line t, into 2 x MR accumulators. Each loaded weight serves MR rows and
 // each x value `cols` columns, so the tile is bound by the multiply-adds,
 // not by the caches, as the dot-product tiles are.
-inline constexpr int kMaxPanelCols = 32;
 inline constexpr int kMaxPanelMR = 12;
 
 // panel[t * cols + r] = element t < k of row r < rows of w (rows

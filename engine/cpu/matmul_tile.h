@@ -168,11 +168,11 @@ void PackPanel(const std::byte* w, size_t row_bytes, int rows, int64_t k, float*
 }
 
 // MR rows of x times one panel: per k step two lines of weights, each x
-// value broadcast once against both. The largest MR keeps 2 * MR
+// value broadcast once against both. The largest MR keeps its 2 * MR
 // accumulators, the two lines and the broadcast in the registers (AVX2:
-// 6 of 16, AVX-512: 12 of 32). Every fourth k step also prefetches a line
-// of `prefetch` into L2 (the load ports have room to spare), until
-// `prefetch_end`.
+// MR 6, 15 of the 16; AVX-512: MR 12, 27 of the 32). Every fourth k
+// step also prefetches a line of `prefetch` into L2 (the load ports have
+// room to spare), until `prefetch_end`.
 template <typename V, int MR>
 void PanelTile(const float* x, int64_t k, const float* panel, float* y, int64_t ldy, int cols,
                const std::byte* prefetch, const std::byte* prefetch_end) {
@@ -204,7 +204,7 @@ void PanelTile(const float* x, int64_t k, const float* panel, float* y, int64_t 
 // V's panel kernels: tiles of 1 .. kMaxMR rows.
 template <typename V, int kMaxMR, int... kMR>
 constexpr PanelKernels MakePanelKernels(std::integer_sequence<int, kMR...>) {
-  static_assert(kMaxMR <= kMaxPanelMR && 2 * V::kStep <= kMaxPanelCols);
+  static_assert(kMaxMR <= kMaxPanelMR);
   PanelKernels out{.cols = 2 * V::kStep,
                    .max_rows = kMaxMR,
                    .pack = {&PackPanel<V, DType::kF32>, &PackPanel<V, DType::kF16>,
