@@ -1,5 +1,6 @@
 #include "common/process.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -94,6 +95,10 @@ bool AnnounceAndWaitForSignal(const std::string& program, int port,
   const int signal = WaitForTerminationSignal(on_reload);
   PD_LOG(INFO) << program << ": signal " << signal << ", shutting down";
   return true;
+}
+
+void NameThisThread(const std::string& name) {
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
 }
 
 }  // namespace pdserve

@@ -25,13 +25,18 @@ int WaitForTerminationSignal(const std::function<void()>& on_reload = {});
 int WaitForTerminationSignalFor(absl::Duration timeout,
                                 const std::function<void()>& on_reload = {});
 
-// Writes `port` and a newline to `path` atomically (a temporary file renamed
-// into place), so a launcher polling for the file never reads half of it.
 // Raises this process's soft limit of open files to its hard limit (the
 // default soft one is often 1024); logs a warning when it cannot.
 void RaiseOpenFileLimit();
 
+// Writes `port` and a newline to `path` atomically (a temporary file renamed
+// into place), so a launcher polling for the file never reads half of it.
 absl::Status WritePortFile(const std::string& path, int port);
+
+// Names the calling thread as `top -H` and /proc/PID/task/TID/comm show it
+// (the first 15 characters). pd-plan profile tells a worker's engine thread
+// ("pd-engine") from its serving threads by it.
+void NameThisThread(const std::string& name);
 
 // What main() does once its server is up: writes `port` to `port_file`
 // (unless empty) and waits for SIGINT or SIGTERM, logging as `program`,

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 
 namespace pdserve {
@@ -135,6 +136,7 @@ void EngineLoop::Dispatch(const GenerationEvent& event) {
 }
 
 void EngineLoop::Run() {
+  NameThisThread("pd-engine");
   std::vector<Command> commands;
   std::vector<GenerationEvent> events;
   absl::Time next_tick = absl::Now();

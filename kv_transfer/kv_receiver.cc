@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 #include "kv_transfer/fault_injection.h"
 #include "kv_transfer/negotiation.h"
@@ -58,7 +59,10 @@ absl::Status KvReceiver::Start(MemoryFor memory_for,
   }
   on_notification_ = std::move(on_notification);
   for (size_t i = 0; i < transports_.size(); ++i) {
-    threads_.emplace_back([this, i] { Receive(i); });
+    threads_.emplace_back([this, i] {
+      NameThisThread("pd-kv-receive");
+      Receive(i);
+    });
   }
   return absl::OkStatus();
 }

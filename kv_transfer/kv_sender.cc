@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/process.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -158,7 +159,10 @@ KvSender::Lane& KvSender::LaneFor(
   Lane* lane = nullptr;
   if (lanes_.size() < options_.max_lanes) {
     lane = lanes_.emplace_back(std::make_unique<Lane>()).get();
-    lane->thread = std::thread([this, lane] { RunLane(lane); });
+    lane->thread = std::thread([this, lane] {
+      NameThisThread("pd-kv-push");
+      RunLane(lane);
+    });
   } else {
     // Every lane is taken: share the least busy one. Its key stays put
     // while the lane lives, so the push's jobs keep their order.

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 
@@ -25,7 +26,8 @@ int RunShell(const std::string& command, std::string* output) {
   return status;
 }
 
-std::string ReadPort(const std::string& path) {
+// The first line of a file (a port or a pid), trimmed.
+std::string ReadLine(const std::string& path) {
   std::ifstream in(path);
   std::string port;
   std::getline(in, port);
@@ -74,10 +76,20 @@ absl::StatusOr<std::unique_ptr<ClusterLauncher>> ClusterLauncher::Start(
     return absl::UnavailableError(
         absl::StrCat("the cluster did not start (", command, "): ", output));
   }
-  cluster->grpc_address_ = absl::StrCat("127.0.0.1:", ReadPort(options.dir + "/router.port"));
+  cluster->grpc_address_ = absl::StrCat("127.0.0.1:", ReadLine(options.dir + "/router.port"));
   cluster->http_address_ =
-      absl::StrCat("127.0.0.1:", ReadPort(options.dir + "/router.http_port"));
+      absl::StrCat("127.0.0.1:", ReadLine(options.dir + "/router.http_port"));
   return cluster;
+}
+
+absl::StatusOr<int> ClusterLauncher::Pid(const std::string& process) const {
+  const std::string path = absl::StrCat(dir_, "/", process, ".pid");
+  int pid = 0;
+  if (!absl::SimpleAtoi(ReadLine(path), &pid) || pid <= 0) {
+    return absl::NotFoundError(absl::StrCat("the cluster has no process '", process, "' (no pid in ",
+                                            path, ")"));
+  }
+  return pid;
 }
 
 ClusterLauncher::~ClusterLauncher() {

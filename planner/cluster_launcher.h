@@ -57,6 +57,9 @@ class ClusterLauncher {
   // "127.0.0.1:PORT" of the router's gRPC API and its OpenAI HTTP API.
   const std::string& grpc_address() const { return grpc_address_; }
   const std::string& http_address() const { return http_address_; }
+  // The pid of one of its processes by name ("router", "prefill-0",
+  // "decode-1"); NOT_FOUND when the cluster has none of that name.
+  absl::StatusOr<int> Pid(const std::string& process) const;
 
  private:
   ClusterLauncher(std::string launcher, std::string dir) : launcher_(launcher), dir_(dir) {}

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_process.h"
 #include "common/status_macros.h"
@@ -70,6 +72,9 @@ ABSL_FLAG(int32_t, decode, 1, "simulate: decode workers");
 ABSL_FLAG(std::string, routing, "",
           "The cluster config's routing section as JSON (docs/routing.md); default kv_aware");
 ABSL_FLAG(std::string, records, "", "simulate: per-request records (JSONL) of the last level");
+ABSL_FLAG(std::string, records_dir, "",
+          "validate: write each run's per-request records here, predicted and measured side by "
+          "side (CONFIG-LEVEL.predicted.jsonl, .measured.jsonl), for planner/compare_records.py");
 ABSL_FLAG(std::string, summary_json, "", "Write the summary (JSON) here");
 ABSL_FLAG(int32_t, workers, 4, "search: the worker budget (x + y <= workers)");
 ABSL_FLAG(std::vector<std::string>, configs, {"1P1D"},
@@ -109,6 +114,23 @@ std::string RunDir(const std::string& name) {
 }
 
 void Progress(std::string_view line) { std::cerr << "pd-plan: " << line << "\n"; }
+
+// validate --records_dir: one run's records as CONFIG-LEVEL.KIND.jsonl, the
+// level's name made a file name ("3 req/s" -> "3rps").
+absl::Status WriteRunRecords(const std::string& config, const LoadLevel& level,
+                             std::string_view kind, std::span<const RequestRecord> records) {
+  const std::string dir = absl::GetFlag(FLAGS_records_dir);
+  if (dir.empty()) return absl::OkStatus();
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--records_dir: cannot create ", dir, ": ", error.message()));
+  }
+  std::string name = absl::StrReplaceAll(level.Name(), {{" req/s", "rps"}, {" ", "-"}});
+  return WriteRecords(absl::StrCat(dir, "/", config, "-", name, ".", std::string(kind), ".jsonl"),
+                      records);
+}
 
 EngineProfileOptions EngineOptionsFromFlags() {
   EngineProfileOptions o;
@@ -279,9 +301,11 @@ absl::Status RunProfile() {
   std::cout << absl::StrFormat(
       "| colocated first token | +%.2f ms |\n| disaggregated first token | +%.2f ms |\n"
       "| decode start after the first token | %.2f ms |\n"
-      "| decode step overhead | %.1f us + %.1f us per sequence |\n",
+      "| decode step overhead | %.1f us + %.1f us per sequence |\n"
+      "| prefill worker's serving threads | %.1f us per request + %.1f us per KV MiB |\n",
       p.colocated_first_token_s * 1e3, p.disaggregated_first_token_s * 1e3,
-      p.decode_start_s * 1e3, p.decode_step_overhead_s * 1e6, p.decode_sequence_overhead_s * 1e6);
+      p.decode_start_s * 1e3, p.decode_step_overhead_s * 1e6, p.decode_sequence_overhead_s * 1e6,
+      p.prefill_cpu_per_request_s * 1e6, p.prefill_cpu_per_kv_byte_s * 1e6 * (1 << 20));
   return absl::OkStatus();
 }
 
@@ -622,6 +646,7 @@ absl::Status RunValidate() {
       PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> predicted,
                           Simulate(now, shape, at, {.concurrency = level.concurrency}));
       const Summary p = Summarize(predicted, spec.OptionsFor(predicted));
+      PD_RETURN_IF_ERROR(WriteRunRecords(shape.Name(), level, "predicted", predicted));
       const double rate = OfferedRate(at, level);
       Summary m;
       if (load_target != nullptr) {
@@ -630,6 +655,7 @@ absl::Status RunValidate() {
                                     {.concurrency = level.concurrency,
                                      .label = absl::StrCat(name, " ", level.Name())}));
         m = Summarize(measured.records, spec.OptionsFor(measured.records));
+        PD_RETURN_IF_ERROR(WriteRunRecords(shape.Name(), level, "measured", measured.records));
       } else {
         PD_ASSIGN_OR_RETURN(m, EarlierMeasurement(earlier, shape.Name(), rate,
                                                   level.concurrency));

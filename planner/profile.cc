@@ -70,6 +70,8 @@ Profile WithDrift(Profile p, double drift) {
   p.step.per_decode_attention_s *= drift;
   p.decode_step_overhead_s *= drift;
   p.decode_sequence_overhead_s *= drift;
+  p.prefill_cpu_per_request_s *= drift;
+  p.prefill_cpu_per_kv_byte_s *= drift;
   return p;
 }
 
@@ -102,6 +104,8 @@ absl::Status ValidateProfile(const Profile& p) {
       {"token_delivery_s", p.token_delivery_s},
       {"decode_step_overhead_s", p.decode_step_overhead_s},
       {"decode_sequence_overhead_s", p.decode_sequence_overhead_s},
+      {"prefill_cpu_per_request_s", p.prefill_cpu_per_request_s},
+      {"prefill_cpu_per_kv_byte_s", p.prefill_cpu_per_kv_byte_s},
       {"worker_cpus", p.worker_cpus},
   };
   for (const auto& [name, value] : costs) {
@@ -165,6 +169,8 @@ nlohmann::json ToJson(const Profile& p) {
       {"token_delivery_s", p.token_delivery_s},
       {"decode_step_overhead_s", p.decode_step_overhead_s},
       {"decode_sequence_overhead_s", p.decode_sequence_overhead_s},
+      {"prefill_cpu_per_request_s", p.prefill_cpu_per_request_s},
+      {"prefill_cpu_per_kv_byte_s", p.prefill_cpu_per_kv_byte_s},
       {"poll_interval_s", p.poll_interval_s},
       {"probe_ratio", p.probe_ratio},
   };
@@ -214,6 +220,10 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "decode_step_overhead_s", p.decode_step_overhead_s));
   PD_RETURN_IF_ERROR(
       ReadDouble(j, "", "decode_sequence_overhead_s", p.decode_sequence_overhead_s));
+  PD_RETURN_IF_ERROR(
+      ReadDouble(j, "", "prefill_cpu_per_request_s", p.prefill_cpu_per_request_s));
+  PD_RETURN_IF_ERROR(
+      ReadDouble(j, "", "prefill_cpu_per_kv_byte_s", p.prefill_cpu_per_kv_byte_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "poll_interval_s", p.poll_interval_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "probe_ratio", p.probe_ratio));
   PD_RETURN_IF_ERROR(ValidateProfile(p));

@@ -106,6 +106,14 @@ struct Profile {
   double token_delivery_s = 0;
   double decode_step_overhead_s = 0;
   double decode_sequence_overhead_s = 0;
+  // Engine time a prefill worker loses to its own serving threads (gRPC,
+  // the KV push), which spend its CPU share too: their CPU time on a 1P1D
+  // cluster (MeasureServingCosts) over worker_cpus, per request and per KV
+  // byte pushed; 0 without a share. (A decode worker's serving threads are
+  // in the decode step overheads above, fitted to token gaps on a cluster
+  // that receives KV while it decodes.)
+  double prefill_cpu_per_request_s = 0;
+  double prefill_cpu_per_kv_byte_s = 0;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
   // The drift check's probe (profiler.h DriftProbeOptions) run right after
@@ -116,8 +124,8 @@ struct Profile {
 };
 
 // `profile` with what a worker's CPU does scaled by `drift` (a probe's
-// ProbeRatio over the profile's probe_ratio, profiler.h): the step cost
-// and the decode step overheads. The first-token, hand-off and delivery
+// ProbeRatio over the profile's probe_ratio, profiler.h): the step cost,
+// the decode step overheads and the serving threads' CPU. The first-token, hand-off and delivery
 // costs and the transfers stay: they are mostly waiting (network, polls),
 // not the CPU the drift check measures.
 Profile WithDrift(Profile profile, double drift);

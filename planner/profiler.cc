@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <tuple>
 #include <thread>
@@ -468,6 +470,30 @@ absl::StatusOr<std::vector<Timed>> SingleRequests(GenerationClient& client, int3
   return out;
 }
 
+// CPU seconds run so far by the threads of process `pid` other than its
+// engine's ("pd-engine", EngineLoop): /proc/PID/task/*/schedstat, whose first
+// field is the nanoseconds the thread has run. A thread that ended since an
+// earlier reading drops out of the sum, so compare readings of one phase
+// whose threads live through it (gRPC's and the KV lanes do).
+absl::StatusOr<double> ServingThreadsCpuSeconds(int pid) {
+  const std::filesystem::path tasks = absl::StrCat("/proc/", pid, "/task");
+  std::error_code error;
+  std::filesystem::directory_iterator it(tasks, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot read the threads of process ", pid, ": ", error.message()));
+  }
+  double seconds = 0;
+  for (const auto& task : it) {
+    std::ifstream comm(task.path() / "comm"), schedstat(task.path() / "schedstat");
+    std::string name;
+    uint64_t run_ns = 0;
+    if (!std::getline(comm, name) || !(schedstat >> run_ns)) continue;  // It just ended.
+    if (name != "pd-engine") seconds += static_cast<double>(run_ns) * 1e-9;
+  }
+  return seconds;
+}
+
 }  // namespace
 
 EngineProfileOptions DriftProbeOptions(const Profile& p) {
@@ -518,6 +544,7 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     if (o.progress) o.progress(line);
   };
   uint64_t prompts = 1000;
+  const Clock::time_point t_begin = Clock::now();
   const double prefill = PrefillSeconds(profile, o.prompt_tokens);
   const TransferCost& link = profile.transfers.front();
   const int32_t last_chunk =
@@ -599,9 +626,48 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
   {
     progress("serving costs: disaggregated cluster (1P1D)");
     PD_ASSIGN_OR_RETURN(ProfiledCluster c, StartCluster(o.launch, 1));
+    PD_ASSIGN_OR_RETURN(const int prefill_pid, c.cluster->Pid("prefill-0"));
+    // The prefill worker's serving threads' CPU per request at two prompt
+    // lengths, less what they spend idle (answering the router's load
+    // polls): a cost per request and one per KV byte pushed.
+    auto serving_cpu = [&]() -> absl::StatusOr<std::pair<double, double>> {
+      PD_ASSIGN_OR_RETURN(const double cpu_s, ServingThreadsCpuSeconds(prefill_pid));
+      return std::pair{cpu_s, SecondsSince(t_begin)};
+    };
+    PD_ASSIGN_OR_RETURN(const auto idle_start, serving_cpu());
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    PD_ASSIGN_OR_RETURN(const auto idle_end, serving_cpu());
+    const double idle_rate =
+        (idle_end.first - idle_start.first) / (idle_end.second - idle_start.second);
+    auto per_request = [&](std::pair<double, double> a, std::pair<double, double> b) {
+      return (b.first - a.first - idle_rate * (b.second - a.second)) / o.requests;
+    };
+    PD_ASSIGN_OR_RETURN(const auto short_start, serving_cpu());
     PD_ASSIGN_OR_RETURN(std::vector<Timed> timed,
                         SingleRequests(*c.client, o.requests, o.prompt_tokens, o.output_tokens,
                                        prompts));
+    PD_ASSIGN_OR_RETURN(const auto short_end, serving_cpu());
+    const int32_t long_prompt =
+        std::max(o.prompt_tokens + 1,
+                 std::min(4 * o.prompt_tokens,
+                          (profile.max_context > 0 ? profile.max_context : 4 * o.prompt_tokens) -
+                              o.output_tokens));
+    progress(absl::StrFormat(
+        "serving costs: the prefill worker's serving threads at prompts of %d and %d tokens",
+        o.prompt_tokens, long_prompt));
+    PD_RETURN_IF_ERROR(
+        SingleRequests(*c.client, o.requests, long_prompt, o.output_tokens, prompts).status());
+    PD_ASSIGN_OR_RETURN(const auto long_end, serving_cpu());
+    const double cpu_short = per_request(short_start, short_end);
+    const double cpu_long = per_request(short_end, long_end);
+    const double bytes_short = o.prompt_tokens * profile.kv_bytes_per_token;
+    const double bytes_long = long_prompt * profile.kv_bytes_per_token;
+    if (profile.worker_cpus > 0 && bytes_long > bytes_short) {
+      const double per_byte = std::max(0.0, (cpu_long - cpu_short) / (bytes_long - bytes_short));
+      profile.prefill_cpu_per_kv_byte_s = per_byte / profile.worker_cpus;
+      profile.prefill_cpu_per_request_s =
+          std::max(0.0, cpu_short - per_byte * bytes_short) / profile.worker_cpus;
+    }
     std::vector<double> first, start;
     for (const Timed& t : timed) {
       // First token at push end + disaggregated_first_token_s; the second

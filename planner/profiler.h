@@ -131,9 +131,12 @@ struct ServingCostOptions {
 };
 
 // Fills profile's colocated_first_token_s, disaggregated_first_token_s,
-// decode_start_s, token_delivery_s (medians) and the decode step overheads (least squares),
-// given its engine fields, step cost, kv_bytes_per_token and transfers
-// (the first is the clusters' transport, tcp).
+// decode_start_s, token_delivery_s (medians), the decode step overheads
+// (least squares) and, under a CPU share, the prefill worker's serving
+// threads' CPU (prefill_cpu_per_*: their CPU time over
+// `requests` prompts of prompt_tokens and as many up to 4x as long), given
+// its engine fields, step cost, kv_bytes_per_token, max_context and
+// transfers (the first is the clusters' transport, tcp).
 absl::Status MeasureServingCosts(const ServingCostOptions& options, Profile& profile);
 
 }  // namespace pdserve::planner

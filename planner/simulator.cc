@@ -98,6 +98,13 @@ struct Worker {
   absl::flat_hash_set<uint64_t> indexed_hashes;
   // Prefill workers: when the KV link is free of earlier pushes.
   double link_free_s = 0;
+  // Engine time its serving threads took from its CPU share (Profile's
+  // *_cpu_per_* costs) and no step has paid yet, as of serving_debt_at_s.
+  // While the engine does not step, the threads have the share to
+  // themselves and the debt is paid off in real time; the next step takes
+  // what is left.
+  double serving_debt_s = 0;
+  double serving_debt_at_s = 0;
 };
 
 struct RequestState {
@@ -360,6 +367,7 @@ class ClusterSimulation {
                  " KV blocks; the pool has ", profile_.prefill_kv_blocks)));
     }
     NoteDispatched(p, spec.input_tokens);
+    ChargeServing(p, profile_.prefill_cpu_per_request_s);
     p.generator.Add({.id = r,
                      .prompt_tokens = spec.input_tokens,
                      .max_tokens = 1,
@@ -423,12 +431,31 @@ class ClusterSimulation {
     Schedule(now_, EventKind::kStepStart, w.index);
   }
 
+  // Worker `w`'s serving threads take `seconds` of its CPU share now.
+  void ChargeServing(Worker& w, double seconds) {
+    if (seconds <= 0) return;
+    SettleServingDebt(w);
+    w.serving_debt_s += seconds;
+  }
+
+  // Brings w's serving debt to now: paid off by the time the engine has
+  // been idle since it was last settled.
+  void SettleServingDebt(Worker& w) {
+    if (!w.stepping) {
+      w.serving_debt_s = std::max(0.0, w.serving_debt_s - (now_ - w.serving_debt_at_s));
+    }
+    w.serving_debt_at_s = now_;
+  }
+
   void StepStart(Worker& w) {
     w.start_scheduled = false;
     StepShape shape;
     // Nothing admitted (no blocks free): the next event that frees some
     // kicks the worker again.
     if (!w.generator.BeginStep(shape)) return;
+    SettleServingDebt(w);
+    const double serving = w.serving_debt_s;
+    w.serving_debt_s = 0;
     w.stepping = true;
     w.step_start_s = now_;
     // A serving decode worker's step also streams its tokens
@@ -439,11 +466,12 @@ class ClusterSimulation {
                            profile_.decode_sequence_overhead_s * shape.sequences;
     Schedule(now_ + profile_.step.Seconds(shape.tokens, shape.sequences, shape.attention,
                                           shape.decode_attention) +
-                 overhead,
+                 overhead + serving,
              EventKind::kStepEnd, w.index);
   }
 
   void StepEnd(Worker& w) {
+    SettleServingDebt(w);
     w.stepping = false;
     if (w.is_prefill) PushStep(w);
     step_events_.clear();
@@ -477,6 +505,7 @@ class ClusterSimulation {
       if (to > from) bytes += static_cast<double>(to - from) * profile_.kv_bytes_per_token;
     }
     if (bytes <= 0) return;
+    ChargeServing(w, bytes * profile_.prefill_cpu_per_kv_byte_s);
     w.link_free_s =
         std::max(now_, std::max(w.link_free_s, w.step_start_s) + bytes / transfer_.bytes_per_s);
   }

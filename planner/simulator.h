@@ -28,6 +28,11 @@
 //                disaggregated_first_token_s, the prefill worker's blocks
 //                free at L, the request joins D's queue at L + decode_start_s;
 //   later tokens the end of their decode step + token_delivery_s;
+//   serving CPU  a prefill worker's serving threads take engine time from its
+//                CPU share: prefill_cpu_per_request_s at each Prefill and
+//                prefill_cpu_per_kv_byte_s for each byte it pushes. The
+//                worker's next step takes that time on top of its own, less
+//                what the engine's idle time since has left to the threads;
 //   the stream is in order (no token before the one before it), and the
 //   router's ledger frees the request's blocks when its last token arrives.
 //

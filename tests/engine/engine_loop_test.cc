@@ -7,6 +7,8 @@
 #include <sys/resource.h>
 
 #include <atomic>
+#include <fstream>
+#include <string>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -57,6 +59,21 @@ TEST(EngineLoopTest, EventsReachTheirSinkAndLoadComesBackToIdle) {
   }
   EXPECT_EQ(loop->load().free_blocks, idle);
   EXPECT_EQ(loop->load().running, 0);
+}
+
+TEST(EngineLoopTest, ItsThreadIsNamedPdEngine) {
+  // pd-plan profile tells a worker's engine thread from its serving threads
+  // by this name (planner/profiler.cc).
+  std::unique_ptr<EngineLoop> loop = MakeLoop();
+  std::string name;
+  absl::Notification named;
+  loop->Post([&](Generator&) {
+    std::ifstream comm("/proc/thread-self/comm");
+    std::getline(comm, name);
+    named.Notify();
+  });
+  ASSERT_TRUE(named.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(name, "pd-engine");
 }
 
 TEST(EngineLoopTest, IdleLoopSleepsWithAndWithoutATick) {

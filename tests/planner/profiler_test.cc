@@ -163,6 +163,8 @@ TEST(WithDriftTest, ScalesTheCpuCostsOnly) {
             .per_decode_attention_s = 5};
   p.decode_step_overhead_s = 6;
   p.decode_sequence_overhead_s = 7;
+  p.prefill_cpu_per_request_s = 12;
+  p.prefill_cpu_per_kv_byte_s = 13;
   p.colocated_first_token_s = 8;
   p.token_delivery_s = 9;
   p.transfers = {{.transport = "tcp", .latency_s = 10, .bytes_per_s = 11}};
@@ -174,6 +176,8 @@ TEST(WithDriftTest, ScalesTheCpuCostsOnly) {
   EXPECT_DOUBLE_EQ(q.step.per_decode_attention_s, 7.5);
   EXPECT_DOUBLE_EQ(q.decode_step_overhead_s, 9);
   EXPECT_DOUBLE_EQ(q.decode_sequence_overhead_s, 10.5);
+  EXPECT_DOUBLE_EQ(q.prefill_cpu_per_request_s, 18);
+  EXPECT_DOUBLE_EQ(q.prefill_cpu_per_kv_byte_s, 19.5);
   EXPECT_DOUBLE_EQ(q.colocated_first_token_s, 8);
   EXPECT_DOUBLE_EQ(q.token_delivery_s, 9);
   EXPECT_DOUBLE_EQ(q.transfers[0].latency_s, 10);

@@ -179,6 +179,40 @@ TEST(SimulatorTest, FastLinkLeavesOnlyTheLatencyAfterTheForwardPass) {
   EXPECT_DOUBLE_EQ(Ttft(records[0]), 0.5 + 0.001 * 300 + 0.01 + 0.002);
 }
 
+TEST(SimulatorTest, ServingThreadsTakeEngineTimeThatIdleTimePaysOff) {
+  // 1P1D, steps of 16 tokens costing 1 s, a link too fast to matter. The
+  // prefill worker's serving threads take 0.5 s a request and 1e-5 s a
+  // pushed byte.
+  Profile p = TestProfile();
+  p.max_batch_tokens = 16;
+  p.max_running = 4;
+  p.step = {.base_s = 1.0};
+  p.kv_bytes_per_token = 1000;
+  p.decode_start_s = 0.1;
+  p.prefill_cpu_per_request_s = 0.5;
+  p.prefill_cpu_per_kv_byte_s = 1e-5;
+  ClusterShape shape = Shape(1, 1);
+  shape.routing.local_prefill_max_tokens = 0;
+  // The second request comes long after the first has ended.
+  const std::vector<RequestRecord> records =
+      SimulateOk(p, shape, MakeWorkload({Req(0, 40, 3), Req(100, 40, 3)}));
+  ASSERT_EQ(records.size(), 2u);
+  for (const RequestRecord& r : records) {
+    ASSERT_TRUE(r.ok()) << r.error;
+    ASSERT_EQ(r.token_s.size(), 3u);
+    const double t0 = r.send_s;
+    // Chunks of 16, 16, 8 tokens. The first step also pays the request's
+    // 0.5 s; the second and third the push of the chunk before them
+    // (16000 bytes: 0.16 s).
+    const double prefilled = t0 + 1.5 + 1.16 + 1.16;
+    EXPECT_NEAR(r.token_s[0], prefilled, 1e-9);
+    // The last chunk's push (0.08 s) is paid off by the engine's idle time
+    // until the next request: the second request sees the same times.
+    EXPECT_NEAR(r.token_s[1], prefilled + 0.1 + 1.0, 1e-9);
+    EXPECT_NEAR(r.token_s[2], prefilled + 0.1 + 2.0, 1e-9);
+  }
+}
+
 TEST(SimulatorTest, ConcurrencyNeverExceedsWhatTheDecodePoolHolds) {
   // A pool of 10 blocks of 16 tokens; each request needs 2 (16 prompt + 16
   // output tokens): at most 5 run at once, the others wait in the router's
@@ -509,6 +543,8 @@ Profile FullProfile() {
   p.disaggregated_first_token_s = 0.002;
   p.decode_start_s = 0.0005;
   p.token_delivery_s = 0.0003;
+  p.prefill_cpu_per_request_s = 0.0004;
+  p.prefill_cpu_per_kv_byte_s = 2e-9;
   p.poll_interval_s = 0.05;
   p.probe_ratio = 1.07;
   return p;
@@ -561,6 +597,8 @@ TEST(ProfileTest, BadFieldsAreNamed) {
       {"/transfers/0/latency_s", "fast", "'transfers[0].latency_s' must be a number"},
       {"/poll_interval_s", 0, "'poll_interval_s' must be a positive number"},
       {"/probe_ratio", -1, "'probe_ratio' must be a positive number"},
+      {"/prefill_cpu_per_kv_byte_s", -1e-9,
+       "'prefill_cpu_per_kv_byte_s' must be a non-negative number"},
       {"/model", 7, "'model' must be a string"},
   };
   for (const Case& c : cases) {
@@ -571,7 +609,8 @@ TEST(ProfileTest, BadFieldsAreNamed) {
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(p.status().message().find(c.field), std::string::npos) << p.status();
   }
-  for (const char* field : {"token_delivery_s", "machine", "transfers", "probe_ratio"}) {
+  for (const char* field : {"token_delivery_s", "machine", "transfers", "probe_ratio",
+                            "prefill_cpu_per_request_s"}) {
     nlohmann::json j = ToJson(FullProfile());
     j.erase(field);
     absl::StatusOr<Profile> p = ProfileFromJson(j);
