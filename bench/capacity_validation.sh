@@ -6,7 +6,10 @@
 # measured. Run from the source tree after building (build/planner has
 # pd-plan); needs root for the CPU shares. Takes about 35 minutes on a
 # 2-core machine; keep the machine otherwise idle. To predict again with a
-# new profile against the same runs: pd-plan validate --measured_json.
+# new profile against the same runs: pd-plan validate --measured_json. Each
+# run's per-request records, predicted and measured, go to OUT_DIR/NAME.records
+# (planner/compare_records.py reads them). REPEATS=3 measures every point
+# three times and compares with the medians (three times as long).
 #
 #   bench/capacity_validation.sh [OUT_DIR]   (default build/capacity)
 set -euo pipefail
@@ -35,6 +38,7 @@ for entry in "${workloads[@]}"; do
   # shellcheck disable=SC2086
   "$plan" validate --profile="$out/profile.json" --configs="$configs" $flags $slo \
     --request_rates="$rates" --run_dir="$out/run" --summary_json="$out/$name.validate.json" \
+    --records_dir="$out/$name.records" --repeats="${REPEATS:-1}" \
     --max_error=1e9 --max_attainment_error=1 | tee "$out/$name.validate.md"
   python3 planner/plot_validation.py "$out/$name.validate.json" "$out/$name" \
     --title "$name: predicted (dashed) vs measured (solid)"

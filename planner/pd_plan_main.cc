@@ -72,6 +72,9 @@ ABSL_FLAG(int32_t, decode, 1, "simulate: decode workers");
 ABSL_FLAG(std::string, routing, "",
           "The cluster config's routing section as JSON (docs/routing.md); default kv_aware");
 ABSL_FLAG(std::string, records, "", "simulate: per-request records (JSONL) of the last level");
+ABSL_FLAG(int32_t, repeats, 1,
+          "validate: measure each load this many times on the same cluster and compare with "
+          "the median of each figure (the table also gives the runs' range)");
 ABSL_FLAG(std::string, records_dir, "",
           "validate: write each run's per-request records here, predicted and measured side by "
           "side (CONFIG-LEVEL.predicted.jsonl, .measured.jsonl), for planner/compare_records.py");
@@ -553,24 +556,35 @@ Distribution DistributionFromJson(const nlohmann::json& j) {
 
 // The measured summary of (config, rate) in an earlier validate's JSON:
 // the figures Compare reads.
-absl::StatusOr<Summary> EarlierMeasurement(const nlohmann::json& earlier,
-                                           const std::string& config, double rate,
-                                           int32_t concurrency) {
+// The figures validate compares, from a summary's JSON.
+Summary MeasuredFromJson(const nlohmann::json& m) {
+  Summary s;
+  s.ttft_s = DistributionFromJson(m["ttft_s"]);
+  s.tpot_s = DistributionFromJson(m["tpot_s"]);
+  s.itl_s = DistributionFromJson(m["itl_s"]);
+  s.e2e_s = DistributionFromJson(m["e2e_s"]);
+  s.output_token_throughput = m.value("output_token_throughput", 0.0);
+  s.slo_attainment = m.value("slo_attainment", 0.0);
+  s.requests = m.value("requests", 0);
+  s.completed = m.value("completed", 0);
+  return s;
+}
+
+// The runs of one point of an earlier validate (--repeats of them, or the
+// one "measured" of a validate run without).
+absl::StatusOr<std::vector<Summary>> EarlierMeasurement(const nlohmann::json& earlier,
+                                                        const std::string& config, double rate,
+                                                        int32_t concurrency) {
   for (const nlohmann::json& row : earlier) {
     if (row.value("config", "") != config || row.value("concurrency", -1) != concurrency) continue;
     const double r = row["rate"].is_number() ? row["rate"].get<double>() : 0;
     if (std::abs(r - rate) > 1e-9 * std::max(1.0, rate)) continue;
-    const nlohmann::json& m = row["measured"];
-    Summary s;
-    s.ttft_s = DistributionFromJson(m["ttft_s"]);
-    s.tpot_s = DistributionFromJson(m["tpot_s"]);
-    s.itl_s = DistributionFromJson(m["itl_s"]);
-    s.e2e_s = DistributionFromJson(m["e2e_s"]);
-    s.output_token_throughput = m.value("output_token_throughput", 0.0);
-    s.slo_attainment = m.value("slo_attainment", 0.0);
-    s.requests = m.value("requests", 0);
-    s.completed = m.value("completed", 0);
-    return s;
+    std::vector<Summary> runs;
+    if (row.contains("measured_runs") && row["measured_runs"].is_array()) {
+      for (const nlohmann::json& m : row["measured_runs"]) runs.push_back(MeasuredFromJson(m));
+    }
+    if (runs.empty()) runs.push_back(MeasuredFromJson(row["measured"]));
+    return runs;
   }
   return absl::NotFoundError(absl::StrFormat(
       "--measured_json has no measurement of %s at %g req/s (concurrency %d): give the "
@@ -579,6 +593,10 @@ absl::StatusOr<Summary> EarlierMeasurement(const nlohmann::json& earlier,
 }
 
 absl::Status RunValidate() {
+  if (absl::GetFlag(FLAGS_repeats) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--repeats must be at least 1, not ", absl::GetFlag(FLAGS_repeats)));
+  }
   PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
   PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
   PD_ASSIGN_OR_RETURN(std::vector<LoadLevel> levels, LoadLevelsFromFlags());
@@ -648,38 +666,67 @@ absl::Status RunValidate() {
       const Summary p = Summarize(predicted, spec.OptionsFor(predicted));
       PD_RETURN_IF_ERROR(WriteRunRecords(shape.Name(), level, "predicted", predicted));
       const double rate = OfferedRate(at, level);
-      Summary m;
+      std::vector<Summary> runs;
       if (load_target != nullptr) {
-        PD_ASSIGN_OR_RETURN(LoadResult measured,
-                            RunLoad(at, *load_target,
-                                    {.concurrency = level.concurrency,
-                                     .label = absl::StrCat(name, " ", level.Name())}));
-        m = Summarize(measured.records, spec.OptionsFor(measured.records));
-        PD_RETURN_IF_ERROR(WriteRunRecords(shape.Name(), level, "measured", measured.records));
+        for (int32_t k = 1; k <= absl::GetFlag(FLAGS_repeats); ++k) {
+          // Run k's prompts are new to the cluster's prefix cache.
+          LoadLevel run_level = level;
+          run_level.repeat = k - 1;
+          PD_ASSIGN_OR_RETURN(const Workload run_at, WorkloadAtLoad(workload, run_level));
+          PD_ASSIGN_OR_RETURN(
+              LoadResult measured,
+              RunLoad(run_at, *load_target,
+                      {.concurrency = level.concurrency,
+                       .label = absl::StrCat(name, " ", level.Name(),
+                                             absl::GetFlag(FLAGS_repeats) > 1
+                                                 ? absl::StrCat(" (run ", k, ")")
+                                                 : "")}));
+          runs.push_back(Summarize(measured.records, spec.OptionsFor(measured.records)));
+          PD_RETURN_IF_ERROR(WriteRunRecords(shape.Name(), level,
+                                             k == 1 ? "measured" : absl::StrCat("measured-", k),
+                                             measured.records));
+        }
       } else {
-        PD_ASSIGN_OR_RETURN(m, EarlierMeasurement(earlier, shape.Name(), rate,
-                                                  level.concurrency));
+        PD_ASSIGN_OR_RETURN(runs, EarlierMeasurement(earlier, shape.Name(), rate,
+                                                     level.concurrency));
       }
+      const Summary m = MedianSummary(runs);
       measured_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = m});
       predicted_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = p});
       nlohmann::json figures = nlohmann::json::array();
-      for (const Comparison& c : Compare(p, m)) {
+      const std::vector<Comparison> comparisons = Compare(p, m);
+      for (size_t i = 0; i < comparisons.size(); ++i) {
+        const Comparison& c = comparisons[i];
         all_passed &= c.passed;
         const std::string error =
             c.figure == "attainment (%)"
                 ? absl::StrFormat("%+.1f points", c.error * 100)
                 : absl::StrFormat("%+.1f%%", c.error * 100);
-        std::cout << absl::StrFormat("| %s | %s | %.3g | %.3g | %s%s |\n", level.Name(), c.figure,
-                                     c.predicted, c.measured, error,
+        // With several runs: the median, and the runs' range.
+        double low = c.measured, high = c.measured;
+        for (const Summary& run : runs) {
+          const double v = Compare(p, run)[i].measured;
+          low = std::min(low, v);
+          high = std::max(high, v);
+        }
+        const std::string measured =
+            runs.size() > 1 ? absl::StrFormat("%.3g (%.3g-%.3g)", c.measured, low, high)
+                            : absl::StrFormat("%.3g", c.measured);
+        std::cout << absl::StrFormat("| %s | %s | %.3g | %s | %s%s |\n", level.Name(), c.figure,
+                                     c.predicted, measured, error,
                                      c.passed ? "" : " **over the bound**");
         figures.push_back({{"figure", c.figure}, {"predicted", c.predicted},
-                           {"measured", c.measured}, {"error", c.error},
+                           {"measured", c.measured}, {"measured_low", low},
+                           {"measured_high", high}, {"error", c.error},
                            {"checked", c.checked}, {"passed", c.passed}});
       }
+      nlohmann::json measured_runs = nlohmann::json::array();
+      for (const Summary& run : runs) measured_runs.push_back(ToJson(run));
       json.push_back({{"config", shape.Name()}, {"rate", rate},
                       {"concurrency", level.concurrency}, {"drift", drift},
                       {"drift_applied", applied}, {"figures", figures},
-                      {"predicted", ToJson(p)}, {"measured", ToJson(m)}});
+                      {"predicted", ToJson(p)}, {"measured", ToJson(m)},
+                      {"measured_runs", std::move(measured_runs)}});
     }
     if (levels.size() > 1) {
       std::cout << absl::StrFormat("| sweep | goodput (req/s) | %.3g | %.3g | |\n",

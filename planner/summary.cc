@@ -274,6 +274,37 @@ Summary Summarize(std::span<const RequestRecord> records,
   return summary;
 }
 
+Summary MedianSummary(std::span<const Summary> runs) {
+  if (runs.empty()) return {};
+  auto median = [&](auto figure) {
+    std::vector<double> values;
+    for (const Summary& run : runs) values.push_back(static_cast<double>(figure(run)));
+    return Percentile(std::move(values), 50);
+  };
+  auto distribution = [&](Distribution Summary::*field) {
+    Distribution d;
+    d.count = std::llround(median([&](const Summary& s) { return (s.*field).count; }));
+    d.mean = median([&](const Summary& s) { return (s.*field).mean; });
+    d.p50 = median([&](const Summary& s) { return (s.*field).p50; });
+    d.p90 = median([&](const Summary& s) { return (s.*field).p90; });
+    d.p99 = median([&](const Summary& s) { return (s.*field).p99; });
+    return d;
+  };
+  Summary out = runs.front();
+  out.requests = std::llround(median([](const Summary& s) { return s.requests; }));
+  out.completed = std::llround(median([](const Summary& s) { return s.completed; }));
+  out.duration_s = median([](const Summary& s) { return s.duration_s; });
+  out.request_throughput = median([](const Summary& s) { return s.request_throughput; });
+  out.input_token_throughput = median([](const Summary& s) { return s.input_token_throughput; });
+  out.output_token_throughput = median([](const Summary& s) { return s.output_token_throughput; });
+  out.ttft_s = distribution(&Summary::ttft_s);
+  out.tpot_s = distribution(&Summary::tpot_s);
+  out.itl_s = distribution(&Summary::itl_s);
+  out.e2e_s = distribution(&Summary::e2e_s);
+  out.slo_attainment = median([](const Summary& s) { return s.slo_attainment; });
+  return out;
+}
+
 double Goodput(std::span<const SweepPoint> points, double attainment_target) {
   std::vector<const SweepPoint*> by_rate;
   for (const SweepPoint& point : points) {

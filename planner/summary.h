@@ -111,6 +111,14 @@ struct Summary {
 
 Summary Summarize(std::span<const RequestRecord> records, const SummaryOptions& options);
 
+// Several runs of one load as one, figure by figure: every count,
+// throughput, distribution statistic (mean, p50, p90, p99) and the
+// attainment is the median of the runs' (with an even count, the mean of
+// the middle two), so its figures may come from different runs; the
+// failures and SLO are the first run's. One run gives itself; none, an
+// empty summary.
+Summary MedianSummary(std::span<const Summary> runs);
+
 // The summary of one offered rate of a sweep (rate infinity: all at once;
 // closed loop: rate 0 and the concurrency in `concurrency`).
 struct SweepPoint {

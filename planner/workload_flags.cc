@@ -187,11 +187,13 @@ absl::StatusOr<std::vector<LoadLevel>> LoadLevelsFromFlags() {
 
 absl::StatusOr<Workload> WorkloadAtLoad(const Workload& workload, const LoadLevel& level) {
   Workload out = workload;
-  if (level.index > 0) {
-    // Fresh content for every later level of a sweep, the same prefix
-    // structure within it: a bijection of the block ids (xor with a salt
-    // drawn from the index).
-    uint64_t salt = static_cast<uint64_t>(level.index) * 0x9E3779B97F4A7C15ull;
+  if (level.index > 0 || level.repeat > 0) {
+    // Fresh content for every later level of a sweep and every later run of
+    // a level, the same prefix structure within it: a bijection of the
+    // block ids (xor with a salt drawn from the index and the run).
+    uint64_t salt =
+        (static_cast<uint64_t>(level.index) + (static_cast<uint64_t>(level.repeat) << 32)) *
+        0x9E3779B97F4A7C15ull;
     salt ^= salt >> 31;
     salt *= 0xBF58476D1CE4E5B9ull;
     salt ^= salt >> 29;

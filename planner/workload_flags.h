@@ -51,6 +51,9 @@ struct LoadLevel {
   // its levels to one cluster, and the same prompts again would be served
   // from the prefix cache the earlier level filled.
   int32_t index = 0;
+  // Which run of the level (pd-plan validate --repeats): each later run
+  // gets other content too.
+  int32_t repeat = 0;
   std::string Name() const;  // "2 req/s", "inf req/s", "concurrency 8", "trace times"
 };
 

@@ -214,6 +214,38 @@ SweepPoint Point(double rate, double attainment) {
   return point;
 }
 
+TEST(MedianSummaryTest, EachFigureIsTheMedianOfTheRuns) {
+  // Three runs: each figure's median, whichever run it comes from.
+  Summary a, b, c;
+  a.requests = b.requests = c.requests = 100;
+  a.completed = 100, b.completed = 98, c.completed = 99;
+  a.ttft_s = {.count = 100, .mean = 0.2, .p50 = 0.10, .p90 = 0.50, .p99 = 0.9};
+  b.ttft_s = {.count = 98, .mean = 0.3, .p50 = 0.12, .p90 = 0.40, .p99 = 1.2};
+  c.ttft_s = {.count = 99, .mean = 0.1, .p50 = 0.11, .p90 = 0.60, .p99 = 1.0};
+  a.tpot_s.p90 = 0.030, b.tpot_s.p90 = 0.010, c.tpot_s.p90 = 0.020;
+  a.slo_attainment = 0.9, b.slo_attainment = 0.95, c.slo_attainment = 0.8;
+  a.request_throughput = 3, b.request_throughput = 2, c.request_throughput = 4;
+  a.slo.ttft_s = 1.5;
+  const std::vector<Summary> runs = {a, b, c};
+  const Summary m = MedianSummary(runs);
+  EXPECT_EQ(m.requests, 100);
+  EXPECT_EQ(m.completed, 99);
+  EXPECT_EQ(m.ttft_s.count, 99);
+  EXPECT_DOUBLE_EQ(m.ttft_s.mean, 0.2);
+  EXPECT_DOUBLE_EQ(m.ttft_s.p50, 0.11);
+  EXPECT_DOUBLE_EQ(m.ttft_s.p90, 0.50);
+  EXPECT_DOUBLE_EQ(m.ttft_s.p99, 1.0);
+  EXPECT_DOUBLE_EQ(m.tpot_s.p90, 0.020);
+  EXPECT_DOUBLE_EQ(m.slo_attainment, 0.9);
+  EXPECT_DOUBLE_EQ(m.request_throughput, 3);
+  EXPECT_DOUBLE_EQ(m.slo.ttft_s, 1.5);  // The first run's.
+  // Two runs: the mean of the two; one run: itself; none: empty.
+  const std::vector<Summary> two = {a, b};
+  EXPECT_DOUBLE_EQ(MedianSummary(two).ttft_s.p90, 0.45);
+  EXPECT_DOUBLE_EQ(MedianSummary(std::span<const Summary>(&c, 1)).ttft_s.p90, 0.60);
+  EXPECT_EQ(MedianSummary({}).requests, 0);
+}
+
 TEST(GoodputTest, HighestRateWithEveryLowerRateMeeting) {
   // 16 meets but 8 does not: 4 is the goodput. 4 meets exactly (>=).
   const std::vector<SweepPoint> points = {Point(1, 0.99), Point(2, 0.95),

@@ -126,6 +126,46 @@ TEST_F(WorkloadFlagsTest, ATraceAtARateKeepsItsPatternTimeScaled) {
   EXPECT_DOUBLE_EQ(OfferedRate(*at, (*levels)[0]), 4.0);
 }
 
+TEST_F(WorkloadFlagsTest, EveryLevelAndEveryRunOfOneGetsNewContent) {
+  // validate --repeats sends a level's prompts to one cluster more than
+  // once: each run's must be new to its prefix cache, with the same
+  // lengths and arrivals.
+  absl::SetFlag(&FLAGS_trace, trace_);
+  absl::SetFlag(&FLAGS_request_rate, "4");
+  auto workload = WorkloadFromFlags();
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  auto levels = LoadLevelsFromFlags();
+  ASSERT_TRUE(levels.ok()) << levels.status();
+  const LoadLevel first = (*levels)[0];
+  LoadLevel again = first, next = first, next_again = first;
+  again.repeat = 1;
+  next.index = 1;
+  next_again.index = 1;
+  next_again.repeat = 1;
+  std::vector<Workload> runs;
+  for (const LoadLevel& l : {first, again, next, next_again}) {
+    auto at = WorkloadAtLoad(*workload, l);
+    ASSERT_TRUE(at.ok()) << at.status();
+    runs.push_back(*std::move(at));
+  }
+  EXPECT_EQ(runs[0].requests[0].block_ids, workload->requests[0].block_ids);
+  for (size_t a = 0; a < runs.size(); ++a) {
+    for (size_t b = a + 1; b < runs.size(); ++b) {
+      ASSERT_EQ(runs[a].requests.size(), runs[b].requests.size());
+      for (size_t i = 0; i < runs[a].requests.size(); ++i) {
+        const WorkloadRequest& x = runs[a].requests[i];
+        const WorkloadRequest& y = runs[b].requests[i];
+        EXPECT_EQ(x.input_tokens, y.input_tokens);
+        EXPECT_DOUBLE_EQ(x.arrival_s, y.arrival_s);
+        ASSERT_EQ(x.block_ids.size(), y.block_ids.size());
+        for (size_t k = 0; k < x.block_ids.size(); ++k) {
+          EXPECT_NE(x.block_ids[k], y.block_ids[k]) << "runs " << a << " and " << b;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(WorkloadFlagsTest, LoadLevels) {
   EXPECT_THAT(LoadLevelsFromFlags().status().message(), HasSubstr("give a load"));
   absl::SetFlag(&FLAGS_request_rates, std::vector<std::string>{"1", " INF "});
