@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/process.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 
 namespace pdserve::kv {

@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 
@@ -29,9 +29,9 @@ int RunShell(const std::string& command, std::string* output) {
 // The first line of a file (a port or a pid), trimmed.
 std::string ReadLine(const std::string& path) {
   std::ifstream in(path);
-  std::string port;
-  std::getline(in, port);
-  return std::string(absl::StripAsciiWhitespace(port));
+  std::string line;
+  std::getline(in, line);
+  return std::string(absl::StripAsciiWhitespace(line));
 }
 
 }  // namespace

@@ -20,8 +20,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <span>
 #include <iostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -121,7 +121,7 @@ void Progress(std::string_view line) { std::cerr << "pd-plan: " << line << "\n";
 // validate --records_dir: one run's records as CONFIG-LEVEL.KIND.jsonl, the
 // level's name made a file name ("3 req/s" -> "3rps").
 absl::Status WriteRunRecords(const std::string& config, const LoadLevel& level,
-                             std::string_view kind, std::span<const RequestRecord> records) {
+                             const std::string& kind, std::span<const RequestRecord> records) {
   const std::string dir = absl::GetFlag(FLAGS_records_dir);
   if (dir.empty()) return absl::OkStatus();
   std::error_code error;
@@ -131,8 +131,7 @@ absl::Status WriteRunRecords(const std::string& config, const LoadLevel& level,
         absl::StrCat("--records_dir: cannot create ", dir, ": ", error.message()));
   }
   std::string name = absl::StrReplaceAll(level.Name(), {{" req/s", "rps"}, {" ", "-"}});
-  return WriteRecords(absl::StrCat(dir, "/", config, "-", name, ".", std::string(kind), ".jsonl"),
-                      records);
+  return WriteRecords(absl::StrCat(dir, "/", config, "-", name, ".", kind, ".jsonl"), records);
 }
 
 EngineProfileOptions EngineOptionsFromFlags() {
@@ -695,6 +694,8 @@ absl::Status RunValidate() {
       predicted_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = p});
       nlohmann::json figures = nlohmann::json::array();
       const std::vector<Comparison> comparisons = Compare(p, m);
+      std::vector<std::vector<Comparison>> run_comparisons;  // For the runs' range.
+      for (const Summary& run : runs) run_comparisons.push_back(Compare(p, run));
       for (size_t i = 0; i < comparisons.size(); ++i) {
         const Comparison& c = comparisons[i];
         all_passed &= c.passed;
@@ -704,10 +705,9 @@ absl::Status RunValidate() {
                 : absl::StrFormat("%+.1f%%", c.error * 100);
         // With several runs: the median, and the runs' range.
         double low = c.measured, high = c.measured;
-        for (const Summary& run : runs) {
-          const double v = Compare(p, run)[i].measured;
-          low = std::min(low, v);
-          high = std::max(high, v);
+        for (const std::vector<Comparison>& run : run_comparisons) {
+          low = std::min(low, run[i].measured);
+          high = std::max(high, run[i].measured);
         }
         const std::string measured =
             runs.size() > 1 ? absl::StrFormat("%.3g (%.3g-%.3g)", c.measured, low, high)

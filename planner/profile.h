@@ -125,9 +125,9 @@ struct Profile {
 
 // `profile` with what a worker's CPU does scaled by `drift` (a probe's
 // ProbeRatio over the profile's probe_ratio, profiler.h): the step cost,
-// the decode step overheads and the serving threads' CPU. The first-token, hand-off and delivery
-// costs and the transfers stay: they are mostly waiting (network, polls),
-// not the CPU the drift check measures.
+// the decode step overheads and the serving threads' CPU. The first-token,
+// hand-off and delivery costs and the transfers stay: they are mostly
+// waiting (network, polls), not the CPU the drift check measures.
 Profile WithDrift(Profile profile, double drift);
 
 // The bounds every reader of a profile relies on: counts at least 1
