@@ -100,7 +100,7 @@ absl::Status ValidateProfile(const Profile& p) {
       {"kv_bytes_per_token", p.kv_bytes_per_token},
       {"colocated_first_token_s", p.colocated_first_token_s},
       {"disaggregated_first_token_s", p.disaggregated_first_token_s},
-      {"decode_start_s", p.decode_start_s},
+      {"disaggregated_token_delivery_s", p.disaggregated_token_delivery_s},
       {"token_delivery_s", p.token_delivery_s},
       {"decode_step_overhead_s", p.decode_step_overhead_s},
       {"decode_sequence_overhead_s", p.decode_sequence_overhead_s},
@@ -165,7 +165,7 @@ nlohmann::json ToJson(const Profile& p) {
       {"transfers", std::move(transfers)},
       {"colocated_first_token_s", p.colocated_first_token_s},
       {"disaggregated_first_token_s", p.disaggregated_first_token_s},
-      {"decode_start_s", p.decode_start_s},
+      {"disaggregated_token_delivery_s", p.disaggregated_token_delivery_s},
       {"token_delivery_s", p.token_delivery_s},
       {"decode_step_overhead_s", p.decode_step_overhead_s},
       {"decode_sequence_overhead_s", p.decode_sequence_overhead_s},
@@ -215,7 +215,8 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "colocated_first_token_s", p.colocated_first_token_s));
   PD_RETURN_IF_ERROR(
       ReadDouble(j, "", "disaggregated_first_token_s", p.disaggregated_first_token_s));
-  PD_RETURN_IF_ERROR(ReadDouble(j, "", "decode_start_s", p.decode_start_s));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "disaggregated_token_delivery_s",
+                                p.disaggregated_token_delivery_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "token_delivery_s", p.token_delivery_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "decode_step_overhead_s", p.decode_step_overhead_s));
   PD_RETURN_IF_ERROR(

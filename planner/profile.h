@@ -89,9 +89,9 @@ struct Profile {
   //  - disaggregated_first_token_s: what a disaggregated one's adds to its
   //    prefill steps and the push's tail (Reserve, Prefill, KvComplete:
   //    the prefill worker answers the first token once its push is done);
-  //  - decode_start_s: see the field;
   //  - token_delivery_s: from the end of the step that computed a later
-  //    token to its arrival at the client;
+  //    token of a colocated request to its arrival at the client;
+  //  - disaggregated_token_delivery_s: see the field;
   //  - decode_step_overhead_s + decode_sequence_overhead_s * sequences:
   //    what each step of a serving worker takes beyond Generator::Step
   //    (its loop, and streaming each token through gRPC, which under a
@@ -99,11 +99,17 @@ struct Profile {
   //    closed-loop batches.
   double colocated_first_token_s = 0;
   double disaggregated_first_token_s = 0;
-  // From the end of a disaggregated request's KV push (its KvComplete on
-  // the decode worker) to the request joining the decode worker's waiting
-  // queue: the Prefill answer to the router and its Decode call.
-  double decode_start_s = 0;
   double token_delivery_s = 0;
+  // From the end of the decode step that computed a later token of a
+  // disaggregated request to its arrival at the client, the hand-off
+  // included: the request joins the decode worker's queue when its KV has
+  // landed, and whatever its Decode call takes before that is in here (a
+  // client's timings do not tell the two apart). Apart from
+  // token_delivery_s because it sets the gap between a disaggregated
+  // request's first token (from the prefill worker) and its second (from
+  // the decode worker); a colocated worker's constant put that gap 2.5 to
+  // 4 ms too long (docs/capacity_planning.md run 7).
+  double disaggregated_token_delivery_s = 0;
   double decode_step_overhead_s = 0;
   double decode_sequence_overhead_s = 0;
   // Engine time a prefill worker loses to its own serving threads (gRPC,

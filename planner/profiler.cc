@@ -668,16 +668,15 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       profile.prefill_cpu_per_request_s =
           std::max(0.0, cpu_short - per_byte * bytes_short) / profile.worker_cpus;
     }
-    std::vector<double> first, start;
+    std::vector<double> first, delivery;
     for (const Timed& t : timed) {
       // First token at push end + disaggregated_first_token_s; the second
-      // at push end + decode_start_s + a step + token_delivery_s.
+      // at push end + a step + disaggregated_token_delivery_s.
       first.push_back(t.tokens[0] - prefill - push_tail);
-      start.push_back(t.tokens[1] - t.tokens[0] + first.back() -
-                      decode_step(1, o.prompt_tokens + 1) - profile.token_delivery_s);
+      delivery.push_back(t.tokens[1] - prefill - push_tail - decode_step(1, o.prompt_tokens + 1));
     }
     profile.disaggregated_first_token_s = std::max(0.0, Percentile(first, 50));
-    profile.decode_start_s = std::max(0.0, Percentile(start, 50));
+    profile.disaggregated_token_delivery_s = std::max(0.0, Percentile(delivery, 50));
   }
   return absl::OkStatus();
 }

@@ -131,7 +131,8 @@ struct ServingCostOptions {
 };
 
 // Fills profile's colocated_first_token_s, disaggregated_first_token_s,
-// decode_start_s, token_delivery_s (medians), the decode step overheads
+// token_delivery_s, disaggregated_token_delivery_s (medians), the decode
+// step overheads
 // (least squares) and, under a CPU share, the prefill worker's serving
 // threads' CPU (prefill_cpu_per_*: their CPU time over
 // `requests` prompts of prompt_tokens and as many up to 4x as long), given

@@ -484,10 +484,13 @@ class ClusterSimulation {
                  ev.id);
         continue;
       }
-      const bool local_first = ev.generated == 1;
-      Deliver(ev.id,
-              now_ + (local_first ? profile_.colocated_first_token_s : profile_.token_delivery_s),
-              ev.finished);
+      double delivery = profile_.token_delivery_s;
+      if (ev.generated == 1) {
+        delivery = profile_.colocated_first_token_s;
+      } else if (requests_[ev.id].prefill >= 0) {
+        delivery = profile_.disaggregated_token_delivery_s;
+      }
+      Deliver(ev.id, now_ + delivery, ev.finished);
     }
     Kick(w);
   }
@@ -530,7 +533,7 @@ class ClusterSimulation {
     Kick(p);
     const bool last = Spec(r).output_tokens == 1;
     Deliver(r, now_ + profile_.disaggregated_first_token_s, last);
-    if (!last) Schedule(now_ + profile_.decode_start_s, EventKind::kDecodeStart, -1, r);
+    if (!last) Schedule(now_, EventKind::kDecodeStart, -1, r);
   }
 
   void DecodeStart(int64_t r) {

@@ -26,8 +26,9 @@
 //                earlier than the step; the KV has landed latency_s after
 //                the last push ends (L); first token L +
 //                disaggregated_first_token_s, the prefill worker's blocks
-//                free at L, the request joins D's queue at L + decode_start_s;
-//   later tokens the end of their decode step + token_delivery_s;
+//                free at L, the request joins D's queue at L;
+//   later tokens the end of their decode step + token_delivery_s
+//                (disaggregated: + disaggregated_token_delivery_s);
 //   serving CPU  a prefill worker's serving threads take engine time from its
 //                CPU share: prefill_cpu_per_request_s at each Prefill and
 //                prefill_cpu_per_kv_byte_s for each byte it pushes. The

@@ -137,8 +137,8 @@ TEST(SimulatorTest, DisaggregatedRequestIsPrefillPushFirstTokenThenDecode) {
   p.kv_bytes_per_token = 1000;
   p.transfers = {{.transport = "tcp", .latency_s = 0.25, .bytes_per_s = 16000 / 1.5}};
   p.disaggregated_first_token_s = 0.125;
-  p.decode_start_s = 0.0625;
-  p.token_delivery_s = 0.03125;
+  p.disaggregated_token_delivery_s = 0.0625;
+  p.token_delivery_s = 0.03125;  // A colocated request's: not this one's.
   ClusterShape shape = Shape(1, 1);
   shape.routing.local_prefill_max_tokens = 0;  // Never prefill on D.
   const std::vector<RequestRecord> records = SimulateOk(p, shape, MakeWorkload({Req(0, 40, 3)}));
@@ -156,10 +156,10 @@ TEST(SimulatorTest, DisaggregatedRequestIsPrefillPushFirstTokenThenDecode) {
   const double landed = link + 0.25;
   ASSERT_DOUBLE_EQ(landed, 4.0);
   EXPECT_DOUBLE_EQ(r.token_s[0], landed + 0.125);
-  // The decode worker starts at 4.0625 and decodes tokens 2 and 3 in two
-  // 1-second steps.
-  EXPECT_DOUBLE_EQ(r.token_s[1], landed + 0.0625 + 1.0 + 0.03125);
-  EXPECT_DOUBLE_EQ(r.token_s[2], landed + 0.0625 + 2.0 + 0.03125);
+  // The decode worker starts at 4.0 and decodes tokens 2 and 3 in two
+  // 1-second steps; each reaches the client 0.0625 s after its step.
+  EXPECT_DOUBLE_EQ(r.token_s[1], landed + 1.0 + 0.0625);
+  EXPECT_DOUBLE_EQ(r.token_s[2], landed + 2.0 + 0.0625);
   EXPECT_DOUBLE_EQ(r.end_s, r.token_s[2]);
 }
 
@@ -188,7 +188,7 @@ TEST(SimulatorTest, ServingThreadsTakeEngineTimeThatIdleTimePaysOff) {
   p.max_running = 4;
   p.step = {.base_s = 1.0};
   p.kv_bytes_per_token = 1000;
-  p.decode_start_s = 0.1;
+  p.disaggregated_token_delivery_s = 0.1;
   p.prefill_cpu_per_request_s = 0.5;
   p.prefill_cpu_per_kv_byte_s = 1e-5;
   ClusterShape shape = Shape(1, 1);
@@ -440,7 +440,7 @@ Profile PlausibleProfile() {
   p.transfers = {{.transport = "tcp", .latency_s = 2e-4, .bytes_per_s = 1e9}};
   p.colocated_first_token_s = 0.002;
   p.disaggregated_first_token_s = 0.004;
-  p.decode_start_s = 0.003;
+  p.disaggregated_token_delivery_s = 0.003;
   p.token_delivery_s = 0.001;
   return p;
 }
@@ -541,7 +541,7 @@ Profile FullProfile() {
                  {.transport = "ucx", .latency_s = 2e-5, .bytes_per_s = 5e9}};
   p.colocated_first_token_s = 0.001;
   p.disaggregated_first_token_s = 0.002;
-  p.decode_start_s = 0.0005;
+  p.disaggregated_token_delivery_s = 0.0005;
   p.token_delivery_s = 0.0003;
   p.prefill_cpu_per_request_s = 0.0004;
   p.prefill_cpu_per_kv_byte_s = 2e-9;
@@ -599,6 +599,8 @@ TEST(ProfileTest, BadFieldsAreNamed) {
       {"/probe_ratio", -1, "'probe_ratio' must be a positive number"},
       {"/prefill_cpu_per_kv_byte_s", -1e-9,
        "'prefill_cpu_per_kv_byte_s' must be a non-negative number"},
+      {"/disaggregated_token_delivery_s", -0.001,
+       "'disaggregated_token_delivery_s' must be a non-negative number"},
       {"/model", 7, "'model' must be a string"},
   };
   for (const Case& c : cases) {
@@ -610,7 +612,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
     EXPECT_NE(p.status().message().find(c.field), std::string::npos) << p.status();
   }
   for (const char* field : {"token_delivery_s", "machine", "transfers", "probe_ratio",
-                            "prefill_cpu_per_request_s"}) {
+                            "prefill_cpu_per_request_s", "disaggregated_token_delivery_s"}) {
     nlohmann::json j = ToJson(FullProfile());
     j.erase(field);
     absl::StatusOr<Profile> p = ProfileFromJson(j);
