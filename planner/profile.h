@@ -107,8 +107,8 @@ struct Profile {
   // client's timings do not tell the two apart). Apart from
   // token_delivery_s because it sets the gap between a disaggregated
   // request's first token (from the prefill worker) and its second (from
-  // the decode worker); a colocated worker's constant put that gap 2.5 to
-  // 4 ms too long (docs/capacity_planning.md run 7).
+  // the decode worker); the colocated constant made that gap up to 4 ms
+  // too long (docs/capacity_planning.md run 7).
   double disaggregated_token_delivery_s = 0;
   double decode_step_overhead_s = 0;
   double decode_sequence_overhead_s = 0;

@@ -14,12 +14,12 @@
 # CI's two cores with the router and the load generator, and this tiny
 # model's TPOT is under a millisecond, where single token gaps under a 5 ms
 # CPU-quota period are bimodal (measured: 0P1D P90 TPOT off by up to 60%
-# while TTFT was within 2%), and the model's known weakness — the
-# disaggregated decode starts before the client has the first token, so
-# its later tokens arrive in bursts the model does not have — puts 1P1D's
-# P90 TPOT 2-3x too high (CI run: 1.51 ms predicted, 0.48 measured;
-# docs/capacity_planning.md). So TPOT is held only to 4x here, while TTFT
-# (40%: seen up to +25% here) and attainment (10 points) to what it reaches.
+# while TTFT was within 2%). So TPOT is held to 75%, TTFT to 40% (seen up
+# to +50% at 0P1D: an idle worker runs its first milliseconds of CPU at
+# full speed, which the model does not have) and attainment to 10 points.
+# 1P1D's P90 TPOT was 2-3x too high until its later tokens got their own
+# delivery constant (docs/capacity_planning.md run 7; a CI run since:
+# -16% to +6%); the TPOT bound catches that coming back.
 #
 # One more attempt, with a fresh profile, when the first is off: the
 # profile is taken minutes before the runs it predicts, under a CPU quota
@@ -31,7 +31,7 @@
 # tables are printed; two misses fail the test.
 set -euo pipefail
 build="$1" source="$2"
-max_error="${MAX_ERROR:-0.40}" max_tpot_error="${MAX_TPOT_ERROR:-3.0}"
+max_error="${MAX_ERROR:-0.40}" max_tpot_error="${MAX_TPOT_ERROR:-0.75}"
 max_attainment="${MAX_ATTAINMENT:-0.10}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
