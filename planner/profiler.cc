@@ -668,12 +668,14 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       profile.prefill_cpu_per_request_s =
           std::max(0.0, cpu_short - per_byte * bytes_short) / profile.worker_cpus;
     }
+    // First token at push end + disaggregated_first_token_s; the second
+    // at push end + a step + disaggregated_token_delivery_s.
+    const double push_end = prefill + push_tail;
+    const double second_step = decode_step(1, o.prompt_tokens + 1);
     std::vector<double> first, delivery;
     for (const Timed& t : timed) {
-      // First token at push end + disaggregated_first_token_s; the second
-      // at push end + a step + disaggregated_token_delivery_s.
-      first.push_back(t.tokens[0] - prefill - push_tail);
-      delivery.push_back(t.tokens[1] - prefill - push_tail - decode_step(1, o.prompt_tokens + 1));
+      first.push_back(t.tokens[0] - push_end);
+      delivery.push_back(t.tokens[1] - push_end - second_step);
     }
     profile.disaggregated_first_token_s = std::max(0.0, Percentile(first, 50));
     profile.disaggregated_token_delivery_s = std::max(0.0, Percentile(delivery, 50));

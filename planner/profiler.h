@@ -132,9 +132,8 @@ struct ServingCostOptions {
 
 // Fills profile's colocated_first_token_s, disaggregated_first_token_s,
 // token_delivery_s, disaggregated_token_delivery_s (medians), the decode
-// step overheads
-// (least squares) and, under a CPU share, the prefill worker's serving
-// threads' CPU (prefill_cpu_per_*: their CPU time over
+// step overheads (least squares) and, under a CPU share, the prefill
+// worker's serving threads' CPU (prefill_cpu_per_*: their CPU time over
 // `requests` prompts of prompt_tokens and as many up to 4x as long), given
 // its engine fields, step cost, kv_bytes_per_token, max_context and
 // transfers (the first is the clusters' transport, tcp).
