@@ -162,7 +162,7 @@ absl::Status ProfileEngine() {
     out["samples"].push_back({{"tokens", s.tokens}, {"sequences", s.sequences},
                               {"attention", s.attention},
                               {"decode_attention", s.decode_attention}, {"seconds", s.seconds},
-                              {"kind", s.kind}});
+                              {"kind", s.kind}, {"after_prefill", s.after_prefill}});
   }
   for (const TransferCost& t : transfers) {
     out["transfers"].push_back(
@@ -210,7 +210,8 @@ absl::StatusOr<ChildMeasurement> MeasureInChild(const EngineProfileOptions& o,
   for (const auto& s : measured["samples"]) {
     out.samples.push_back({.tokens = s["tokens"], .sequences = s["sequences"],
                            .attention = s["attention"], .decode_attention = s["decode_attention"],
-                           .seconds = s["seconds"], .kind = s["kind"]});
+                           .seconds = s["seconds"], .kind = s["kind"],
+                           .after_prefill = s["after_prefill"]});
   }
   for (const auto& t : measured["transfers"]) {
     out.transfers.push_back(
@@ -234,10 +235,13 @@ absl::Status RunProfile() {
                       MeasureInChild(EngineOptionsFromFlags(), absl::GetFlag(FLAGS_transports),
                                      RunDir("profile")));
   const std::vector<StepSample>& samples = measured.samples;
-  PD_ASSIGN_OR_RETURN(StepFit fit, FitStepCost(samples));
-
   Profile p;
   p.model = absl::GetFlag(FLAGS_model);
+  PD_ASSIGN_OR_RETURN(p.kv_bytes_per_token, KvBytesPerToken(p.model));
+  PD_ASSIGN_OR_RETURN(
+      StepFit fit,
+      FitStepCost(samples, static_cast<double>(CoreCacheBytes()) / p.kv_bytes_per_token));
+
   p.machine = bench::MachineDescription();
   p.worker_cpus = cpus;
   if (cpus > 0) {
@@ -258,7 +262,6 @@ absl::Status RunProfile() {
   p.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   p.max_running = absl::GetFlag(FLAGS_max_running);
   p.step = fit.cost;
-  PD_ASSIGN_OR_RETURN(p.kv_bytes_per_token, KvBytesPerToken(p.model));
   const double block_bytes = p.kv_bytes_per_token * p.block_size;
   p.prefill_kv_blocks =
       static_cast<int64_t>((int64_t{absl::GetFlag(FLAGS_prefill_kv_cache_mb)} << 20) / block_bytes);
@@ -287,10 +290,13 @@ absl::Status RunProfile() {
       "| engine step cost | value |\n|---|---|\n"
       "| base | %.1f us |\n| per token | %.2f us |\n| per sequence | %.2f us |\n"
       "| per prefill attention pair | %.4f us |\n| per decode attention pair | %.4f us |\n"
+      "| decode KV beyond %.0f tokens (%.1f MiB, one core's L2) | +%.4f us per token |\n"
       "| drift probe, measured / fitted (probe_ratio) | %.2f |\n",
       p.model, p.machine, p.cpu_share, absl::GetFlag(FLAGS_out), p.step.base_s * 1e6,
       p.step.per_token_s * 1e6, p.step.per_sequence_s * 1e6, p.step.per_attention_s * 1e6,
-      p.step.per_decode_attention_s * 1e6, p.probe_ratio);
+      p.step.per_decode_attention_s * 1e6, p.step.decode_cache_tokens,
+      p.step.decode_cache_tokens * p.kv_bytes_per_token / (1 << 20),
+      p.step.per_decode_kv_beyond_cache_s * 1e6, p.probe_ratio);
   std::cout << "\n| step kind | fit error p50 | fit error p90 |\n|---|---|---|\n";
   for (const auto& [kind, e] : fit.relative_error) {
     std::cout << absl::StrFormat("| %s | %.1f%% | %.1f%% |\n", kind, e.first * 100, e.second * 100);

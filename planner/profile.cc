@@ -68,6 +68,7 @@ Profile WithDrift(Profile p, double drift) {
   p.step.per_sequence_s *= drift;
   p.step.per_attention_s *= drift;
   p.step.per_decode_attention_s *= drift;
+  p.step.per_decode_kv_beyond_cache_s *= drift;
   p.decode_step_overhead_s *= drift;
   p.decode_sequence_overhead_s *= drift;
   p.prefill_cpu_per_request_s *= drift;
@@ -97,6 +98,8 @@ absl::Status ValidateProfile(const Profile& p) {
       {"step.per_sequence_s", p.step.per_sequence_s},
       {"step.per_attention_s", p.step.per_attention_s},
       {"step.per_decode_attention_s", p.step.per_decode_attention_s},
+      {"step.decode_cache_tokens", p.step.decode_cache_tokens},
+      {"step.per_decode_kv_beyond_cache_s", p.step.per_decode_kv_beyond_cache_s},
       {"kv_bytes_per_token", p.kv_bytes_per_token},
       {"colocated_first_token_s", p.colocated_first_token_s},
       {"disaggregated_first_token_s", p.disaggregated_first_token_s},
@@ -160,7 +163,9 @@ nlohmann::json ToJson(const Profile& p) {
         {"per_token_s", p.step.per_token_s},
         {"per_sequence_s", p.step.per_sequence_s},
         {"per_attention_s", p.step.per_attention_s},
-        {"per_decode_attention_s", p.step.per_decode_attention_s}}},
+        {"per_decode_attention_s", p.step.per_decode_attention_s},
+        {"decode_cache_tokens", p.step.decode_cache_tokens},
+        {"per_decode_kv_beyond_cache_s", p.step.per_decode_kv_beyond_cache_s}}},
       {"kv_bytes_per_token", p.kv_bytes_per_token},
       {"transfers", std::move(transfers)},
       {"colocated_first_token_s", p.colocated_first_token_s},
@@ -198,6 +203,10 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
   PD_RETURN_IF_ERROR(ReadDouble(*step, "step.", "per_attention_s", p.step.per_attention_s));
   PD_RETURN_IF_ERROR(
       ReadDouble(*step, "step.", "per_decode_attention_s", p.step.per_decode_attention_s));
+  PD_RETURN_IF_ERROR(
+      ReadDouble(*step, "step.", "decode_cache_tokens", p.step.decode_cache_tokens));
+  PD_RETURN_IF_ERROR(ReadDouble(*step, "step.", "per_decode_kv_beyond_cache_s",
+                                p.step.per_decode_kv_beyond_cache_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "kv_bytes_per_token", p.kv_bytes_per_token));
   PD_ASSIGN_OR_RETURN(const Json* transfers, Field(j, "", "transfers"));
   if (!transfers->is_array()) return FieldError("transfers", "must be an array");

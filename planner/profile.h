@@ -11,6 +11,8 @@
 //                    AttentionPairs(its start, its tokens)
 //                  + per_decode_attention_s * sum over decode tokens of
 //                    AttentionPairs(their start, 1)
+//                  + per_decode_kv_beyond_cache_s * max(0, that sum
+//                    - decode_cache_tokens)
 //
 // `tokens` counts prompt and decode tokens alike; the attention terms are
 // the (query, key) pairs the step's causal attention computes: each new
@@ -18,10 +20,17 @@
 // prefill and decode because a decode token reads its whole context for one
 // query (memory-bound: builtin:tiny's measured ~2x the cost per pair of a
 // prefill chunk's, whose queries share what they read).
+// A decode token's pairs are the KV tokens it reads, so their sum is the
+// step's KV working set; beyond what one core's cache holds
+// (decode_cache_tokens: its L2 over kv_bytes_per_token) every KV token is
+// read from memory, at the extra cost per_decode_kv_beyond_cache_s (fitted
+// on decode steps whose KV is not in any cache: under load the other
+// workers on the machine evict it; docs/capacity_planning.md run 8).
 // Thread-safety: values.
 #ifndef PDSERVE_PLANNER_PROFILE_H_
 #define PDSERVE_PLANNER_PROFILE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,11 +53,14 @@ struct StepCost {
   double per_sequence_s = 0;
   double per_attention_s = 0;
   double per_decode_attention_s = 0;
+  double decode_cache_tokens = 0;
+  double per_decode_kv_beyond_cache_s = 0;
 
   double Seconds(int64_t tokens, int64_t sequences, double attention,
                  double decode_attention = 0) const {
     return base_s + per_token_s * tokens + per_sequence_s * sequences +
-           per_attention_s * attention + per_decode_attention_s * decode_attention;
+           per_attention_s * attention + per_decode_attention_s * decode_attention +
+           per_decode_kv_beyond_cache_s * std::max(0.0, decode_attention - decode_cache_tokens);
   }
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <time.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -241,7 +242,8 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
                              .sequences = b,
                              .decode_attention = attention,
                              .seconds = t,
-                             .kind = "decode"});
+                             .kind = "decode",
+                             .after_prefill = j == 0});
           for (const GenerationEvent& ev : events) {
             if (ev.has_token) ++generated[ev.id.value];
           }
@@ -274,7 +276,8 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
                            .attention = AttentionPairs(0, n),
                            .decode_attention = decode_attention,
                            .seconds = t,
-                           .kind = "mixed"});
+                           .kind = "mixed",
+                           .after_prefill = true});
         PD_RETURN_IF_ERROR(Drain(e));
       }
     }
@@ -282,18 +285,20 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
   return samples;
 }
 
-absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples) {
+absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
+                                    double decode_cache_tokens) {
   if (samples.size() < 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("fitting the step cost needs at least 4 samples, not ", samples.size()));
   }
   // The steps of one design point (kind, tokens, sequences, attention
-  // within 5%) are averaged first: under a CPU quota a short step runs
-  // either at full speed or after a stall, and what the simulator needs is
-  // the mean. Then relative least squares (rows scaled by 1 / measured), so
-  // that short decode steps weigh as much as long prefills; columns that
-  // come out negative are dropped and the rest refitted (non-negative least
-  // squares by elimination, enough for 4 columns).
+  // within 5%, right after its prefill or not) are averaged first: under a
+  // CPU quota a short step runs either at full speed or after a stall, and
+  // what the simulator needs is the mean. Then relative least squares (rows
+  // scaled by 1 / measured), so that short decode steps weigh as much as
+  // long prefills; columns that come out negative are dropped and the rest
+  // refitted (non-negative least squares by elimination, enough for 5
+  // columns).
   struct Group {
     StepSample sum;
     int n = 0;
@@ -301,32 +306,41 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples) {
   auto bucket = [](double x) {
     return x > 0 ? static_cast<int64_t>(std::floor(std::log(x) / std::log(1.05))) : -1;
   };
-  std::map<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>, Group> groups;
+  std::map<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, bool>, Group> groups;
   for (const StepSample& s : samples) {
     Group& g = groups[{s.kind, s.tokens, s.sequences, bucket(s.attention),
-                       bucket(s.decode_attention)}];
+                       bucket(s.decode_attention), s.after_prefill}];
     g.sum.kind = s.kind;
     g.sum.tokens = s.tokens;
     g.sum.sequences = s.sequences;
+    g.sum.after_prefill = s.after_prefill;
     g.sum.attention += s.attention;
     g.sum.decode_attention += s.decode_attention;
     g.sum.seconds += s.seconds;
     ++g.n;
   }
-  std::vector<StepSample> means;
+  // In the cache (or no cache given): the least squares; beyond it: the
+  // extra cost per KV token.
+  std::vector<StepSample> in_cache, beyond_cache;
   for (const auto& [key, g] : groups) {
     StepSample m = g.sum;
     m.attention /= g.n;
     m.decode_attention /= g.n;
     m.seconds /= g.n;
-    means.push_back(m);
+    (decode_cache_tokens > 0 && m.decode_attention > decode_cache_tokens ? beyond_cache : in_cache)
+        .push_back(m);
   }
   std::vector<std::array<double, 5>> a;
   std::vector<double> b;
-  for (const StepSample& s : means) {
+  for (const StepSample& s : in_cache) {
     const double w = 1.0 / std::max(s.seconds, 1e-7);
     a.push_back({w, w * s.tokens, w * s.sequences, w * s.attention, w * s.decode_attention});
     b.push_back(1.0);
+  }
+  if (a.size() < 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fitting the step cost needs at least 4 design points whose decode KV fits the cache, "
+        "not ", a.size()));
   }
   std::vector<int> active = {0, 1, 2, 3, 4};
   std::vector<double> x;
@@ -343,16 +357,37 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples) {
               .per_sequence_s = x[2],
               .per_attention_s = x[3],
               .per_decode_attention_s = x[4]};
-  std::map<std::string, std::vector<double>> errors;
-  for (const StepSample& s : means) {
-    const double predicted =
+  std::vector<double> extra;
+  for (const StepSample& s : beyond_cache) {
+    if (!s.after_prefill) continue;
+    const double in_cache_seconds =
         fit.cost.Seconds(s.tokens, s.sequences, s.attention, s.decode_attention);
-    errors[s.kind].push_back(std::abs(predicted - s.seconds) / s.seconds);
+    extra.push_back((s.seconds - in_cache_seconds) / (s.decode_attention - decode_cache_tokens));
   }
+  if (!extra.empty()) {
+    fit.cost.decode_cache_tokens = decode_cache_tokens;
+    fit.cost.per_decode_kv_beyond_cache_s = std::max(0.0, Percentile(extra, 50));
+  }
+  std::map<std::string, std::vector<double>> errors;
+  auto add_errors = [&](const std::vector<StepSample>& means, const std::string& suffix) {
+    for (const StepSample& s : means) {
+      if (!suffix.empty() && !s.after_prefill) continue;
+      const double predicted =
+          fit.cost.Seconds(s.tokens, s.sequences, s.attention, s.decode_attention);
+      errors[s.kind + suffix].push_back(std::abs(predicted - s.seconds) / s.seconds);
+    }
+  };
+  add_errors(in_cache, "");
+  add_errors(beyond_cache, " beyond cache");
   for (auto& [kind, e] : errors) {
     fit.relative_error.push_back({kind, {Percentile(e, 50), Percentile(e, 90)}});
   }
   return fit;
+}
+
+int64_t CoreCacheBytes() {
+  const long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return bytes > 0 ? bytes : 0;
 }
 
 absl::StatusOr<double> KvBytesPerToken(const std::string& model_spec) {

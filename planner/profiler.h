@@ -49,6 +49,12 @@ struct StepSample {
   double seconds = 0;
   // "prefill", "decode" or "mixed".
   std::string kind;
+  // The step right after the prefill steps that computed its batch's
+  // prompts (a batch's first decode step, and every mixed step): its KV
+  // was last touched by those, and what is not in this core's cache is
+  // read from memory. Later decode steps of one batch re-read the same KV,
+  // which a machine without other work keeps in its last-level cache.
+  bool after_prefill = false;
 };
 
 struct EngineProfileOptions {
@@ -83,11 +89,31 @@ struct StepFit {
   StepCost cost;
   // Median and 90th percentile of |predicted - measured| / measured over
   // the design points (the mean of the steps of one kind, tokens,
-  // sequences and attention within 5%), per kind.
+  // sequences and attention within 5%), per kind; the steps whose decode
+  // KV is beyond the cache apart, as "decode beyond cache" and "mixed
+  // beyond cache" (only those right after their prefill are fitted).
   std::vector<std::pair<std::string, std::pair<double, double>>> relative_error;
 };
+// The step model of profile.h, fitted in two parts when decode_cache_tokens
+// > 0 (CoreCacheBytes() / KV bytes per token):
+//  - every coefficient but the one beyond the cache: least squares on the
+//    steps whose decode KV fits that cache (prefill steps included);
+//  - per_decode_kv_beyond_cache_s: the median, over the steps right after
+//    their prefill whose decode KV does not fit (StepSample::after_prefill),
+//    of what they took beyond the first part's prediction per KV token
+//    beyond the cache; 0 if that is negative.
+// Why the steps right after a prefill: on a serving worker sequences join
+// and leave the batch every few steps while other workers run on the same
+// cores, so what does not fit one core's cache is not in any (the decode
+// worker's CPU per step under load, docs/capacity_planning.md run 8). With
+// decode_cache_tokens 0, one least squares on every sample.
 // INVALID_ARGUMENT with fewer samples than coefficients.
-absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples);
+absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
+                                    double decode_cache_tokens = 0);
+
+// The cache of one core that a decode step's KV stays in between steps
+// under load: its L2 (sysconf), in bytes; 0 when the system does not say.
+int64_t CoreCacheBytes();
 
 // The KV bytes of one token of `model` (K and V of every layer, in the
 // cache's dtype). NOT_FOUND / INVALID_ARGUMENT as Model::Load.

@@ -4,9 +4,11 @@
 // transport.
 #include "planner/profiler.h"
 
+#include <fstream>
 #include <random>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pdserve::planner {
@@ -40,6 +42,62 @@ TEST(FitStepCostTest, RecoversTheCoefficientsOfExactSamples) {
   EXPECT_NEAR(fit->cost.per_decode_attention_s, 3e-9, 1e-14);
   ASSERT_EQ(fit->relative_error.size(), 1u);
   EXPECT_LT(fit->relative_error[0].second.second, 1e-6);
+}
+
+TEST(FitStepCostTest, FitsTheKvBeyondTheCacheOnStepsRightAfterTheirPrefill) {
+  // Steps whose decode KV fits 1000 tokens follow `in_cache`. Of those
+  // beyond it, the first after its prefill also pays 0.004 us per KV token
+  // beyond 1000; later ones (the KV warm in a larger cache) do not, and are
+  // left out of the fit.
+  const StepCost in_cache{.base_s = 100e-6, .per_token_s = 2e-6, .per_sequence_s = 5e-6,
+                          .per_attention_s = 1e-9, .per_decode_attention_s = 3e-9};
+  StepCost truth = in_cache;
+  truth.decode_cache_tokens = 1000;
+  truth.per_decode_kv_beyond_cache_s = 4e-9;
+  std::vector<StepSample> samples;
+  for (int tokens : {16, 64, 512}) {
+    for (double attention : {10.0, 1e4, 3e5}) {
+      samples.push_back({.tokens = tokens, .sequences = 1, .attention = attention,
+                         .seconds = truth.Seconds(tokens, 1, attention), .kind = "prefill"});
+    }
+  }
+  for (int b : {1, 2, 4, 8, 16}) {
+    for (int context : {64, 256, 1024}) {
+      for (bool first : {true, false}) {
+        const double decode = static_cast<double>(b) * context;
+        const StepCost& cost = first ? truth : in_cache;
+        samples.push_back({.tokens = b, .sequences = b, .decode_attention = decode,
+                           .seconds = cost.Seconds(b, b, 0, decode), .kind = "decode",
+                           .after_prefill = first});
+      }
+    }
+  }
+  auto fit = FitStepCost(samples, 1000);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->cost.base_s, 100e-6, 1e-9);
+  EXPECT_NEAR(fit->cost.per_token_s, 2e-6, 1e-10);
+  EXPECT_NEAR(fit->cost.per_sequence_s, 5e-6, 1e-10);
+  EXPECT_NEAR(fit->cost.per_attention_s, 1e-9, 1e-14);
+  EXPECT_NEAR(fit->cost.per_decode_attention_s, 3e-9, 1e-13);
+  EXPECT_EQ(fit->cost.decode_cache_tokens, 1000);
+  EXPECT_NEAR(fit->cost.per_decode_kv_beyond_cache_s, 4e-9, 1e-13);
+  // 16 sequences at 1024: 16384 KV tokens, 15384 beyond the cache.
+  EXPECT_NEAR(fit->cost.Seconds(16, 16, 0, 16384) - in_cache.Seconds(16, 16, 0, 16384),
+              15384 * 4e-9, 1e-9);
+  std::set<std::string> kinds;
+  for (const auto& [kind, error] : fit->relative_error) {
+    kinds.insert(kind);
+    EXPECT_LT(error.second, 1e-6) << kind;
+  }
+  EXPECT_EQ(kinds, (std::set<std::string>{"prefill", "decode", "decode beyond cache"}));
+
+  // Without a cache size: one fit of every sample, no term beyond it.
+  auto plain = FitStepCost(samples);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->cost.per_decode_kv_beyond_cache_s, 0);
+  EXPECT_EQ(plain->cost.Seconds(16, 16, 0, 16384),
+            plain->cost.base_s + 16 * (plain->cost.per_token_s + plain->cost.per_sequence_s) +
+                16384 * plain->cost.per_decode_attention_s);
 }
 
 TEST(FitStepCostTest, NoCoefficientComesOutNegative) {
@@ -82,6 +140,16 @@ TEST(MeasureEngineStepsTest, MeasuresEveryKindOfStepOnTheRealEngine) {
   EXPECT_GT(prefill, 0);
   EXPECT_GT(decode, 0);
   EXPECT_GT(mixed, 0);
+  // Each decode batch's first step and every mixed step come right after
+  // their prefill; the other decode steps do not.
+  int first_decode = 0;
+  for (const StepSample& s : *samples) {
+    if (s.kind == "mixed") EXPECT_TRUE(s.after_prefill);
+    if (s.kind == "prefill") EXPECT_FALSE(s.after_prefill);
+    first_decode += s.kind == "decode" && s.after_prefill;
+  }
+  EXPECT_GT(first_decode, 0);
+  EXPECT_EQ(first_decode * 8, decode);  // 8 timed steps a batch.
   // A 64-token chunk costs more than a 16-token one (the engine's work
   // grows with the tokens).
   double t16 = 0, t64 = 0;
@@ -160,7 +228,8 @@ TEST(ProbeRatioTest, SeesAProfileTwiceAsSlowAsTheEngine) {
 TEST(WithDriftTest, ScalesTheCpuCostsOnly) {
   Profile p;
   p.step = {.base_s = 1, .per_token_s = 2, .per_sequence_s = 3, .per_attention_s = 4,
-            .per_decode_attention_s = 5};
+            .per_decode_attention_s = 5, .decode_cache_tokens = 100,
+            .per_decode_kv_beyond_cache_s = 14};
   p.decode_step_overhead_s = 6;
   p.decode_sequence_overhead_s = 7;
   p.prefill_cpu_per_request_s = 12;
@@ -174,6 +243,8 @@ TEST(WithDriftTest, ScalesTheCpuCostsOnly) {
   EXPECT_DOUBLE_EQ(q.step.per_sequence_s, 4.5);
   EXPECT_DOUBLE_EQ(q.step.per_attention_s, 6);
   EXPECT_DOUBLE_EQ(q.step.per_decode_attention_s, 7.5);
+  EXPECT_DOUBLE_EQ(q.step.per_decode_kv_beyond_cache_s, 21);
+  EXPECT_DOUBLE_EQ(q.step.decode_cache_tokens, 100);  // A size, not a cost.
   EXPECT_DOUBLE_EQ(q.decode_step_overhead_s, 9);
   EXPECT_DOUBLE_EQ(q.decode_sequence_overhead_s, 10.5);
   EXPECT_DOUBLE_EQ(q.prefill_cpu_per_request_s, 18);
@@ -182,6 +253,24 @@ TEST(WithDriftTest, ScalesTheCpuCostsOnly) {
   EXPECT_DOUBLE_EQ(q.token_delivery_s, 9);
   EXPECT_DOUBLE_EQ(q.transfers[0].latency_s, 10);
   EXPECT_DOUBLE_EQ(q.transfers[0].bytes_per_s, 11);
+}
+
+TEST(CoreCacheBytesTest, IsTheL2ThatSysfsLists) {
+  // The kernel's cache topology of CPU 0, an independent source: the
+  // entry of level 2, its size in KiB ("2048K").
+  int64_t sysfs_bytes = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = absl::StrCat("/sys/devices/system/cpu/cpu0/cache/index", i);
+    int level = 0;
+    std::string size;
+    std::ifstream(dir + "/level") >> level;
+    std::ifstream(dir + "/size") >> size;
+    if (level == 2 && !size.empty() && size.back() == 'K') {
+      sysfs_bytes = std::stoll(size.substr(0, size.size() - 1)) * 1024;
+    }
+  }
+  if (sysfs_bytes == 0) GTEST_SKIP() << "this system lists no L2 in sysfs";
+  EXPECT_EQ(CoreCacheBytes(), sysfs_bytes);
 }
 
 TEST(KvBytesPerTokenTest, TinyModel) {

@@ -535,7 +535,7 @@ Profile FullProfile() {
   p.cpu_share = "taskset 0-1";
   p.threads = 2;
   p.max_context = 4096;
-  p.step = {.base_s = 0.001, .per_token_s = 2e-5, .per_sequence_s = 3e-5, .per_attention_s = 4e-9, .per_decode_attention_s = 4e-9};
+  p.step = {.base_s = 0.001, .per_token_s = 2e-5, .per_sequence_s = 3e-5, .per_attention_s = 4e-9, .per_decode_attention_s = 4e-9, .decode_cache_tokens = 256, .per_decode_kv_beyond_cache_s = 3e-9};
   p.kv_bytes_per_token = 8192;
   p.transfers = {{.transport = "tcp", .latency_s = 1e-4, .bytes_per_s = 1e9},
                  {.transport = "ucx", .latency_s = 2e-5, .bytes_per_s = 5e9}};
@@ -556,6 +556,8 @@ void ExpectSameProfile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.decode_kv_blocks, b.decode_kv_blocks);
   EXPECT_EQ(a.step.per_attention_s, b.step.per_attention_s);
   EXPECT_EQ(a.step.per_decode_attention_s, b.step.per_decode_attention_s);
+  EXPECT_EQ(a.step.decode_cache_tokens, b.step.decode_cache_tokens);
+  EXPECT_EQ(a.step.per_decode_kv_beyond_cache_s, b.step.per_decode_kv_beyond_cache_s);
   ASSERT_EQ(a.transfers.size(), b.transfers.size());
   EXPECT_EQ(a.transfers[1].transport, b.transfers[1].transport);
   EXPECT_EQ(a.transfers[1].bytes_per_s, b.transfers[1].bytes_per_s);
@@ -591,6 +593,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
       {"/decode_kv_blocks", -1, "'decode_kv_blocks'"},
       {"/decode_kv_blocks", 1.5, "'decode_kv_blocks' must be an integer"},
       {"/step/per_token_s", -1e-5, "'step.per_token_s' must be a non-negative number"},
+      {"/step/decode_cache_tokens", -1, "'step.decode_cache_tokens' must be a non-negative"},
       {"/step", 3, "'step' must be an object"},
       {"/transfers/0/bytes_per_s", 0, "'transfers[0].bytes_per_s' must be a positive"},
       {"/transfers/1/transport", "tcp", "'transfers[1].transport' 'tcp' is listed twice"},
@@ -621,10 +624,13 @@ TEST(ProfileTest, BadFieldsAreNamed) {
               std::string::npos)
         << p.status();
   }
-  nlohmann::json j = ToJson(FullProfile());
-  j["step"].erase("base_s");
-  EXPECT_NE(ProfileFromJson(j).status().message().find("'step.base_s' is missing"),
-            std::string::npos);
+  for (const char* field : {"base_s", "per_decode_kv_beyond_cache_s"}) {
+    nlohmann::json j = ToJson(FullProfile());
+    j["step"].erase(field);
+    EXPECT_NE(ProfileFromJson(j).status().message().find(absl::StrCat("'step.", field, "' is missing")),
+              std::string::npos)
+        << field;
+  }
 }
 
 TEST(ProfileTest, ReadErrors) {
