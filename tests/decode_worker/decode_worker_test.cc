@@ -591,7 +591,8 @@ TEST_F(DecodeWorkerTest, CancelMidStreamFreesTheBlocks) {
   // The same for a request continued from a landing (its KV is whatever
   // the blocks held: this is about blocks, not tokens).
   wire::Landing landing;
-  ASSERT_TRUE(Reserve(2, 8 + 1900, &landing).ok());
+  const grpc::Status reserved = Reserve(2, 8 + 1900, &landing);
+  ASSERT_TRUE(reserved.ok()) << reserved.error_code() << ": " << reserved.error_message();
   TestPrefill prefill;
   prefill.Notify(landing, RequestId(2), 8);
   wire::DecodeRequest d =
