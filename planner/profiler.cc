@@ -369,16 +369,15 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
     fit.cost.per_decode_kv_beyond_cache_s = std::max(0.0, Percentile(extra, 50));
   }
   std::map<std::string, std::vector<double>> errors;
-  auto add_errors = [&](const std::vector<StepSample>& means, const std::string& suffix) {
-    for (const StepSample& s : means) {
-      if (!suffix.empty() && !s.after_prefill) continue;
-      const double predicted =
-          fit.cost.Seconds(s.tokens, s.sequences, s.attention, s.decode_attention);
-      errors[s.kind + suffix].push_back(std::abs(predicted - s.seconds) / s.seconds);
-    }
+  auto add_error = [&](const std::string& kind, const StepSample& s) {
+    const double predicted =
+        fit.cost.Seconds(s.tokens, s.sequences, s.attention, s.decode_attention);
+    errors[kind].push_back(std::abs(predicted - s.seconds) / s.seconds);
   };
-  add_errors(in_cache, "");
-  add_errors(beyond_cache, " beyond cache");
+  for (const StepSample& s : in_cache) add_error(s.kind, s);
+  for (const StepSample& s : beyond_cache) {
+    if (s.after_prefill) add_error(s.kind + " beyond cache", s);
+  }
   for (auto& [kind, e] : errors) {
     fit.relative_error.push_back({kind, {Percentile(e, 50), Percentile(e, 90)}});
   }
