@@ -127,9 +127,12 @@ struct Profile {
   // Engine time a prefill worker loses to its own serving threads (gRPC,
   // the KV push), which spend its CPU share too: their CPU time on a 1P1D
   // cluster (MeasureServingCosts) over worker_cpus, per request and per KV
-  // byte pushed; 0 without a share. (A decode worker's serving threads are
-  // in the decode step overheads above, fitted to token gaps on a cluster
-  // that receives KV while it decodes.)
+  // byte pushed; 0 without a share. The push runs while the step that
+  // computed its KV does, so the simulator adds its cost to that step; the
+  // cost per request is paid by the next step or by idle time (simulator.h).
+  // (A decode worker's serving threads are in the decode step overheads
+  // above, fitted to token gaps on a cluster that receives KV while it
+  // decodes.)
   double prefill_cpu_per_request_s = 0;
   double prefill_cpu_per_kv_byte_s = 0;
   // The router's load-report poll (router --poll_interval_ms).

@@ -703,8 +703,10 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
           std::max(0.0, cpu_short - per_byte * bytes_short) / profile.worker_cpus;
     }
     // First token at push end + disaggregated_first_token_s; the second
-    // at push end + a step + disaggregated_token_delivery_s.
-    const double push_end = prefill + push_tail;
+    // at push end + a step + disaggregated_token_delivery_s. The prefill
+    // steps take their push's CPU too (as the simulator charges it).
+    const double push_end =
+        prefill + bytes_short * profile.prefill_cpu_per_kv_byte_s + push_tail;
     const double second_step = decode_step(1, o.prompt_tokens + 1);
     std::vector<double> first, delivery;
     for (const Timed& t : timed) {

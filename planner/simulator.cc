@@ -460,8 +460,11 @@ class ClusterSimulation {
     w.step_start_s = now_;
     // A serving decode worker's step also streams its tokens
     // (Profile::decode_step_overhead_s); a prefill worker's does not.
+    // A prefill worker's push lane sends each layer's KV while the engine
+    // computes the next (the layer-wise push), so its CPU comes out of this
+    // step's share.
     const double overhead =
-        w.is_prefill ? 0
+        w.is_prefill ? StepPushBytes(w) * profile_.prefill_cpu_per_kv_byte_s
                      : profile_.decode_step_overhead_s +
                            profile_.decode_sequence_overhead_s * shape.sequences;
     Schedule(now_ + profile_.step.Seconds(shape.tokens, shape.sequences, shape.attention,
@@ -501,16 +504,22 @@ class ClusterSimulation {
   // does not share from its cache moves. The link finishes this step's
   // bytes no earlier than the step's end.
   void PushStep(Worker& w) {
+    const double bytes = StepPushBytes(w);
+    if (bytes <= 0) return;
+    w.link_free_s =
+        std::max(now_, std::max(w.link_free_s, w.step_start_s) + bytes / transfer_.bytes_per_s);
+  }
+
+  // The KV bytes prefill worker `w`'s current step pushes: only what the
+  // decode worker does not share from its cache moves.
+  double StepPushBytes(Worker& w) {
     double bytes = 0;
     for (const StepEntry& e : w.generator.batch()) {
       const int32_t from = std::max(e.reported_from, requests_[e.id].landing_cached_tokens);
       const int32_t to = e.start + e.tokens;
       if (to > from) bytes += static_cast<double>(to - from) * profile_.kv_bytes_per_token;
     }
-    if (bytes <= 0) return;
-    ChargeServing(w, bytes * profile_.prefill_cpu_per_kv_byte_s);
-    w.link_free_s =
-        std::max(now_, std::max(w.link_free_s, w.step_start_s) + bytes / transfer_.bytes_per_s);
+    return bytes;
   }
 
   // A token of request `r` reaches the client at `time` (never before the

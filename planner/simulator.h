@@ -30,10 +30,12 @@
 //   later tokens the end of their decode step + token_delivery_s
 //                (disaggregated: + disaggregated_token_delivery_s);
 //   serving CPU  a prefill worker's serving threads take engine time from its
-//                CPU share: prefill_cpu_per_request_s at each Prefill and
-//                prefill_cpu_per_kv_byte_s for each byte it pushes. The
-//                worker's next step takes that time on top of its own, less
-//                what the engine's idle time since has left to the threads;
+//                CPU share. The push lane sends a step's KV while the step
+//                computes, so the step takes prefill_cpu_per_kv_byte_s for
+//                each byte it pushes on top of its own cost. The gRPC
+//                threads take prefill_cpu_per_request_s at each Prefill: the
+//                worker's next step takes that on top of its own, less what
+//                the engine's idle time since has left to the threads;
 //   the stream is in order (no token before the one before it), and the
 //   router's ledger frees the request's blocks when its last token arrives.
 //

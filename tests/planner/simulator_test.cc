@@ -179,7 +179,7 @@ TEST(SimulatorTest, FastLinkLeavesOnlyTheLatencyAfterTheForwardPass) {
   EXPECT_DOUBLE_EQ(Ttft(records[0]), 0.5 + 0.001 * 300 + 0.01 + 0.002);
 }
 
-TEST(SimulatorTest, ServingThreadsTakeEngineTimeThatIdleTimePaysOff) {
+TEST(SimulatorTest, ServingThreadsTakeEngineTime) {
   // 1P1D, steps of 16 tokens costing 1 s, a link too fast to matter. The
   // prefill worker's serving threads take 0.5 s a request and 1e-5 s a
   // pushed byte.
@@ -193,7 +193,8 @@ TEST(SimulatorTest, ServingThreadsTakeEngineTimeThatIdleTimePaysOff) {
   p.prefill_cpu_per_kv_byte_s = 1e-5;
   ClusterShape shape = Shape(1, 1);
   shape.routing.local_prefill_max_tokens = 0;
-  // The second request comes long after the first has ended.
+  // The second request comes long after the first has ended: it sees the
+  // same times (nothing the first one's threads took is left to pay).
   const std::vector<RequestRecord> records =
       SimulateOk(p, shape, MakeWorkload({Req(0, 40, 3), Req(100, 40, 3)}));
   ASSERT_EQ(records.size(), 2u);
@@ -201,13 +202,11 @@ TEST(SimulatorTest, ServingThreadsTakeEngineTimeThatIdleTimePaysOff) {
     ASSERT_TRUE(r.ok()) << r.error;
     ASSERT_EQ(r.token_s.size(), 3u);
     const double t0 = r.send_s;
-    // Chunks of 16, 16, 8 tokens. The first step also pays the request's
-    // 0.5 s; the second and third the push of the chunk before them
-    // (16000 bytes: 0.16 s).
-    const double prefilled = t0 + 1.5 + 1.16 + 1.16;
+    // Chunks of 16, 16, 8 tokens, each step paying its own chunk's push
+    // (16000 bytes: 0.16 s; 8000: 0.08 s). The first step also pays the
+    // request's 0.5 s.
+    const double prefilled = t0 + 1.66 + 1.16 + 1.08;
     EXPECT_NEAR(r.token_s[0], prefilled, 1e-9);
-    // The last chunk's push (0.08 s) is paid off by the engine's idle time
-    // until the next request: the second request sees the same times.
     EXPECT_NEAR(r.token_s[1], prefilled + 0.1 + 1.0, 1e-9);
     EXPECT_NEAR(r.token_s[2], prefilled + 0.1 + 2.0, 1e-9);
   }
