@@ -1,14 +1,27 @@
 #include "planner/cluster_launcher.h"
 
+#include <sys/socket.h>
+#include <sys/time.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "boost/asio/io_context.hpp"
+#include "boost/asio/ip/tcp.hpp"
+#include "boost/beast/core/flat_buffer.hpp"
+#include "boost/beast/http/empty_body.hpp"
+#include "boost/beast/http/read.hpp"
+#include "boost/beast/http/string_body.hpp"
+#include "boost/beast/http/write.hpp"
+#include "common/status_macros.h"
 
 namespace pdserve::planner {
 namespace {
@@ -32,6 +45,31 @@ std::string ReadLine(const std::string& path) {
   std::string line;
   std::getline(in, line);
   return std::string(absl::StripAsciiWhitespace(line));
+}
+
+// GET http://127.0.0.1:<port><path>: the body of a 200 answer.
+absl::StatusOr<std::string> LocalHttpGet(int port, const std::string& path) {
+  namespace http = boost::beast::http;
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket socket(io);
+  boost::system::error_code ec;
+  socket.connect({boost::asio::ip::address_v4::loopback(), static_cast<uint16_t>(port)}, ec);
+  const std::string where = absl::StrCat("127.0.0.1:", port, path);
+  if (ec) return absl::UnavailableError(absl::StrCat(where, ": ", ec.message()));
+  // A worker that stops answering must not hang the caller.
+  const timeval timeout{.tv_sec = 30, .tv_usec = 0};
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  http::request<http::empty_body> request{http::verb::get, path, 11};
+  request.set(http::field::host, "127.0.0.1");
+  http::write(socket, request, ec);
+  boost::beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  if (!ec) http::read(socket, buffer, response, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat(where, ": ", ec.message()));
+  if (response.result() != http::status::ok) {
+    return absl::UnavailableError(absl::StrCat(where, ": HTTP ", response.result_int()));
+  }
+  return std::move(response.body());
 }
 
 }  // namespace
@@ -90,6 +128,39 @@ absl::StatusOr<int> ClusterLauncher::Pid(const std::string& process) const {
                                             path, ")"));
   }
   return pid;
+}
+
+absl::StatusOr<double> ClusterLauncher::MetricSum(const std::string& process,
+                                                  const std::string& metric,
+                                                  const std::string& label) const {
+  PD_RETURN_IF_ERROR(Pid(process).status());
+  int port = 0;
+  const std::string port_file = absl::StrCat(dir_, "/", process, ".metrics_port");
+  if (!absl::SimpleAtoi(ReadLine(port_file), &port) || port <= 0 || port > 65535) {
+    return absl::NotFoundError(absl::StrCat("no metrics port in ", port_file));
+  }
+  PD_ASSIGN_OR_RETURN(const std::string page, LocalHttpGet(port, "/metrics"));
+  double sum = 0;
+  for (absl::string_view line : absl::StrSplit(page, '\n')) {
+    // "name value" or "name{labels} value"; comments start with '#'.
+    if (!absl::StartsWith(line, metric) || line.size() <= metric.size()) continue;
+    const char next = line[metric.size()];
+    if (next != ' ' && next != '{') continue;
+    if (!label.empty()) {
+      const size_t close = line.find('}');
+      if (next != '{' || close == absl::string_view::npos ||
+          !absl::StrContains(line.substr(metric.size(), close - metric.size()), label)) {
+        continue;
+      }
+    }
+    double value = 0;
+    if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+      return absl::UnavailableError(
+          absl::StrCat(process, "'s /metrics has an unreadable sample: ", line));
+    }
+    sum += value;
+  }
+  return sum;
 }
 
 ClusterLauncher::~ClusterLauncher() {

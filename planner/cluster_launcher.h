@@ -60,6 +60,13 @@ class ClusterLauncher {
   // The pid of one of its processes by name ("router", "prefill-0",
   // "decode-1"); NOT_FOUND when the cluster has none of that name.
   absl::StatusOr<int> Pid(const std::string& process) const;
+  // The sum of `metric`'s samples on that process's /metrics page (e.g. a
+  // histogram's "..._sum") over every label set, or over those that hold
+  // `label` (e.g. `role="prefill"`) when it is not empty; 0 when the page has
+  // none. NOT_FOUND as Pid; UNAVAILABLE when the page cannot be read (30 s
+  // at most).
+  absl::StatusOr<double> MetricSum(const std::string& process, const std::string& metric,
+                                   const std::string& label = "") const;
 
  private:
   ClusterLauncher(std::string launcher, std::string dir) : launcher_(launcher), dir_(dir) {}

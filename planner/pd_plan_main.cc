@@ -341,8 +341,9 @@ absl::StatusOr<std::vector<SweepPoint>> SimulateLevels(const Profile& profile,
   std::vector<SweepPoint> points;
   for (const LoadLevel& level : levels) {
     PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, level));
-    PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> records,
+    PD_ASSIGN_OR_RETURN(Simulation simulation,
                         Simulate(profile, shape, at, {.concurrency = level.concurrency}));
+    std::vector<RequestRecord>& records = simulation.records;
     points.push_back({.rate = OfferedRate(at, level),
                       .concurrency = level.concurrency,
                       .summary = Summarize(records, spec.OptionsFor(records))});
@@ -392,7 +393,8 @@ absl::StatusOr<double> SimulatedGoodput(const Profile& profile, const ClusterSha
                                         double start) {
   auto meets = [&](double rate) -> absl::StatusOr<bool> {
     PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, {.rate = rate}));
-    PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> records, Simulate(profile, shape, at));
+    PD_ASSIGN_OR_RETURN(Simulation simulation, Simulate(profile, shape, at));
+    const std::vector<RequestRecord>& records = simulation.records;
     return Summarize(records, spec.OptionsFor(records)).slo_attainment >=
            spec.attainment_target;
   };
@@ -421,7 +423,8 @@ absl::StatusOr<std::string> Bottleneck(const Profile& profile, const ClusterShap
                                        const Workload& workload, const SummarySpec& spec,
                                        double rate) {
   PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, {.rate = rate}));
-  PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> records, Simulate(profile, shape, at));
+  PD_ASSIGN_OR_RETURN(Simulation simulation, Simulate(profile, shape, at));
+  const std::vector<RequestRecord>& records = simulation.records;
   const SummaryOptions options = spec.OptionsFor(records);
   int64_t ttft_misses = 0, tpot_misses = 0, failed = 0, counted = 0;
   for (const RequestRecord& r : records) {
@@ -576,26 +579,91 @@ Summary MeasuredFromJson(const nlohmann::json& m) {
   return s;
 }
 
+// One point of an earlier validate's JSON, or null.
+const nlohmann::json* EarlierPoint(const nlohmann::json& earlier, const std::string& config,
+                                   double rate, int32_t concurrency) {
+  for (const nlohmann::json& row : earlier) {
+    if (row.value("config", "") != config || row.value("concurrency", -1) != concurrency) continue;
+    const double r = row["rate"].is_number() ? row["rate"].get<double>() : 0;
+    if (std::abs(r - rate) <= 1e-9 * std::max(1.0, rate)) return &row;
+  }
+  return nullptr;
+}
+
 // The runs of one point of an earlier validate (--repeats of them, or the
 // one "measured" of a validate run without).
 absl::StatusOr<std::vector<Summary>> EarlierMeasurement(const nlohmann::json& earlier,
                                                         const std::string& config, double rate,
                                                         int32_t concurrency) {
-  for (const nlohmann::json& row : earlier) {
-    if (row.value("config", "") != config || row.value("concurrency", -1) != concurrency) continue;
-    const double r = row["rate"].is_number() ? row["rate"].get<double>() : 0;
-    if (std::abs(r - rate) > 1e-9 * std::max(1.0, rate)) continue;
-    std::vector<Summary> runs;
-    if (row.contains("measured_runs") && row["measured_runs"].is_array()) {
-      for (const nlohmann::json& m : row["measured_runs"]) runs.push_back(MeasuredFromJson(m));
-    }
-    if (runs.empty()) runs.push_back(MeasuredFromJson(row["measured"]));
-    return runs;
+  const nlohmann::json* row = EarlierPoint(earlier, config, rate, concurrency);
+  if (row == nullptr) {
+    return absl::NotFoundError(absl::StrFormat(
+        "--measured_json has no measurement of %s at %g req/s (concurrency %d): give the "
+        "flags of that run",
+        config, rate, concurrency));
   }
-  return absl::NotFoundError(absl::StrFormat(
-      "--measured_json has no measurement of %s at %g req/s (concurrency %d): give the "
-      "flags of that run",
-      config, rate, concurrency));
+  std::vector<Summary> runs;
+  if (row->contains("measured_runs") && (*row)["measured_runs"].is_array()) {
+    for (const nlohmann::json& m : (*row)["measured_runs"]) runs.push_back(MeasuredFromJson(m));
+  }
+  if (runs.empty()) runs.push_back(MeasuredFromJson((*row)["measured"]));
+  return runs;
+}
+
+// What a cluster's workers and router have done so far, from their
+// /metrics, for what Simulation reports beside the records.
+struct EngineWork {
+  double prefill_s = 0;
+  double decode_s = 0;
+  double decode_prefills = 0;
+};
+
+// The engine step time summed by role (their step-time histograms' sums; a
+// colocated decode worker's prefill chunks are decode steps, as in
+// Simulation), and the router's decode routes that had no prefill route
+// (a decode worker prefilled them).
+absl::StatusOr<EngineWork> MeasuredEngineWork(const ClusterLauncher& cluster,
+                                              const ClusterShape& shape) {
+  EngineWork t;
+  PD_ASSIGN_OR_RETURN(const double decodes, cluster.MetricSum("router", "pdserve_router_routed_total",
+                                                              "role=\"decode\""));
+  PD_ASSIGN_OR_RETURN(const double prefills, cluster.MetricSum("router", "pdserve_router_routed_total",
+                                                               "role=\"prefill\""));
+  t.decode_prefills = decodes - prefills;
+  for (int32_t i = 0; i < shape.prefill; ++i) {
+    PD_ASSIGN_OR_RETURN(const double s, cluster.MetricSum(absl::StrCat("prefill-", i),
+                                                          "pdserve_prefill_batch_seconds_sum"));
+    t.prefill_s += s;
+  }
+  for (int32_t i = 0; i < shape.decode; ++i) {
+    PD_ASSIGN_OR_RETURN(const double s, cluster.MetricSum(absl::StrCat("decode-", i),
+                                                          "pdserve_decode_step_seconds_sum"));
+    t.decode_s += s;
+  }
+  return t;
+}
+
+// An earlier validate's measured engine work at one point, when it has it
+// (files from before it was measured do not).
+void EarlierEngineWork(const nlohmann::json& earlier, const std::string& config, double rate,
+                       int32_t concurrency, std::vector<double>& prefill_s,
+                       std::vector<double>& decode_s, std::vector<double>& decode_prefills) {
+  const nlohmann::json* row = EarlierPoint(earlier, config, rate, concurrency);
+  if (row == nullptr || !row->contains("engine_work") || !(*row)["engine_work"].is_object()) {
+    return;
+  }
+  const nlohmann::json& work = (*row)["engine_work"];
+  for (auto [figure, out] :
+       {std::pair{"prefill_step_s", &prefill_s}, std::pair{"decode_step_s", &decode_s},
+        std::pair{"decode_prefills", &decode_prefills}}) {
+    if (!work.contains(figure) || !work[figure].is_object() ||
+        !work[figure].contains("measured_runs") || !work[figure]["measured_runs"].is_array()) {
+      continue;
+    }
+    for (const nlohmann::json& v : work[figure]["measured_runs"]) {
+      if (v.is_number()) out->push_back(v.get<double>());
+    }
+  }
 }
 
 absl::Status RunValidate() {
@@ -667,14 +735,19 @@ absl::Status RunValidate() {
     std::cout << "| load | figure | predicted | measured | error |\n|---|---|---|---|---|\n";
     for (const LoadLevel& level : levels) {
       PD_ASSIGN_OR_RETURN(Workload at, WorkloadAtLoad(workload, level));
-      PD_ASSIGN_OR_RETURN(std::vector<RequestRecord> predicted,
+      PD_ASSIGN_OR_RETURN(const Simulation simulation,
                           Simulate(now, shape, at, {.concurrency = level.concurrency}));
+      const std::vector<RequestRecord>& predicted = simulation.records;
       const Summary p = Summarize(predicted, spec.OptionsFor(predicted));
       PD_RETURN_IF_ERROR(WriteRunRecords(shape.Name(), level, "predicted", predicted));
       const double rate = OfferedRate(at, level);
       std::vector<Summary> runs;
+      // Each run's engine step time, prefill and decode workers', and its
+      // prompts prefilled on a decode worker.
+      std::vector<double> prefill_step_runs, decode_step_runs, decode_prefill_runs;
       if (load_target != nullptr) {
         for (int32_t k = 1; k <= absl::GetFlag(FLAGS_repeats); ++k) {
+          PD_ASSIGN_OR_RETURN(const EngineWork before, MeasuredEngineWork(*cluster, shape));
           // Run k's prompts are new to the cluster's prefix cache.
           LoadLevel run_level = level;
           run_level.repeat = k - 1;
@@ -687,6 +760,10 @@ absl::Status RunValidate() {
                                              absl::GetFlag(FLAGS_repeats) > 1
                                                  ? absl::StrCat(" (run ", k, ")")
                                                  : "")}));
+          PD_ASSIGN_OR_RETURN(const EngineWork after, MeasuredEngineWork(*cluster, shape));
+          prefill_step_runs.push_back(after.prefill_s - before.prefill_s);
+          decode_step_runs.push_back(after.decode_s - before.decode_s);
+          decode_prefill_runs.push_back(after.decode_prefills - before.decode_prefills);
           runs.push_back(Summarize(measured.records, spec.OptionsFor(measured.records)));
           PD_RETURN_IF_ERROR(WriteRunRecords(shape.Name(), level,
                                              k == 1 ? "measured" : absl::StrCat("measured-", k),
@@ -695,6 +772,8 @@ absl::Status RunValidate() {
       } else {
         PD_ASSIGN_OR_RETURN(runs, EarlierMeasurement(earlier, shape.Name(), rate,
                                                      level.concurrency));
+        EarlierEngineWork(earlier, shape.Name(), rate, level.concurrency, prefill_step_runs,
+                          decode_step_runs, decode_prefill_runs);
       }
       const Summary m = MedianSummary(runs);
       measured_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = m});
@@ -727,13 +806,46 @@ absl::Status RunValidate() {
                            {"measured_high", high}, {"error", c.error},
                            {"checked", c.checked}, {"passed", c.passed}});
       }
+      // The engines' step time, predicted and measured: how far the step
+      // model (and the machine's speed) held during the runs, apart from
+      // the queueing that the figures above add to it; and the prompts the
+      // router had decode workers prefill. Not checked.
+      nlohmann::json engine_work = nlohmann::json::object();
+      struct Work {
+        const char* figure;
+        const char* label;
+        double predicted;
+        const std::vector<double>* measured_runs;
+      };
+      const bool disaggregated = shape.prefill > 0;
+      std::vector<Work> work;
+      if (disaggregated) {
+        work.push_back({"prefill_step_s", "prefill engine step time (s)",
+                        simulation.prefill_step_s, &prefill_step_runs});
+      }
+      work.push_back({"decode_step_s", "decode engine step time (s)", simulation.decode_step_s,
+                      &decode_step_runs});
+      if (disaggregated) {
+        work.push_back({"decode_prefills", "prompts prefilled on a decode worker",
+                        static_cast<double>(simulation.decode_prefills), &decode_prefill_runs});
+      }
+      for (const Work& w : work) {
+        if (w.measured_runs->empty()) continue;
+        const double measured = Percentile(*w.measured_runs, 50);
+        std::cout << absl::StrFormat(
+            "| %s | %s | %.3g | %.3g | %s |\n", level.Name(), w.label, w.predicted, measured,
+            measured > 0 ? absl::StrFormat("%+.1f%%", (w.predicted / measured - 1) * 100) : "");
+        engine_work[w.figure] = {{"predicted", w.predicted}, {"measured", measured},
+                                 {"measured_runs", *w.measured_runs}};
+      }
       nlohmann::json measured_runs = nlohmann::json::array();
       for (const Summary& run : runs) measured_runs.push_back(ToJson(run));
       json.push_back({{"config", shape.Name()}, {"rate", rate},
                       {"concurrency", level.concurrency}, {"drift", drift},
                       {"drift_applied", applied}, {"figures", figures},
                       {"predicted", ToJson(p)}, {"measured", ToJson(m)},
-                      {"measured_runs", std::move(measured_runs)}});
+                      {"measured_runs", std::move(measured_runs)},
+                      {"engine_work", std::move(engine_work)}});
     }
     if (levels.size() > 1) {
       std::cout << absl::StrFormat("| sweep | goodput (req/s) | %.3g | %.3g | |\n",

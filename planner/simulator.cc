@@ -147,7 +147,7 @@ class ClusterSimulation {
     committed_.assign(decode_.size(), 0);
   }
 
-  absl::StatusOr<std::vector<RequestRecord>> Run() {
+  absl::StatusOr<Simulation> Run() {
     const int64_t n = static_cast<int64_t>(workload_.requests.size());
     Schedule(0, EventKind::kPoll);
     if (options_.concurrency > 0) {
@@ -189,7 +189,8 @@ class ClusterSimulation {
       }
     }
     PD_RETURN_IF_ERROR(error_);
-    return std::move(records_);
+    result_.records = std::move(records_);
+    return std::move(result_);
   }
 
  private:
@@ -336,6 +337,7 @@ class ClusterSimulation {
     const int64_t reserve_tokens = static_cast<int64_t>(spec.input_tokens) + spec.output_tokens;
     NoteDispatched(d, reserve_tokens);
     if (state.prefill < 0) {
+      ++result_.decode_prefills;
       d.generator.Add({.id = r,
                        .prompt_tokens = spec.input_tokens,
                        .max_tokens = spec.output_tokens,
@@ -458,19 +460,26 @@ class ClusterSimulation {
     w.serving_debt_s = 0;
     w.stepping = true;
     w.step_start_s = now_;
-    // A serving decode worker's step also streams its tokens
-    // (Profile::decode_step_overhead_s); a prefill worker's does not.
-    // A prefill worker's push lane sends each layer's KV while the engine
-    // computes the next (the layer-wise push), so its CPU comes out of this
-    // step's share.
-    const double overhead =
-        w.is_prefill ? StepPushBytes(w) * profile_.prefill_cpu_per_kv_byte_s
+    // The forward pass, and on a prefill worker its push: the push lane
+    // sends each layer's KV while the engine computes the next (the
+    // layer-wise push), so its CPU comes out of the step's share. That is
+    // the engine's timed step (pdserve_*_seconds).
+    double step = profile_.step.Seconds(shape.tokens, shape.sequences, shape.attention,
+                                        shape.decode_attention);
+    if (w.is_prefill) {
+      step += StepPushBytes(w) * profile_.prefill_cpu_per_kv_byte_s;
+      result_.prefill_step_s += step;
+    } else {
+      result_.decode_step_s += step;
+    }
+    // A serving decode worker also streams its tokens between steps
+    // (Profile::decode_step_overhead_s); a prefill worker does not.
+    const double streaming =
+        w.is_prefill ? 0
                      : profile_.decode_step_overhead_s +
                            profile_.decode_sequence_overhead_s * shape.sequences;
-    Schedule(now_ + profile_.step.Seconds(shape.tokens, shape.sequences, shape.attention,
-                                          shape.decode_attention) +
-                 overhead + serving,
-             EventKind::kStepEnd, w.index);
+    const double seconds = step + streaming + serving;
+    Schedule(now_ + seconds, EventKind::kStepEnd, w.index);
   }
 
   void StepEnd(Worker& w) {
@@ -577,6 +586,7 @@ class ClusterSimulation {
 
   std::vector<RequestState> requests_;
   std::vector<RequestRecord> records_;
+  Simulation result_;  // Its step times as they add up; records_ at the end.
   int64_t next_send_ = 0;
   int64_t sent_ = 0;
   int64_t ended_ = 0;
@@ -597,10 +607,8 @@ class ClusterSimulation {
 
 }  // namespace
 
-absl::StatusOr<std::vector<RequestRecord>> Simulate(const Profile& profile,
-                                                    const ClusterShape& shape,
-                                                    const Workload& workload,
-                                                    const SimulationOptions& options) {
+absl::StatusOr<Simulation> Simulate(const Profile& profile, const ClusterShape& shape,
+                                    const Workload& workload, const SimulationOptions& options) {
   PD_RETURN_IF_ERROR(ValidateProfile(profile));
   if (shape.decode < 1) {
     return absl::InvalidArgumentError(

@@ -15,7 +15,7 @@
 // first token), the first token goes to the client, then D adds the request
 // to its batch once the KV has landed. Output: one RequestRecord per
 // request, as pd-bench would have recorded it, so planner/summary.h
-// summarises both the same way.
+// summarises both the same way, and the engines' summed step times.
 //
 // Timeline of one request (t: when its last prompt chunk's step ends):
 //   colocated    first token t + colocated_first_token_s;
@@ -111,6 +111,24 @@ struct SimulationOptions {
   int32_t max_queued = 4096;
 };
 
+struct Simulation {
+  // One per workload request, in its order.
+  std::vector<RequestRecord> records;
+  // The engine steps' times summed over the prefill workers and over the
+  // decode workers (colocated ones included): the step cost, plus a
+  // prefill step's push CPU; not the streaming overheads or the serving
+  // threads' CPU that a simulated step also waits for. That is what the
+  // workers' step-time histograms add up to (pdserve_prefill_batch_seconds,
+  // pdserve_decode_step_seconds: the forward pass alone), so a run's
+  // measured sums tell how far the step model held during it.
+  double prefill_step_s = 0;
+  double decode_step_s = 0;
+  // Requests the router had a decode worker prefill (all of them when
+  // colocated): where a routing threshold (kv_aware's
+  // prefill_queue_limit_tokens) tips one way or the other.
+  int64_t decode_prefills = 0;
+};
+
 // INVALID_ARGUMENT for a bad profile (ValidateProfile), a shape with no
 // decode worker, an unknown transport (when there is a prefill worker) or
 // routing policy, a workload request with no prompt or output token, or (open
@@ -119,10 +137,9 @@ struct SimulationOptions {
 // RESOURCE_EXHAUSTED, as the router answers it; one beyond max_context
 // (when set) INVALID_ARGUMENT. A workload request with fewer block_ids than
 // its prompt needs has the rest of its prompt to itself (shares nothing).
-absl::StatusOr<std::vector<RequestRecord>> Simulate(const Profile& profile,
-                                                    const ClusterShape& shape,
-                                                    const Workload& workload,
-                                                    const SimulationOptions& options = {});
+absl::StatusOr<Simulation> Simulate(const Profile& profile, const ClusterShape& shape,
+                                    const Workload& workload,
+                                    const SimulationOptions& options = {});
 
 }  // namespace pdserve::planner
 

@@ -5,13 +5,21 @@ rate, predicted next to measured TTFT p50/p90, TPOT p50/p90 and attainment
 with their errors; the goodput of every configuration, predicted and
 measured (from the sweep); how far search's pick lands from the best
 measured goodput per worker; and the error statistics against the targets
-(P90 TTFT and TPOT within 10%, attainment within 3 points).
+(P90 TTFT and TPOT within 10%, attainment within 3 points); and, where
+validate measured them, the engines' step times and the prompts prefilled
+on decode workers, with the latency errors at the points where the step
+times held.
 
     planner/validation_report.py VALIDATE.json SEARCH.json [--attainment_target 0.9]
 """
 import argparse
 import json
 import statistics
+
+
+def err(p, m):
+    """A prediction's relative error against a measurement."""
+    return (p - m) / m if m else 0.0
 
 
 def goodput(points, target):
@@ -23,6 +31,50 @@ def goodput(points, target):
             break
         best = rate
     return best
+
+
+def step_report(rows, ttft_err, tpot_err):
+    """The engines' step time per point, predicted and measured, and the
+    prompts prefilled on decode workers (validate runs that recorded them);
+    then the latency errors where the step time held: what is left there is
+    the model's queueing, routing and serving, not the machine's speed
+    during the run."""
+    if not any(r.get("engine_work") for r in rows):
+        return
+    print()
+    print("| xPyD | req/s | prefill step time pred / meas (s) | error | decode step time pred / meas (s) | error | prefilled on D pred / meas |")
+    print("|---|---:|---|---:|---|---:|---|")
+    step_err = {"prefill": [], "decode": []}
+    held = []  # Indices of points whose every role's step time is within 5%.
+    for i, r in enumerate(rows):
+        work = r.get("engine_work", {})
+        cells, worst = [], 0.0
+        for role in ("prefill", "decode"):
+            s = work.get(f"{role}_step_s")
+            if s is None:
+                cells.append("- | -")
+                continue
+            e = err(s["predicted"], s["measured"])
+            step_err[role].append(abs(e))
+            worst = max(worst, abs(e))
+            cells.append(f"{s['predicted']:.3g} / {s['measured']:.3g} | {e*100:+.0f}%")
+        local = work.get("decode_prefills")
+        cells.append(f"{local['predicted']:.0f} / {local['measured']:.0f}" if local else "-")
+        if work and worst <= 0.05:
+            held.append(i)
+        print(f"| {r['config']} | {r['rate']:g} | " + " | ".join(cells) + " |")
+    print()
+    parts = [f"{role} median {statistics.median(e)*100:.0f}% over {len(e)} points"
+             for role, e in step_err.items() if e]
+    line = "Engine step time |error|: " + "; ".join(parts) + "."
+    if held:
+        t = [ttft_err[i] for i in held]
+        p = [tpot_err[i] for i in held]
+        line += (f" At the {len(held)} points where it held within 5% on every worker role, "
+                 f"P90 TTFT |error| median {statistics.median(t)*100:.0f}% (within 10% in "
+                 f"{sum(e <= 0.1 for e in t)}), P90 TPOT {statistics.median(p)*100:.0f}% "
+                 f"(within 10% in {sum(e <= 0.1 for e in p)}).")
+    print(line)
 
 
 def main():
@@ -38,8 +90,6 @@ def main():
         if r["config"] not in configs:
             configs.append(r["config"])
 
-    def err(p, m):
-        return (p - m) / m if m else 0.0
 
     print("| xPyD | req/s | TTFT p50 pred / meas (ms) | TTFT p90 pred / meas (ms) | error | "
           "TPOT p50 pred / meas (ms) | TPOT p90 pred / meas (ms) | error | attainment pred / meas | error |")
@@ -67,6 +117,7 @@ def main():
           f"{sum(e <= 0.1 for e in tpot_err)} of {n}; attainment median "
           f"{statistics.median(att_err)*100:.0f} points, within 3 points in "
           f"{sum(e <= 0.03 + 1e-9 for e in att_err)} of {n}.")
+    step_report(rows, ttft_err, tpot_err)
     print()
     print("| xPyD | goodput predicted by the sweep (req/s) | measured (req/s) | measured per worker | search's goodput (bisection) |")
     print("|---|---:|---:|---:|---:|")

@@ -144,8 +144,12 @@ TEST(MeasureEngineStepsTest, MeasuresEveryKindOfStepOnTheRealEngine) {
   // their prefill; the other decode steps do not.
   int first_decode = 0;
   for (const StepSample& s : *samples) {
-    if (s.kind == "mixed") EXPECT_TRUE(s.after_prefill);
-    if (s.kind == "prefill") EXPECT_FALSE(s.after_prefill);
+    if (s.kind == "mixed") {
+      EXPECT_TRUE(s.after_prefill);
+    }
+    if (s.kind == "prefill") {
+      EXPECT_FALSE(s.after_prefill);
+    }
     first_decode += s.kind == "decode" && s.after_prefill;
   }
   EXPECT_GT(first_decode, 0);

@@ -64,11 +64,11 @@ Workload MakeWorkload(std::vector<WorkloadRequest> requests, int32_t block_token
 std::vector<RequestRecord> SimulateOk(const Profile& profile, const ClusterShape& shape,
                                       const Workload& workload,
                                       const SimulationOptions& options = {}) {
-  absl::StatusOr<std::vector<RequestRecord>> records = Simulate(profile, shape, workload, options);
-  EXPECT_TRUE(records.ok()) << records.status();
-  if (!records.ok()) return {};
-  EXPECT_EQ(records->size(), workload.requests.size());
-  return *std::move(records);
+  absl::StatusOr<Simulation> simulation = Simulate(profile, shape, workload, options);
+  EXPECT_TRUE(simulation.ok()) << simulation.status();
+  if (!simulation.ok()) return {};
+  EXPECT_EQ(simulation->records.size(), workload.requests.size());
+  return std::move(simulation->records);
 }
 
 double Ttft(const RequestRecord& r) { return r.token_s.front() - r.send_s; }
@@ -210,6 +210,36 @@ TEST(SimulatorTest, ServingThreadsTakeEngineTime) {
     EXPECT_NEAR(r.token_s[1], prefilled + 0.1 + 1.0, 1e-9);
     EXPECT_NEAR(r.token_s[2], prefilled + 0.1 + 2.0, 1e-9);
   }
+}
+
+TEST(SimulatorTest, SumsEachRolesStepTimes) {
+  // 1P1D and 0P1D: one request of 40 prompt tokens (chunks of 16, 16, 8)
+  // and 3 output tokens, steps costing 1 s + 0.01 s a token, a decode
+  // worker's streaming 0.5 s a step, a pushed byte 1e-5 s.
+  Profile p = TestProfile();
+  p.max_batch_tokens = 16;
+  p.max_running = 4;
+  p.step = {.base_s = 1.0, .per_token_s = 0.01};
+  p.kv_bytes_per_token = 1000;
+  p.decode_step_overhead_s = 0.5;
+  p.prefill_cpu_per_kv_byte_s = 1e-5;
+  const Workload w = MakeWorkload({Req(0, 40, 3)});
+  ClusterShape shape = Shape(1, 1);
+  shape.routing.local_prefill_max_tokens = 0;
+  absl::StatusOr<Simulation> disaggregated = Simulate(p, shape, w);
+  ASSERT_TRUE(disaggregated.ok()) << disaggregated.status();
+  // Three prefill steps of 16, 16 and 8 tokens pushing 16000, 16000 and
+  // 8000 bytes; two decode steps (the first token is the prefill's), whose
+  // streaming overhead comes after the step, not in it.
+  EXPECT_NEAR(disaggregated->prefill_step_s, 3 * 1.0 + 40 * 0.01 + 40000 * 1e-5, 1e-9);
+  EXPECT_NEAR(disaggregated->decode_step_s, 2 * (1.0 + 0.01), 1e-9);
+  EXPECT_NEAR(disaggregated->records[0].token_s.back() - disaggregated->records[0].token_s[0],
+              2 * (1.0 + 0.01 + 0.5), 1e-9);
+  absl::StatusOr<Simulation> colocated = Simulate(p, Shape(0, 1), w);
+  ASSERT_TRUE(colocated.ok()) << colocated.status();
+  // The decode worker prefills too (no push), then decodes the same two.
+  EXPECT_EQ(colocated->prefill_step_s, 0);
+  EXPECT_NEAR(colocated->decode_step_s, 3 * 1.0 + 40 * 0.01 + 2 * (1.0 + 0.01), 1e-9);
 }
 
 TEST(SimulatorTest, ConcurrencyNeverExceedsWhatTheDecodePoolHolds) {

@@ -28,7 +28,8 @@
 # P90 TTFT 50% high). validate's drift check prints the drift before each
 # configuration and scales the profile beyond 15%; within that it is the
 # probe's own noise (docs/capacity_planning.md, run 4). Both attempts'
-# tables are printed; two misses fail the test.
+# tables are printed; two misses fail the test. Missing or absurd engine
+# step times fail at once.
 set -euo pipefail
 build="$1" source="$2"
 max_error="${MAX_ERROR:-0.40}" max_tpot_error="${MAX_TPOT_ERROR:-0.75}"
@@ -47,7 +48,30 @@ attempt() {  # attempt N: profile into $work/N, then validate.
     --bin="$build" --configs=0P1D,1P1D --input_len=uniform:64:384 --output_len=uniform:8:32 \
     --num_requests=60 --request_rates=2,6 --seed=7 --slo_ttft_ms=400 --slo_tpot_ms=50 \
     --max_error="$max_error" --max_tpot_error="$max_tpot_error" \
-    --max_attainment_error="$max_attainment"
+    --max_attainment_error="$max_attainment" --summary_json="$dir/validate.json"
+  steps_measured "$dir/validate.json" || exit 1
+}
+# Every point has its engines' step time, predicted and measured from the
+# workers' /metrics: one role on 0P1D, both on 1P1D, within 2x of each
+# other (a wrong metric or unit is 1000x off; the real error is in the
+# table); and on 1P1D the count of prompts prefilled on the decode worker,
+# a whole number no larger than the run's requests.
+steps_measured() {
+  python3 - "$1" <<'PY'
+import json, sys
+for point in json.load(open(sys.argv[1])):
+    work = point.get("engine_work", {})
+    where = f"validate_e2e: {point['config']} at {point['rate']} req/s:"
+    roles = ["decode"] if point["config"].startswith("0P") else ["prefill", "decode"]
+    for role in roles:
+        s = work.get(f"{role}_step_s")
+        if s is None or not s["measured"] > 0 or not 0.5 < s["predicted"] / s["measured"] < 2:
+            sys.exit(f"{where} {role} step time {s}")
+    if not point["config"].startswith("0P"):
+        n = work.get("decode_prefills", {}).get("measured_runs", [None])[0]
+        if n is None or n != int(n) or not 0 <= n <= 60:
+            sys.exit(f"{where} prompts prefilled on the decode worker: {n}")
+PY
 }
 if attempt 1; then exit 0; fi
 echo "validate_e2e: the predictions missed their bounds; profiling again for a second attempt"
