@@ -324,8 +324,20 @@ void DecodeWorker::OnKvComplete(const wire::KvComplete& complete, bool staged,
   }
 }
 
+void DecodeWorker::NoteEarlyRelease(RequestId id) {
+  if (released_early_.size() >= kMaxEarlyReleases) {
+    auto oldest = std::min_element(
+        released_early_.begin(), released_early_.end(),
+        [](const auto& a, const auto& b) { return a.second < b.second; });
+    released_early_.erase(oldest);
+  }
+  released_early_[id] = absl::Now() + options_.reservation_timeout;
+}
+
 void DecodeWorker::ExpireReservations(Generator& generator) {
   const absl::Time now = absl::Now();
+  absl::erase_if(released_early_,
+                 [now](const auto& entry) { return entry.second <= now; });
   for (auto it = reservations_.begin(); it != reservations_.end();) {
     if (it->second.expires > now) {
       ++it;
@@ -528,6 +540,13 @@ grpc::ServerUnaryReactor* DecodeWorker::Reserve(
       reactor->Finish(ToGrpcStatus(DrainingError("decode")));
       return;
     }
+    if (released_early_.erase(id) > 0) {
+      reactor->Finish(grpc::Status(
+          grpc::StatusCode::ABORTED,
+          absl::StrCat("request ", id.value,
+                       " was released before its reservation arrived")));
+      return;
+    }
     absl::StatusOr<KvReservation> reserved =
         g.Reserve(id, num_tokens, prompt_tokens, hashes);
     if (!reserved.ok()) {
@@ -572,6 +591,8 @@ grpc::ServerUnaryReactor* DecodeWorker::Release(
                                  "the reservation was released"));
       }
       DropReservation(it, g);
+    } else if (id.value != 0) {
+      NoteEarlyRelease(id);
     }
     // A caller that asks GetLoad once Release returned sees the blocks free.
     loop_->PublishLoad();

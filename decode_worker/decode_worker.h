@@ -213,7 +213,10 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService,
   // tokens), every layer, from the host staging into the pool (the shared
   // blocks before are the pool's own).
   absl::Status UnstageKv(const Reservation& reservation, uint32_t tokens);
+  // Expires reservations and early releases past their time.
   void ExpireReservations(Generator& generator);
+  // Remembers a Release of `id` that found no reservation.
+  void NoteEarlyRelease(RequestId id);
   // Ends a reservation whose KV the engine did not take: its blocks go
   // back to the pool once its landing is fenced.
   void DropReservation(ReservationMap::iterator it, Generator& generator);
@@ -230,6 +233,14 @@ class DecodeWorker final : public internal::v1::DecodeWorker::CallbackService,
   // Loop thread only.
   ReservationMap reservations_;
   std::vector<Quarantined> quarantined_;
+  // Ids released before any reservation of theirs arrived, until when a
+  // late Reserve of one is refused: the router releases a Reserve it got no
+  // answer to, and the two calls' handlers may run in either order (a
+  // partition that heals while both are in flight), so without this the
+  // late Reserve would hold its blocks until reservation_timeout. At most
+  // kMaxEarlyReleases, the oldest dropped first.
+  static constexpr size_t kMaxEarlyReleases = 1 << 16;
+  absl::flat_hash_map<RequestId, absl::Time> released_early_;
   // Before loop_: the loop's on_step hook records into it.
   DecodeMetrics metrics_;
   // Set once in Create; stopped first (its thread uses the fields above).

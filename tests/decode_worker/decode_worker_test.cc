@@ -717,6 +717,26 @@ TEST_F(DecodeWorkerTest, DecodeWhoseKvNeverArrivesEndsWithDeadlineExceeded) {
   ExpectIdle();
 }
 
+TEST_F(DecodeWorkerTest, AReserveThatArrivesAfterItsReleaseIsRefused) {
+  // The router releases a Reserve it got no answer to; after a partition
+  // heals, the two may be handled in either order. The late Reserve must
+  // not hold blocks until the reservation timeout.
+  EXPECT_TRUE(Release(5).ok());
+  wire::Landing landing;
+  const grpc::Status late = Reserve(5, 12, &landing);
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::ABORTED) << late.error_message();
+  EXPECT_NE(late.error_message().find("released before"), std::string::npos)
+      << late.error_message();
+  EXPECT_EQ(Load().free_blocks(), idle_);
+  // Only once: another Reserve of the id is a new one (the router never
+  // reuses an id, but the worker does not rely on that).
+  ASSERT_TRUE(Reserve(5, 12, &landing).ok());
+  EXPECT_LT(Load().free_blocks(), idle_);
+  EXPECT_TRUE(Release(5).ok());
+  EXPECT_EQ(Load().free_blocks(), idle_);
+  ExpectIdle();
+}
+
 TEST_F(DecodeWorkerTest, ReleaseFreesAReservationAndEndsItsWaitingDecode) {
   wire::Landing landing;
   ASSERT_TRUE(Reserve(1, 12, &landing).ok());
