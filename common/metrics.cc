@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/check.h"
 
 namespace pdserve {
@@ -330,6 +332,31 @@ std::string EscapeLabelValue(absl::string_view value) {
     }
   }
   return out;
+}
+
+absl::StatusOr<std::optional<double>> SumOfSamples(absl::string_view exposition,
+                                                   absl::string_view name,
+                                                   absl::string_view label) {
+  std::optional<double> sum;
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    // "name value" or "name{labels} value"; comments start with '#'.
+    if (!absl::StartsWith(line, name) || line.size() <= name.size()) continue;
+    const char next = line[name.size()];
+    if (next != ' ' && next != '{') continue;
+    if (!label.empty()) {
+      const size_t close = line.find('}');
+      if (next != '{' || close == absl::string_view::npos ||
+          !absl::StrContains(line.substr(name.size(), close - name.size()), label)) {
+        continue;
+      }
+    }
+    double value = 0;
+    if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+      return absl::InvalidArgumentError(absl::StrCat("an unreadable sample: ", line));
+    }
+    sum = sum.value_or(0) + value;
+  }
+  return sum;
 }
 
 }  // namespace pdserve

@@ -33,10 +33,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -204,6 +206,15 @@ class MetricsRegistry {
 // and a label value escaped (backslash, double quote, newline).
 std::string FormatMetricValue(double value);
 std::string EscapeLabelValue(absl::string_view value);
+
+// The sum of metric `name`'s samples in a Prometheus text exposition (what
+// a /metrics page answers): over every label set, or over those whose
+// labels hold `label` (e.g. `role="prefill"`) when it is not empty. nullopt
+// when the exposition has no such sample; INVALID_ARGUMENT for a sample
+// whose value does not read as a number.
+absl::StatusOr<std::optional<double>> SumOfSamples(absl::string_view exposition,
+                                                   absl::string_view name,
+                                                   absl::string_view label = "");
 
 extern template class MetricFamily<Counter>;
 extern template class MetricFamily<Gauge>;

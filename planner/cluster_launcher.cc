@@ -5,14 +5,13 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "boost/asio/io_context.hpp"
 #include "boost/asio/ip/tcp.hpp"
@@ -21,6 +20,7 @@
 #include "boost/beast/http/read.hpp"
 #include "boost/beast/http/string_body.hpp"
 #include "boost/beast/http/write.hpp"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 
 namespace pdserve::planner {
@@ -140,27 +140,11 @@ absl::StatusOr<double> ClusterLauncher::MetricSum(const std::string& process,
     return absl::NotFoundError(absl::StrCat("no metrics port in ", port_file));
   }
   PD_ASSIGN_OR_RETURN(const std::string page, LocalHttpGet(port, "/metrics"));
-  double sum = 0;
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    // "name value" or "name{labels} value"; comments start with '#'.
-    if (!absl::StartsWith(line, metric) || line.size() <= metric.size()) continue;
-    const char next = line[metric.size()];
-    if (next != ' ' && next != '{') continue;
-    if (!label.empty()) {
-      const size_t close = line.find('}');
-      if (next != '{' || close == absl::string_view::npos ||
-          !absl::StrContains(line.substr(metric.size(), close - metric.size()), label)) {
-        continue;
-      }
-    }
-    double value = 0;
-    if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
-      return absl::UnavailableError(
-          absl::StrCat(process, "'s /metrics has an unreadable sample: ", line));
-    }
-    sum += value;
+  absl::StatusOr<std::optional<double>> sum = SumOfSamples(page, metric, label);
+  if (!sum.ok()) {
+    return absl::UnavailableError(absl::StrCat(process, "'s /metrics has ", sum.status().message()));
   }
-  return sum;
+  return sum->value_or(0);
 }
 
 ClusterLauncher::~ClusterLauncher() {

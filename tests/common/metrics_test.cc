@@ -107,6 +107,29 @@ TEST(MetricsTest, CallbackGaugesAreReadAtScrape) {
   EXPECT_THAT(text, Not(HasSubstr("too")));
 }
 
+TEST(MetricsTest, SumsOneMetricsSamplesFromAnExposition) {
+  MetricsRegistry registry;
+  CounterFamily* routed =
+      registry.AddCounterFamily("test_routed_total", "Routed.", {"role", "worker"});
+  routed->WithLabels({"prefill", "p0"})->Increment(2);
+  routed->WithLabels({"prefill", "p1"})->Increment(3);
+  routed->WithLabels({"decode", "d0"})->Increment(7);
+  Histogram* steps = registry.AddHistogram("test_step_seconds", "Steps.", {0.1, 1});
+  steps->Observe(0.25);
+  steps->Observe(0.5);
+  const std::string text = registry.Exposition();
+  EXPECT_EQ(SumOfSamples(text, "test_routed_total").value(), 12);
+  EXPECT_EQ(SumOfSamples(text, "test_routed_total", "role=\"prefill\"").value(), 5);
+  EXPECT_EQ(SumOfSamples(text, "test_routed_total", "worker=\"d0\"").value(), 7);
+  EXPECT_EQ(SumOfSamples(text, "test_routed_total", "role=\"none\"").value(), std::nullopt);
+  // A histogram's _sum, not its buckets or _count (same prefix, other names).
+  EXPECT_EQ(SumOfSamples(text, "test_step_seconds_sum").value(), 0.75);
+  EXPECT_EQ(SumOfSamples(text, "test_step").value(), std::nullopt);
+  EXPECT_EQ(SumOfSamples(text, "test_absent").value(), std::nullopt);
+  EXPECT_EQ(SumOfSamples("test_bad{a=\"b\"} x\n", "test_bad").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(MetricsTest, ValueFormatting) {
   EXPECT_EQ(FormatMetricValue(0), "0");
   EXPECT_EQ(FormatMetricValue(3), "3");

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -25,13 +26,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "engine/builtin_tiny.h"
 #include "engine/generator.h"
 #include "engine/model_runner.h"
@@ -276,20 +276,12 @@ inline void JudgeStreams(const std::vector<std::vector<int32_t>>& reference,
 }
 
 // The sum of every sample of metric `name` (any labels) in a Prometheus
-// text exposition; -1 when it has none.
+// text exposition; -1 when it has none or one does not read.
 inline double MetricSum(const std::string& exposition,
                         const std::string& name) {
-  double sum = -1;
-  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
-    if (line.size() <= name.size() || line.substr(0, name.size()) != name)
-      continue;
-    const char next = line[name.size()];
-    if (next != ' ' && next != '{') continue;
-    double value;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value))
-      sum = std::max(sum, 0.0) + value;
-  }
-  return sum;
+  const absl::StatusOr<std::optional<double>> sum =
+      SumOfSamples(exposition, name);
+  return sum.ok() ? sum->value_or(-1) : -1;
 }
 
 // One process of a cluster under test.
