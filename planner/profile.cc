@@ -120,6 +120,9 @@ absl::Status ValidateProfile(const Profile& p) {
   if (!(std::isfinite(p.probe_ratio) && p.probe_ratio > 0)) {
     return FieldError("probe_ratio", "must be a positive number");
   }
+  if (!(std::isfinite(p.prefill_engine_slowdown) && p.prefill_engine_slowdown > 0)) {
+    return FieldError("prefill_engine_slowdown", "must be a positive number");
+  }
   for (size_t i = 0; i < p.transfers.size(); ++i) {
     const TransferCost& t = p.transfers[i];
     const std::string where = absl::StrCat("transfers[", i, "].");
@@ -176,6 +179,7 @@ nlohmann::json ToJson(const Profile& p) {
       {"decode_sequence_overhead_s", p.decode_sequence_overhead_s},
       {"prefill_cpu_per_request_s", p.prefill_cpu_per_request_s},
       {"prefill_cpu_per_kv_byte_s", p.prefill_cpu_per_kv_byte_s},
+      {"prefill_engine_slowdown", p.prefill_engine_slowdown},
       {"poll_interval_s", p.poll_interval_s},
       {"probe_ratio", p.probe_ratio},
   };
@@ -234,6 +238,8 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
       ReadDouble(j, "", "prefill_cpu_per_request_s", p.prefill_cpu_per_request_s));
   PD_RETURN_IF_ERROR(
       ReadDouble(j, "", "prefill_cpu_per_kv_byte_s", p.prefill_cpu_per_kv_byte_s));
+  PD_RETURN_IF_ERROR(
+      ReadDouble(j, "", "prefill_engine_slowdown", p.prefill_engine_slowdown));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "poll_interval_s", p.poll_interval_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "probe_ratio", p.probe_ratio));
   PD_RETURN_IF_ERROR(ValidateProfile(p));

@@ -135,6 +135,15 @@ struct Profile {
   // decodes.)
   double prefill_cpu_per_request_s = 0;
   double prefill_cpu_per_kv_byte_s = 0;
+  // A serving prefill worker's engine CPU per prompt over what the step
+  // cost gives (measured on a 1P1D cluster whose prefill worker is kept
+  // busy: MeasureServingCosts); the simulator multiplies a prefill worker's
+  // step cost by it. Under a CPU share the engine is throttled every quota
+  // period, and whatever else runs on its core meanwhile evicts what it had
+  // cached, which it reads again when it runs on (docs/capacity_planning.md
+  // run 10); back-to-back steps of the profiler's own engine do not pay
+  // that. 1: no difference (and without a share).
+  double prefill_engine_slowdown = 1;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
   // The drift check's probe (profiler.h DriftProbeOptions) run right after

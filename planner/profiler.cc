@@ -504,12 +504,18 @@ absl::StatusOr<std::vector<Timed>> SingleRequests(GenerationClient& client, int3
   return out;
 }
 
-// CPU seconds run so far by the threads of process `pid` other than its
-// engine's ("pd-engine", EngineLoop): /proc/PID/task/*/schedstat, whose first
-// field is the nanoseconds the thread has run. A thread that ended since an
-// earlier reading drops out of the sum, so compare readings of one phase
-// whose threads live through it (gRPC's and the KV lanes do).
-absl::StatusOr<double> ServingThreadsCpuSeconds(int pid) {
+// CPU seconds run so far by the threads of process `pid`: its engine's
+// ("pd-engine": EngineLoop, and the compute threads it starts, which take
+// its name) and the others (gRPC's, the KV lanes). From
+// /proc/PID/task/*/schedstat, whose first field is the nanoseconds the
+// thread has run. A thread that ended since an earlier reading drops out of
+// the sum, so compare readings of one phase whose threads live through it.
+struct ThreadsCpu {
+  double engine = 0;
+  double serving = 0;
+};
+
+absl::StatusOr<ThreadsCpu> ThreadsCpuSeconds(int pid) {
   const std::filesystem::path tasks = absl::StrCat("/proc/", pid, "/task");
   std::error_code error;
   std::filesystem::directory_iterator it(tasks, error);
@@ -517,15 +523,63 @@ absl::StatusOr<double> ServingThreadsCpuSeconds(int pid) {
     return absl::UnavailableError(
         absl::StrCat("cannot read the threads of process ", pid, ": ", error.message()));
   }
-  double seconds = 0;
+  ThreadsCpu cpu;
   for (const auto& task : it) {
     std::ifstream comm(task.path() / "comm"), schedstat(task.path() / "schedstat");
     std::string name;
     uint64_t run_ns = 0;
     if (!std::getline(comm, name) || !(schedstat >> run_ns)) continue;  // It just ended.
-    if (name != "pd-engine") seconds += static_cast<double>(run_ns) * 1e-9;
+    (name == "pd-engine" ? cpu.engine : cpu.serving) += static_cast<double>(run_ns) * 1e-9;
   }
-  return seconds;
+  return cpu;
+}
+
+// A prefill worker's engine CPU per prompt when it is kept busy (two
+// clients, each sending its next prompt as soon as the last is answered, so
+// one prompt waits while another computes) over what `profile`'s step model
+// gives for those prompts alone: Profile::prefill_engine_slowdown. The
+// prompts are `prompt_tokens` long (several quota periods each) and ask
+// for 2 tokens, so the decode worker has little to do.
+absl::StatusOr<double> BusyPrefillSlowdown(GenerationClient& client, int prefill_pid,
+                                           const Profile& profile, int32_t prompt_tokens,
+                                           uint64_t& prompts,
+                                           const std::function<void(const std::string&)>& progress) {
+  constexpr int32_t kClients = 2;
+  constexpr int32_t kPromptsEach = 8;
+  progress(absl::StrFormat("serving costs: the prefill worker's engine, busy with %d prompts of %d tokens",
+                           kClients * kPromptsEach, prompt_tokens));
+  std::vector<std::vector<std::vector<int32_t>>> mine(kClients);
+  for (auto& m : mine) {
+    for (int32_t r = 0; r < kPromptsEach; ++r) m.push_back(FreshPrompt(prompt_tokens, prompts));
+  }
+  PD_ASSIGN_OR_RETURN(const ThreadsCpu start, ThreadsCpuSeconds(prefill_pid));
+  std::vector<absl::Status> status(kClients);
+  {
+    std::vector<std::thread> threads;
+    for (int32_t i = 0; i < kClients; ++i) {
+      threads.emplace_back([&, i] {
+        for (std::vector<int32_t>& prompt : mine[i]) {
+          absl::StatusOr<Timed> t = TimedRequest(client, std::move(prompt), 2);
+          if (!t.ok()) {
+            status[i] = t.status();
+            return;
+          }
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (const absl::Status& s : status) PD_RETURN_IF_ERROR(s);
+  PD_ASSIGN_OR_RETURN(const ThreadsCpu end, ThreadsCpuSeconds(prefill_pid));
+  const double predicted =
+      kClients * kPromptsEach * PrefillSeconds(profile, prompt_tokens) * profile.worker_cpus;
+  const double measured = end.engine - start.engine;
+  if (!(predicted > 0 && measured > 0)) {
+    return absl::InternalError(absl::StrFormat(
+        "the busy prefill worker's engine ran %.3f CPU s where the step model gives %.3f",
+        measured, predicted));
+  }
+  return measured / predicted;
 }
 
 }  // namespace
@@ -665,8 +719,8 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     // lengths, less what they spend idle (answering the router's load
     // polls): a cost per request and one per KV byte pushed.
     auto serving_cpu = [&]() -> absl::StatusOr<std::pair<double, double>> {
-      PD_ASSIGN_OR_RETURN(const double cpu_s, ServingThreadsCpuSeconds(prefill_pid));
-      return std::pair{cpu_s, SecondsSince(t_begin)};
+      PD_ASSIGN_OR_RETURN(const ThreadsCpu cpu, ThreadsCpuSeconds(prefill_pid));
+      return std::pair{cpu.serving, SecondsSince(t_begin)};
     };
     PD_ASSIGN_OR_RETURN(const auto idle_start, serving_cpu());
     std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -702,11 +756,17 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       profile.prefill_cpu_per_request_s =
           std::max(0.0, cpu_short - per_byte * bytes_short) / profile.worker_cpus;
     }
+    if (profile.worker_cpus > 0) {
+      PD_ASSIGN_OR_RETURN(profile.prefill_engine_slowdown,
+                          BusyPrefillSlowdown(*c.client, prefill_pid, profile, long_prompt,
+                                              prompts, progress));
+    }
     // First token at push end + disaggregated_first_token_s; the second
     // at push end + a step + disaggregated_token_delivery_s. The prefill
-    // steps take their push's CPU too (as the simulator charges it).
-    const double push_end =
-        prefill + bytes_short * profile.prefill_cpu_per_kv_byte_s + push_tail;
+    // steps take the slowdown and their push's CPU too (as the simulator
+    // charges them).
+    const double push_end = prefill * profile.prefill_engine_slowdown +
+                            bytes_short * profile.prefill_cpu_per_kv_byte_s + push_tail;
     const double second_step = decode_step(1, o.prompt_tokens + 1);
     std::vector<double> first, delivery;
     for (const Timed& t : timed) {
