@@ -98,6 +98,10 @@ ABSL_FLAG(bool, drift_check, true,
 ABSL_FLAG(double, drift_threshold, 0.15,
           "validate: apply the drift check's scaling only when it is off by more than this "
           "share (its own run-to-run noise on a shared 2-vCPU VM is about 7%)");
+ABSL_FLAG(double, engine_scale, 1,
+          "simulate, search, validate: multiply the profile's CPU costs (engine steps, decode "
+          "step overheads, serving threads) by this, as the drift check does: what if the "
+          "workers run 5% slower (1.05) than profiled");
 
 namespace pdserve::planner {
 namespace {
@@ -316,8 +320,20 @@ absl::Status RunProfile() {
       p.token_delivery_s * 1e3, p.disaggregated_token_delivery_s * 1e3,
       p.decode_step_overhead_s * 1e6, p.decode_sequence_overhead_s * 1e6,
       p.prefill_cpu_per_request_s * 1e6, p.prefill_cpu_per_kv_byte_s * 1e6 * (1 << 20),
-      p.prefill_engine_slowdown);
+      p.prefill_engine_scale);
   return absl::OkStatus();
+}
+
+// --profile, its CPU costs scaled by --engine_scale.
+absl::StatusOr<Profile> ProfileFromFlags() {
+  PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
+  const double scale = absl::GetFlag(FLAGS_engine_scale);
+  if (!(std::isfinite(scale) && scale > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--engine_scale must be a positive number (1: the profile as measured), not ",
+                     scale));
+  }
+  return WithDrift(std::move(profile), scale);
 }
 
 absl::StatusOr<RoutingOptions> RoutingFromFlag() {
@@ -363,7 +379,7 @@ absl::Status WriteSummaryJson(const nlohmann::json& json) {
 }
 
 absl::Status RunSimulate() {
-  PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
+  PD_ASSIGN_OR_RETURN(Profile profile, ProfileFromFlags());
   PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
   PD_ASSIGN_OR_RETURN(std::vector<LoadLevel> levels, LoadLevelsFromFlags());
   PD_ASSIGN_OR_RETURN(SummarySpec spec, SummarySpecFromFlags());
@@ -451,7 +467,7 @@ absl::StatusOr<std::string> Bottleneck(const Profile& profile, const ClusterShap
 }
 
 absl::Status RunSearch() {
-  PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
+  PD_ASSIGN_OR_RETURN(Profile profile, ProfileFromFlags());
   PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
   PD_ASSIGN_OR_RETURN(SummarySpec spec, SummarySpecFromFlags());
   PD_ASSIGN_OR_RETURN(RoutingOptions routing, RoutingFromFlag());
@@ -673,7 +689,7 @@ absl::Status RunValidate() {
     return absl::InvalidArgumentError(
         absl::StrCat("--repeats must be at least 1, not ", absl::GetFlag(FLAGS_repeats)));
   }
-  PD_ASSIGN_OR_RETURN(Profile profile, ReadProfile(absl::GetFlag(FLAGS_profile)));
+  PD_ASSIGN_OR_RETURN(Profile profile, ProfileFromFlags());
   PD_ASSIGN_OR_RETURN(Workload workload, WorkloadFromFlags());
   PD_ASSIGN_OR_RETURN(std::vector<LoadLevel> levels, LoadLevelsFromFlags());
   PD_ASSIGN_OR_RETURN(SummarySpec spec, SummarySpecFromFlags());

@@ -136,14 +136,15 @@ struct Profile {
   double prefill_cpu_per_request_s = 0;
   double prefill_cpu_per_kv_byte_s = 0;
   // A serving prefill worker's engine CPU per prompt over what the step
-  // cost gives (measured on a 1P1D cluster whose prefill worker is kept
-  // busy: MeasureServingCosts); the simulator multiplies a prefill worker's
-  // step cost by it. Under a CPU share the engine is throttled every quota
-  // period, and whatever else runs on its core meanwhile evicts what it had
-  // cached, which it reads again when it runs on (docs/capacity_planning.md
-  // run 10); back-to-back steps of the profiler's own engine do not pay
-  // that. 1: no difference (and without a share).
-  double prefill_engine_slowdown = 1;
+  // cost gives for it, measured on the 1P1D cluster right after the fit
+  // with its prefill worker kept busy (MeasureServingCosts); the simulator
+  // multiplies a prefill worker's step cost by it. The step cost is fitted
+  // to steps run back to back in the profiler's own process; a worker's
+  // engine, between gRPC calls and KV pushes, ran 1.11x that in run 10 of
+  // docs/capacity_planning.md, and the same prompts on one worker took
+  // 2.09-2.30 CPU-s in runs that day, with or without a CPU share
+  // (bench/prefill_engine_cpu.sh). 1 without a share.
+  double prefill_engine_scale = 1;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
   // The drift check's probe (profiler.h DriftProbeOptions) run right after

@@ -537,10 +537,10 @@ absl::StatusOr<ThreadsCpu> ThreadsCpuSeconds(int pid) {
 // A prefill worker's engine CPU per prompt when it is kept busy (two
 // clients, each sending its next prompt as soon as the last is answered, so
 // one prompt waits while another computes) over what `profile`'s step model
-// gives for those prompts alone: Profile::prefill_engine_slowdown. The
+// gives for those prompts alone: Profile::prefill_engine_scale. The
 // prompts are `prompt_tokens` long (several quota periods each) and ask
 // for 2 tokens, so the decode worker has little to do.
-absl::StatusOr<double> BusyPrefillSlowdown(GenerationClient& client, int prefill_pid,
+absl::StatusOr<double> BusyPrefillEngineScale(GenerationClient& client, int prefill_pid,
                                            const Profile& profile, int32_t prompt_tokens,
                                            uint64_t& prompts,
                                            const std::function<void(const std::string&)>& progress) {
@@ -757,15 +757,15 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
           std::max(0.0, cpu_short - per_byte * bytes_short) / profile.worker_cpus;
     }
     if (profile.worker_cpus > 0) {
-      PD_ASSIGN_OR_RETURN(profile.prefill_engine_slowdown,
-                          BusyPrefillSlowdown(*c.client, prefill_pid, profile, long_prompt,
+      PD_ASSIGN_OR_RETURN(profile.prefill_engine_scale,
+                          BusyPrefillEngineScale(*c.client, prefill_pid, profile, long_prompt,
                                               prompts, progress));
     }
     // First token at push end + disaggregated_first_token_s; the second
     // at push end + a step + disaggregated_token_delivery_s. The prefill
-    // steps take the slowdown and their push's CPU too (as the simulator
-    // charges them).
-    const double push_end = prefill * profile.prefill_engine_slowdown +
+    // steps are scaled by prefill_engine_scale and take their push's CPU
+    // too (as the simulator charges them).
+    const double push_end = prefill * profile.prefill_engine_scale +
                             bytes_short * profile.prefill_cpu_per_kv_byte_s + push_tail;
     const double second_step = decode_step(1, o.prompt_tokens + 1);
     std::vector<double> first, delivery;

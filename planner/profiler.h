@@ -161,8 +161,8 @@ struct ServingCostOptions {
 // step overheads (least squares) and, under a CPU share, the prefill
 // worker's serving threads' CPU (prefill_cpu_per_*: their CPU time over
 // `requests` prompts of prompt_tokens and as many up to 4x as long) and its
-// engine's slowdown when kept busy with the longer prompts
-// (prefill_engine_slowdown; 1 without a share), given
+// engine's CPU over the step cost's when kept busy with the longer prompts
+// (prefill_engine_scale; 1 without a share), given
 // its engine fields, step cost, kv_bytes_per_token, max_context and
 // transfers (the first is the clusters' transport, tcp).
 absl::Status MeasureServingCosts(const ServingCostOptions& options, Profile& profile);

@@ -467,7 +467,7 @@ class ClusterSimulation {
     double step = profile_.step.Seconds(shape.tokens, shape.sequences, shape.attention,
                                         shape.decode_attention);
     if (w.is_prefill) {
-      step *= profile_.prefill_engine_slowdown;
+      step *= profile_.prefill_engine_scale;
       step += StepPushBytes(w) * profile_.prefill_cpu_per_kv_byte_s;
       result_.prefill_step_s += step;
     } else {

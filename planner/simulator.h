@@ -44,10 +44,11 @@
 // checks it against the real Generator), and the routing is the router's
 // own RoutingPolicy. What the model leaves out or simplifies:
 //   - Step cost is the fitted linear model, whatever the batch's shape
-//     beyond its terms; no noise. Interference between workers sharing a
-//     machine (CPU cores, caches, memory bandwidth) is one constant factor
-//     on prefill workers' steps, measured at one load, whatever the
-//     neighbours do; none on decode workers'.
+//     beyond its terms; no noise. A serving prefill worker's engine is
+//     calibrated by one constant factor, measured at one load, whatever
+//     its neighbours do then; a decode worker's is not (its token gaps set
+//     its overheads instead). No other interference between workers
+//     sharing a machine (CPU cores, caches, memory bandwidth).
 //   - The fixed serving costs (Profile's *_s fields) are constants added
 //     at the end; the RPCs that carry a request to a worker take no time
 //     (Reserve, Prefill, Decode reach their worker at once), and neither

@@ -8,9 +8,13 @@ measured goodput per worker; and the error statistics against the targets
 (P90 TTFT and TPOT within 10%, attainment within 3 points); and, where
 validate measured them, the engines' step times and the prompts prefilled
 on decode workers, with the latency errors at the points where the step
-times held.
+times held; and, given the same validation predicted again with
+`pd-plan validate --engine_scale=S --measured_json`, how far that engine
+speed moves each P90 prediction: the points where the 10% target asks
+for an engine speed known to better than S - 1.
 
     planner/validation_report.py VALIDATE.json SEARCH.json [--attainment_target 0.9]
+        [--scaled_json SCALED.json --scale 1.05]
 """
 import argparse
 import json
@@ -77,11 +81,31 @@ def step_report(rows, ttft_err, tpot_err):
     print(line)
 
 
+def sensitivity_report(rows, scaled, scale):
+    """Per P90 figure, the points where predicting with every CPU cost
+    times `scale` moves the prediction by more than 10%."""
+    print()
+    for figure, key in (("P90 TTFT", "ttft_s"), ("P90 TPOT", "tpot_s")):
+        moved = []
+        for r, s in zip(rows, scaled):
+            if (r["config"], r["rate"]) != (s["config"], s["rate"]):
+                raise SystemExit("the scaled predictions are not of the same points")
+            base = r["predicted"][key]["p90"]
+            change = err(s["predicted"][key]["p90"], base)
+            if abs(change) > 0.10:
+                moved.append(f"{r['config']} at {r['rate']:g} ({change*100:+.0f}%)")
+        print(f"Every CPU cost of the profile {(scale - 1)*100:+.0f}% (--engine_scale={scale:g}) "
+              f"moves the {figure} prediction by more than 10% at {len(moved)} of {len(rows)} "
+              f"points" + (": " + ", ".join(moved) if moved else "") + ".")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("validate_json")
     parser.add_argument("search_json")
     parser.add_argument("--attainment_target", type=float, default=0.9)
+    parser.add_argument("--scaled_json", help="the same points predicted with --engine_scale")
+    parser.add_argument("--scale", type=float, default=1.05, help="the --engine_scale of --scaled_json")
     args = parser.parse_args()
     rows = json.load(open(args.validate_json))
     search = json.load(open(args.search_json))
@@ -118,6 +142,8 @@ def main():
           f"{statistics.median(att_err)*100:.0f} points, within 3 points in "
           f"{sum(e <= 0.03 + 1e-9 for e in att_err)} of {n}.")
     step_report(rows, ttft_err, tpot_err)
+    if args.scaled_json:
+        sensitivity_report(rows, json.load(open(args.scaled_json)), args.scale)
     print()
     print("| xPyD | goodput predicted by the sweep (req/s) | measured (req/s) | measured per worker | search's goodput (bisection) |")
     print("|---|---:|---:|---:|---:|")

@@ -244,7 +244,7 @@ TEST(SimulatorTest, SumsEachRolesStepTimes) {
   // A busy prefill worker's engine runs 1.5x its step model: its steps
   // cost that much (not their push), and the first token comes that much
   // later; a decode worker's steps, prefills included, do not change.
-  p.prefill_engine_slowdown = 1.5;
+  p.prefill_engine_scale = 1.5;
   absl::StatusOr<Simulation> slow = Simulate(p, shape, w);
   ASSERT_TRUE(slow.ok()) << slow.status();
   EXPECT_NEAR(slow->prefill_step_s, 1.5 * (3 * 1.0 + 40 * 0.01) + 40000 * 1e-5, 1e-9);
@@ -588,7 +588,7 @@ Profile FullProfile() {
   p.token_delivery_s = 0.0003;
   p.prefill_cpu_per_request_s = 0.0004;
   p.prefill_cpu_per_kv_byte_s = 2e-9;
-  p.prefill_engine_slowdown = 1.08;
+  p.prefill_engine_scale = 1.08;
   p.poll_interval_s = 0.05;
   p.probe_ratio = 1.07;
   return p;
@@ -607,7 +607,7 @@ void ExpectSameProfile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.transfers[1].bytes_per_s, b.transfers[1].bytes_per_s);
   EXPECT_EQ(a.poll_interval_s, b.poll_interval_s);
   EXPECT_EQ(a.probe_ratio, b.probe_ratio);
-  EXPECT_EQ(a.prefill_engine_slowdown, b.prefill_engine_slowdown);
+  EXPECT_EQ(a.prefill_engine_scale, b.prefill_engine_scale);
 }
 
 TEST(ProfileTest, JsonRoundTrip) {
@@ -645,7 +645,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
       {"/transfers/0/latency_s", "fast", "'transfers[0].latency_s' must be a number"},
       {"/poll_interval_s", 0, "'poll_interval_s' must be a positive number"},
       {"/probe_ratio", -1, "'probe_ratio' must be a positive number"},
-      {"/prefill_engine_slowdown", 0, "'prefill_engine_slowdown' must be a positive number"},
+      {"/prefill_engine_scale", 0, "'prefill_engine_scale' must be a positive number"},
       {"/prefill_cpu_per_kv_byte_s", -1e-9,
        "'prefill_cpu_per_kv_byte_s' must be a non-negative number"},
       {"/disaggregated_token_delivery_s", -0.001,
@@ -662,7 +662,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
   }
   for (const char* field : {"token_delivery_s", "machine", "transfers", "probe_ratio",
                             "prefill_cpu_per_request_s", "disaggregated_token_delivery_s",
-                            "prefill_engine_slowdown"}) {
+                            "prefill_engine_scale"}) {
     nlohmann::json j = ToJson(FullProfile());
     j.erase(field);
     absl::StatusOr<Profile> p = ProfileFromJson(j);
