@@ -120,8 +120,9 @@ absl::Status ValidateProfile(const Profile& p) {
   if (!(std::isfinite(p.probe_ratio) && p.probe_ratio > 0)) {
     return FieldError("probe_ratio", "must be a positive number");
   }
-  if (!(std::isfinite(p.prefill_engine_scale) && p.prefill_engine_scale > 0)) {
-    return FieldError("prefill_engine_scale", "must be a positive number");
+  for (const auto& [name, scale] : {std::pair{"prefill_engine_scale", p.prefill_engine_scale},
+                                     std::pair{"decode_engine_scale", p.decode_engine_scale}}) {
+    if (!(std::isfinite(scale) && scale > 0)) return FieldError(name, "must be a positive number");
   }
   for (size_t i = 0; i < p.transfers.size(); ++i) {
     const TransferCost& t = p.transfers[i];
@@ -180,6 +181,7 @@ nlohmann::json ToJson(const Profile& p) {
       {"prefill_cpu_per_request_s", p.prefill_cpu_per_request_s},
       {"prefill_cpu_per_kv_byte_s", p.prefill_cpu_per_kv_byte_s},
       {"prefill_engine_scale", p.prefill_engine_scale},
+      {"decode_engine_scale", p.decode_engine_scale},
       {"poll_interval_s", p.poll_interval_s},
       {"probe_ratio", p.probe_ratio},
   };
@@ -240,6 +242,7 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
       ReadDouble(j, "", "prefill_cpu_per_kv_byte_s", p.prefill_cpu_per_kv_byte_s));
   PD_RETURN_IF_ERROR(
       ReadDouble(j, "", "prefill_engine_scale", p.prefill_engine_scale));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "decode_engine_scale", p.decode_engine_scale));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "poll_interval_s", p.poll_interval_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "probe_ratio", p.probe_ratio));
   PD_RETURN_IF_ERROR(ValidateProfile(p));

@@ -145,6 +145,12 @@ struct Profile {
   // 2.09-2.30 CPU-s in runs that day, with or without a CPU share
   // (bench/prefill_engine_cpu.sh). 1 without a share.
   double prefill_engine_scale = 1;
+  // The same of a decode worker's engine, kept busy with colocated prompts
+  // on a 0P1D cluster; the simulator multiplies a decode worker's step cost
+  // by it (its prefill chunks and its decode batches alike), and the decode
+  // step overheads and the colocated constants are fitted against the
+  // scaled steps. 1 without a share.
+  double decode_engine_scale = 1;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
   // The drift check's probe (profiler.h DriftProbeOptions) run right after

@@ -534,25 +534,26 @@ absl::StatusOr<ThreadsCpu> ThreadsCpuSeconds(int pid) {
   return cpu;
 }
 
-// A prefill worker's engine CPU per prompt when it is kept busy (two
-// clients, each sending its next prompt as soon as the last is answered, so
-// one prompt waits while another computes) over what `profile`'s step model
-// gives for those prompts alone: Profile::prefill_engine_scale. The
+// The engine CPU per prompt of the worker `pid` that computes the prompts
+// of `client`'s cluster, when it is kept busy (two clients, each sending its
+// next prompt as soon as the last is answered, so one prompt waits while
+// another computes), over what `profile`'s step model gives for those
+// prompts alone: Profile::prefill_engine_scale and decode_engine_scale. The
 // prompts are `prompt_tokens` long (several quota periods each) and ask
-// for 2 tokens, so the decode worker has little to do.
-absl::StatusOr<double> BusyPrefillEngineScale(GenerationClient& client, int prefill_pid,
+// for 2 tokens, so the rest of the cluster has little to do.
+absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid,
                                            const Profile& profile, int32_t prompt_tokens,
                                            uint64_t& prompts,
                                            const std::function<void(const std::string&)>& progress) {
   constexpr int32_t kClients = 2;
   constexpr int32_t kPromptsEach = 8;
-  progress(absl::StrFormat("serving costs: the prefill worker's engine, busy with %d prompts of %d tokens",
+  progress(absl::StrFormat("serving costs: an engine busy with %d prompts of %d tokens",
                            kClients * kPromptsEach, prompt_tokens));
   std::vector<std::vector<std::vector<int32_t>>> mine(kClients);
   for (auto& m : mine) {
     for (int32_t r = 0; r < kPromptsEach; ++r) m.push_back(FreshPrompt(prompt_tokens, prompts));
   }
-  PD_ASSIGN_OR_RETURN(const ThreadsCpu start, ThreadsCpuSeconds(prefill_pid));
+  PD_ASSIGN_OR_RETURN(const ThreadsCpu start, ThreadsCpuSeconds(pid));
   std::vector<absl::Status> status(kClients);
   {
     std::vector<std::thread> threads;
@@ -570,13 +571,13 @@ absl::StatusOr<double> BusyPrefillEngineScale(GenerationClient& client, int pref
     for (std::thread& t : threads) t.join();
   }
   for (const absl::Status& s : status) PD_RETURN_IF_ERROR(s);
-  PD_ASSIGN_OR_RETURN(const ThreadsCpu end, ThreadsCpuSeconds(prefill_pid));
+  PD_ASSIGN_OR_RETURN(const ThreadsCpu end, ThreadsCpuSeconds(pid));
   const double predicted =
       kClients * kPromptsEach * PrefillSeconds(profile, prompt_tokens) * profile.worker_cpus;
   const double measured = end.engine - start.engine;
   if (!(predicted > 0 && measured > 0)) {
     return absl::InternalError(absl::StrFormat(
-        "the busy prefill worker's engine ran %.3f CPU s where the step model gives %.3f",
+        "the busy worker's engine ran %.3f CPU s where the step model gives %.3f",
         measured, predicted));
   }
   return measured / predicted;
@@ -639,10 +640,31 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       o.prompt_tokens - (o.prompt_tokens - 1) / profile.max_batch_tokens * profile.max_batch_tokens;
   const double push_tail =
       link.latency_s + last_chunk * profile.kv_bytes_per_token / std::max(link.bytes_per_s, 1.0);
+  // The longer prompts: several quota periods of prefill each.
+  const int32_t long_prompt =
+      std::max(o.prompt_tokens + 1,
+               std::min(4 * o.prompt_tokens,
+                        (profile.max_context > 0 ? profile.max_context : 4 * o.prompt_tokens) -
+                            o.output_tokens));
+  // A decode worker's engine step, as the simulator costs it.
+  auto decode_engine = [&](int64_t b, double context) {
+    return profile.step.Seconds(b, b, 0, b * context) * profile.decode_engine_scale;
+  };
   auto decode_step = [&](int64_t b, double context) {
-    return profile.step.Seconds(b, b, 0, b * context) + profile.decode_step_overhead_s +
+    return decode_engine(b, context) + profile.decode_step_overhead_s +
            profile.decode_sequence_overhead_s * b;
   };
+
+  // First, a decode worker's engine kept busy with colocated prompts: every
+  // later figure of a decode worker is measured against its scaled steps.
+  if (profile.worker_cpus > 0) {
+    progress("serving costs: a busy colocated cluster (0P1D)");
+    PD_ASSIGN_OR_RETURN(ProfiledCluster c, StartCluster(o.launch, 0));
+    PD_ASSIGN_OR_RETURN(const int decode_pid, c.cluster->Pid("decode-0"));
+    PD_ASSIGN_OR_RETURN(profile.decode_engine_scale,
+                        BusyEngineScale(*c.client, decode_pid, profile, long_prompt, prompts,
+                                        progress));
+  }
 
   // The decode overheads first, on a disaggregated cluster: its decode
   // worker only decodes, so each gap between a request's consecutive tokens
@@ -686,7 +708,7 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       for (const auto& g : gaps) all.insert(all.end(), g.begin(), g.end());
       const double gap = Percentile(all, 50);
       const double context = o.prompt_tokens + o.output_tokens;  // The middle.
-      const double engine = profile.step.Seconds(b, b, 0, static_cast<double>(b) * context);
+      const double engine = decode_engine(b, context);
       a.push_back({1.0, static_cast<double>(b), 0, 0, 0});
       y.push_back(gap - engine);
     }
@@ -704,7 +726,7 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     // the next step's end + token_delivery_s.
     std::vector<double> first, delivery;
     for (const Timed& t : timed) {
-      first.push_back(t.tokens[0] - prefill);
+      first.push_back(t.tokens[0] - prefill * profile.decode_engine_scale);
       delivery.push_back(t.tokens[1] - t.tokens[0] + first.back() -
                          decode_step(1, o.prompt_tokens + 1));
     }
@@ -735,11 +757,6 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
                         SingleRequests(*c.client, o.requests, o.prompt_tokens, o.output_tokens,
                                        prompts));
     PD_ASSIGN_OR_RETURN(const auto short_end, serving_cpu());
-    const int32_t long_prompt =
-        std::max(o.prompt_tokens + 1,
-                 std::min(4 * o.prompt_tokens,
-                          (profile.max_context > 0 ? profile.max_context : 4 * o.prompt_tokens) -
-                              o.output_tokens));
     progress(absl::StrFormat(
         "serving costs: the prefill worker's serving threads at prompts of %d and %d tokens",
         o.prompt_tokens, long_prompt));
@@ -758,8 +775,8 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     }
     if (profile.worker_cpus > 0) {
       PD_ASSIGN_OR_RETURN(profile.prefill_engine_scale,
-                          BusyPrefillEngineScale(*c.client, prefill_pid, profile, long_prompt,
-                                              prompts, progress));
+                          BusyEngineScale(*c.client, prefill_pid, profile, long_prompt, prompts,
+                                          progress));
     }
     // First token at push end + disaggregated_first_token_s; the second
     // at push end + a step + disaggregated_token_delivery_s. The prefill

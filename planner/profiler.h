@@ -162,7 +162,10 @@ struct ServingCostOptions {
 // worker's serving threads' CPU (prefill_cpu_per_*: their CPU time over
 // `requests` prompts of prompt_tokens and as many up to 4x as long) and its
 // engine's CPU over the step cost's when kept busy with the longer prompts
-// (prefill_engine_scale; 1 without a share), given
+// (prefill_engine_scale), and the same of a colocated decode worker
+// (decode_engine_scale, measured first: the decode overheads and the
+// colocated constants are fitted against its scaled steps; both 1 without
+// a share), given
 // its engine fields, step cost, kv_bytes_per_token, max_context and
 // transfers (the first is the clusters' transport, tcp).
 absl::Status MeasureServingCosts(const ServingCostOptions& options, Profile& profile);

@@ -471,6 +471,7 @@ class ClusterSimulation {
       step += StepPushBytes(w) * profile_.prefill_cpu_per_kv_byte_s;
       result_.prefill_step_s += step;
     } else {
+      step *= profile_.decode_engine_scale;
       result_.decode_step_s += step;
     }
     // A serving decode worker also streams its tokens between steps

@@ -254,6 +254,19 @@ TEST(SimulatorTest, SumsEachRolesStepTimes) {
   absl::StatusOr<Simulation> slow_colocated = Simulate(p, Shape(0, 1), w);
   ASSERT_TRUE(slow_colocated.ok()) << slow_colocated.status();
   EXPECT_NEAR(slow_colocated->decode_step_s, colocated->decode_step_s, 1e-9);
+
+  // A decode worker's at 2x: all its steps, prefill chunks included, and
+  // not its streaming overhead; the prefill worker's stay.
+  p.decode_engine_scale = 2;
+  absl::StatusOr<Simulation> slow_decode = Simulate(p, shape, w);
+  ASSERT_TRUE(slow_decode.ok()) << slow_decode.status();
+  EXPECT_NEAR(slow_decode->prefill_step_s, slow->prefill_step_s, 1e-9);
+  EXPECT_NEAR(slow_decode->decode_step_s, 2 * 2 * (1.0 + 0.01), 1e-9);
+  EXPECT_NEAR(slow_decode->records[0].token_s.back() - slow_decode->records[0].token_s[0],
+              2 * (2 * (1.0 + 0.01) + 0.5), 1e-9);
+  slow_colocated = Simulate(p, Shape(0, 1), w);
+  ASSERT_TRUE(slow_colocated.ok()) << slow_colocated.status();
+  EXPECT_NEAR(slow_colocated->decode_step_s, 2 * colocated->decode_step_s, 1e-9);
 }
 
 TEST(SimulatorTest, ConcurrencyNeverExceedsWhatTheDecodePoolHolds) {
@@ -589,6 +602,7 @@ Profile FullProfile() {
   p.prefill_cpu_per_request_s = 0.0004;
   p.prefill_cpu_per_kv_byte_s = 2e-9;
   p.prefill_engine_scale = 1.08;
+  p.decode_engine_scale = 1.04;
   p.poll_interval_s = 0.05;
   p.probe_ratio = 1.07;
   return p;
@@ -608,6 +622,7 @@ void ExpectSameProfile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.poll_interval_s, b.poll_interval_s);
   EXPECT_EQ(a.probe_ratio, b.probe_ratio);
   EXPECT_EQ(a.prefill_engine_scale, b.prefill_engine_scale);
+  EXPECT_EQ(a.decode_engine_scale, b.decode_engine_scale);
 }
 
 TEST(ProfileTest, JsonRoundTrip) {
@@ -646,6 +661,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
       {"/poll_interval_s", 0, "'poll_interval_s' must be a positive number"},
       {"/probe_ratio", -1, "'probe_ratio' must be a positive number"},
       {"/prefill_engine_scale", 0, "'prefill_engine_scale' must be a positive number"},
+      {"/decode_engine_scale", -1, "'decode_engine_scale' must be a positive number"},
       {"/prefill_cpu_per_kv_byte_s", -1e-9,
        "'prefill_cpu_per_kv_byte_s' must be a non-negative number"},
       {"/disaggregated_token_delivery_s", -0.001,
@@ -662,7 +678,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
   }
   for (const char* field : {"token_delivery_s", "machine", "transfers", "probe_ratio",
                             "prefill_cpu_per_request_s", "disaggregated_token_delivery_s",
-                            "prefill_engine_scale"}) {
+                            "prefill_engine_scale", "decode_engine_scale"}) {
     nlohmann::json j = ToJson(FullProfile());
     j.erase(field);
     absl::StatusOr<Profile> p = ProfileFromJson(j);
