@@ -541,10 +541,9 @@ absl::StatusOr<ThreadsCpu> ThreadsCpuSeconds(int pid) {
 // prompts alone: Profile::prefill_engine_scale and decode_engine_scale. The
 // prompts are `prompt_tokens` long (several quota periods each) and ask
 // for 2 tokens, so the rest of the cluster has little to do.
-absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid,
-                                           const Profile& profile, int32_t prompt_tokens,
-                                           uint64_t& prompts,
-                                           const std::function<void(const std::string&)>& progress) {
+absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid, const Profile& profile,
+                                       int32_t prompt_tokens, uint64_t& prompts,
+                                       const std::function<void(const std::string&)>& progress) {
   constexpr int32_t kClients = 2;
   constexpr int32_t kPromptsEach = 8;
   progress(absl::StrFormat("serving costs: an engine busy with %d prompts of %d tokens",
@@ -666,7 +665,7 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
                                         progress));
   }
 
-  // The decode overheads first, on a disaggregated cluster: its decode
+  // Then the decode overheads, on a disaggregated cluster: its decode
   // worker only decodes, so each gap between a request's consecutive tokens
   // is one decode step of batch b at its context (on a colocated one the
   // closed loop's next prompts would be prefilled between them, and their

@@ -14,7 +14,11 @@ speed moves each P90 prediction: the points where the 10% target asks
 for an engine speed known to better than S - 1.
 
     planner/validation_report.py VALIDATE.json SEARCH.json [--attainment_target 0.9]
-        [--scaled_json SCALED.json --scale 1.05]
+        [--scaled_json SCALED.json --scale 1.05 [--base_json BASE.json]]
+
+BASE.json: the same points predicted again at --engine_scale=1, to
+compare the scaled predictions with when validate's drift check scaled
+some of its own (default: VALIDATE.json's predictions).
 """
 import argparse
 import json
@@ -83,7 +87,7 @@ def step_report(rows, ttft_err, tpot_err):
 
 def sensitivity_report(rows, scaled, scale):
     """Per P90 figure, the points where predicting with every CPU cost
-    times `scale` moves the prediction by more than 10%."""
+    times `scale` moves the prediction of `rows` by more than 10%."""
     print()
     for figure, key in (("P90 TTFT", "ttft_s"), ("P90 TPOT", "tpot_s")):
         moved = []
@@ -106,6 +110,7 @@ def main():
     parser.add_argument("--attainment_target", type=float, default=0.9)
     parser.add_argument("--scaled_json", help="the same points predicted with --engine_scale")
     parser.add_argument("--scale", type=float, default=1.05, help="the --engine_scale of --scaled_json")
+    parser.add_argument("--base_json", help="the same points predicted at --engine_scale=1")
     args = parser.parse_args()
     rows = json.load(open(args.validate_json))
     search = json.load(open(args.search_json))
@@ -143,7 +148,8 @@ def main():
           f"{sum(e <= 0.03 + 1e-9 for e in att_err)} of {n}.")
     step_report(rows, ttft_err, tpot_err)
     if args.scaled_json:
-        sensitivity_report(rows, json.load(open(args.scaled_json)), args.scale)
+        base = json.load(open(args.base_json)) if args.base_json else rows
+        sensitivity_report(base, json.load(open(args.scaled_json)), args.scale)
     print()
     print("| xPyD | goodput predicted by the sweep (req/s) | measured (req/s) | measured per worker | search's goodput (bisection) |")
     print("|---|---:|---:|---:|---:|")
