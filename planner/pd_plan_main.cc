@@ -321,6 +321,9 @@ absl::Status RunProfile() {
       p.decode_step_overhead_s * 1e6, p.decode_sequence_overhead_s * 1e6,
       p.prefill_cpu_per_request_s * 1e6, p.prefill_cpu_per_kv_byte_s * 1e6 * (1 << 20),
       p.prefill_engine_scale, p.decode_engine_scale);
+  if (const std::string warning = ProfileSpeedWarning(p); !warning.empty()) {
+    std::cout << "\nWarning: " << warning << "\n";
+  }
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
@@ -74,6 +75,16 @@ Profile WithDrift(Profile p, double drift) {
   p.prefill_cpu_per_request_s *= drift;
   p.prefill_cpu_per_kv_byte_s *= drift;
   return p;
+}
+
+std::string ProfileSpeedWarning(const Profile& p) {
+  const double off = std::abs(p.probe_ratio - 1);
+  if (!(off > 0.25)) return "";
+  return absl::StrFormat(
+      "the drift probe right after the fit ran %.0f%% %s than the fitted model: the machine's "
+      "speed changed while it was profiled, and predictions from this profile can be off by as "
+      "much (docs/capacity_planning.md, run 11). Profile again when the machine is quiet.",
+      off * 100, p.probe_ratio < 1 ? "faster" : "slower");
 }
 
 absl::Status ValidateProfile(const Profile& p) {

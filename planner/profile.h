@@ -167,6 +167,14 @@ struct Profile {
 // waiting (network, polls), not the CPU the drift check measures.
 Profile WithDrift(Profile profile, double drift);
 
+// What a profile's user should be told when its drift probe, run right
+// after the fit, says the machine's speed changed while it was profiled:
+// |probe_ratio - 1| beyond 0.25 (the ratio also holds the fit's own bias at
+// the probe's steps, hence the wide bound; run 11 of
+// docs/capacity_planning.md: 0.70, and its prefill predictions 21% long).
+// Empty when there is nothing to say.
+std::string ProfileSpeedWarning(const Profile& profile);
+
 // The bounds every reader of a profile relies on: counts at least 1
 // (max_batch_tokens at least max_running, as the engine demands; prefill
 // pool at least 0), costs finite and non-negative, transfer bandwidths and

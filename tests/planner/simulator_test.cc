@@ -625,6 +625,19 @@ void ExpectSameProfile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.decode_engine_scale, b.decode_engine_scale);
 }
 
+TEST(ProfileTest, WarnsWhenTheMachinesSpeedChangedWhileProfiling) {
+  Profile p = FullProfile();
+  p.probe_ratio = 0.97;  // Run 10's: the fit's own bias.
+  EXPECT_EQ(ProfileSpeedWarning(p), "");
+  p.probe_ratio = 0.70;  // Run 11's.
+  EXPECT_NE(ProfileSpeedWarning(p).find("ran 30% faster than the fitted model"), std::string::npos)
+      << ProfileSpeedWarning(p);
+  p.probe_ratio = 1.4;
+  EXPECT_NE(ProfileSpeedWarning(p).find("ran 40% slower"), std::string::npos);
+  p.probe_ratio = 1.25;  // The bound itself passes.
+  EXPECT_EQ(ProfileSpeedWarning(p), "");
+}
+
 TEST(ProfileTest, JsonRoundTrip) {
   const Profile p = FullProfile();
   absl::StatusOr<Profile> back = ProfileFromJson(ToJson(p));
