@@ -36,6 +36,10 @@
 //                threads take prefill_cpu_per_request_s at each Prefill: the
 //                worker's next step takes that on top of its own, less what
 //                the engine's idle time since has left to the threads;
+//   step cost    a worker's step costs the step model's time times its
+//                role's Profile::prefill_engine_scale or decode_engine_scale
+//                (its engine's CPU over the model's, measured on a busy
+//                serving worker);
 //   the stream is in order (no token before the one before it), and the
 //   router's ledger frees the request's blocks when its last token arrives.
 //
@@ -44,11 +48,12 @@
 // checks it against the real Generator), and the routing is the router's
 // own RoutingPolicy. What the model leaves out or simplifies:
 //   - Step cost is the fitted linear model, whatever the batch's shape
-//     beyond its terms; no noise. A serving prefill worker's engine is
-//     calibrated by one constant factor, measured at one load, whatever
-//     its neighbours do then; a decode worker's is not (its token gaps set
-//     its overheads instead). No other interference between workers
-//     sharing a machine (CPU cores, caches, memory bandwidth).
+//     beyond its terms; no noise. A serving worker's engine is calibrated
+//     by one constant factor per role, measured on long prompts at one
+//     load, whatever its neighbours do then; a decode worker's decode
+//     batches get the factor of its prefill chunks. No other interference
+//     between workers sharing a machine (CPU cores, caches, memory
+//     bandwidth).
 //   - The fixed serving costs (Profile's *_s fields) are constants added
 //     at the end; the RPCs that carry a request to a worker take no time
 //     (Reserve, Prefill, Decode reach their worker at once), and neither
