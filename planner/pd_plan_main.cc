@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -62,7 +63,7 @@ ABSL_FLAG(std::vector<std::string>, transports, {"tcp"},
           "profile: KV transports to measure (the first is the clusters')");
 ABSL_FLAG(int32_t, reps, 5, "profile: repetitions of each measured step");
 ABSL_FLAG(std::string, samples_out, "", "(internal) profile_engine: where the samples go");
-ABSL_FLAG(bool, probe, false, "(internal) profile_engine: the drift check's short design");
+ABSL_FLAG(bool, probe, false, "(internal) profile_engine: the drift probe's short design");
 ABSL_FLAG(std::string, bin, "", "The build directory with the pdserve binaries "
           "(default: the one this pd-plan was built in)");
 ABSL_FLAG(std::string, run_dir, "", "Where clusters keep ports and logs (default: a temporary "
@@ -93,11 +94,12 @@ ABSL_FLAG(double, max_tpot_error, -1,
 ABSL_FLAG(double, max_attainment_error, 0.03,
           "validate: largest attainment error (as a share, 0.03 = 3 points) that passes");
 ABSL_FLAG(bool, drift_check, true,
-          "validate: before each configuration's runs, re-measure a few seconds of engine "
-          "steps and scale the profile's CPU costs by measured / predicted");
+          "validate: before each configuration's runs, keep its cluster's engines busy for a few "
+          "seconds (as pd-plan profile did for its engine scales) and scale the profile's CPU "
+          "costs by their measured / predicted step time");
 ABSL_FLAG(double, drift_threshold, 0.15,
           "validate: apply the drift check's scaling only when it is off by more than this "
-          "share (its own run-to-run noise on a shared 2-vCPU VM is about 7%)");
+          "share (its own run-to-run noise on a shared 2-vCPU VM is about 6%)");
 ABSL_FLAG(double, engine_scale, 1,
           "simulate, search, validate: multiply the profile's CPU costs (engine steps, decode "
           "step overheads, serving threads) by this, as the drift check does: what if the "
@@ -224,7 +226,7 @@ absl::StatusOr<ChildMeasurement> MeasureInChild(const EngineProfileOptions& o,
   return out;
 }
 
-// The drift check's probe of `profile`'s engine, run now in a child under
+// The profile's drift probe (DriftProbeOptions), run now in a child under
 // its share: its ProbeRatio (profiler.h).
 absl::StatusOr<double> ProbeRatioNow(const Profile& profile, const std::string& dir) {
   PD_ASSIGN_OR_RETURN(ChildMeasurement probe, MeasureInChild(DriftProbeOptions(profile), {}, dir));
@@ -276,9 +278,9 @@ absl::Status RunProfile() {
     p.max_context = model->config().max_position_embeddings;
   }
   p.transfers = measured.transfers;
-  // The drift check's probe, right after the profile: what a later check
-  // measures relative to.
-  Progress("the drift check's probe");
+  // The drift probe, right after the fit: did the machine's speed change
+  // while it was profiled (ProfileSpeedWarning).
+  Progress("the drift probe");
   PD_ASSIGN_OR_RETURN(p.probe_ratio, ProbeRatioNow(p, RunDir("profile-probe")));
   ServingCostOptions serving;
   serving.launch = LaunchOptionsFor(p);
@@ -664,6 +666,57 @@ absl::StatusOr<EngineWork> MeasuredEngineWork(const ClusterLauncher& cluster,
   return t;
 }
 
+// The drift check: `cluster`'s engines kept busy as pd-plan profile keeps
+// one for its engine scales (profiler.h kBusyClients, kBusyPrompts of
+// BusyPromptTokens, after two warm-up prompts), their step time (the
+// workers' step histograms, as the step-time rows measure it) over what
+// the simulator gives for the same requests on `shape` with `profile`.
+// Above 1 the engines run slower now than profiled. The prompts share
+// nothing with any load level's.
+absl::StatusOr<double> DriftNow(const Profile& profile, const ClusterShape& shape,
+                                const ClusterLauncher& cluster, LoadTarget& target) {
+  constexpr int32_t kWarmUp = 2;
+  PD_ASSIGN_OR_RETURN(const LengthDistribution input,
+                      LengthDistribution::Parse(absl::StrCat(BusyPromptTokens({}, profile))));
+  PD_ASSIGN_OR_RETURN(const LengthDistribution output,
+                      LengthDistribution::Parse(absl::StrCat(kBusyOutputTokens)));
+  PD_ASSIGN_OR_RETURN(const Workload all,
+                      MakeSyntheticWorkload({.input = input,
+                                             .output = output,
+                                             .num_requests = kWarmUp + kBusyPrompts,
+                                             .block_tokens = profile.block_size}));
+  // A place in a sweep that no sweep reaches: content of its own.
+  PD_ASSIGN_OR_RETURN(
+      const Workload fresh,
+      WorkloadAtLoad(all, {.concurrency = kBusyClients,
+                           .index = std::numeric_limits<int32_t>::max()}));
+  Workload warm_up = fresh, check = fresh;
+  warm_up.requests.resize(kWarmUp);
+  check.requests.erase(check.requests.begin(), check.requests.begin() + kWarmUp);
+  PD_RETURN_IF_ERROR(
+      RunLoad(warm_up, target, {.concurrency = kBusyClients, .label = "drift check, warm-up"})
+          .status());
+  PD_ASSIGN_OR_RETURN(const EngineWork before, MeasuredEngineWork(cluster, shape));
+  PD_ASSIGN_OR_RETURN(const LoadResult run,
+                      RunLoad(check, target, {.concurrency = kBusyClients, .label = "drift check"}));
+  PD_ASSIGN_OR_RETURN(const EngineWork after, MeasuredEngineWork(cluster, shape));
+  for (const RequestRecord& r : run.records) {
+    if (!r.ok()) {
+      return absl::UnavailableError(absl::StrCat("the drift check's request failed: ", r.error));
+    }
+  }
+  PD_ASSIGN_OR_RETURN(const Simulation sim,
+                      Simulate(profile, shape, check, {.concurrency = kBusyClients}));
+  const double predicted = sim.prefill_step_s + sim.decode_step_s;
+  const double measured = (after.prefill_s - before.prefill_s) + (after.decode_s - before.decode_s);
+  if (!(predicted > 0 && measured > 0)) {
+    return absl::InternalError(absl::StrFormat(
+        "the drift check's engines stepped %.3f s where the profile gives %.3f s", measured,
+        predicted));
+  }
+  return measured / predicted;
+}
+
 // An earlier validate's measured engine work at one point, when it has it
 // (files from before it was measured do not).
 void EarlierEngineWork(const nlohmann::json& earlier, const std::string& config, double rate,
@@ -723,32 +776,32 @@ absl::Status RunValidate() {
     launch.binary_dir = BinaryDir();
     std::unique_ptr<ClusterLauncher> cluster;
     std::unique_ptr<LoadTarget> load_target;
-    // The profile this configuration's predictions come from: scaled by
-    // the drift measured right before its runs (none when comparing with
-    // an earlier measurement, whose machine state is gone).
-    Profile now = profile;
-    const bool check_drift = earlier.is_null() && absl::GetFlag(FLAGS_drift_check);
-    double drift = 1;
-    bool applied = false;
-    if (check_drift) {
-      Progress(absl::StrCat("validate: drift check before ", name));
-      PD_ASSIGN_OR_RETURN(const double ratio,
-                          ProbeRatioNow(profile, absl::StrCat(launch.dir, "-drift")));
-      drift = ratio / profile.probe_ratio;
-      applied = std::abs(drift - 1) > absl::GetFlag(FLAGS_drift_threshold);
-      if (applied) now = WithDrift(profile, drift);
-    }
     if (earlier.is_null()) {
       Progress(absl::StrCat("validate: starting ", name));
       PD_ASSIGN_OR_RETURN(cluster, ClusterLauncher::Start(launch));
       PD_ASSIGN_OR_RETURN(load_target,
                           MakeLoadTarget("grpc", {.address = cluster->grpc_address()}));
     }
+    // The profile this configuration's predictions come from: scaled by
+    // the drift measured on its cluster right before its runs (none when
+    // comparing with an earlier measurement, whose machine state is gone).
+    Profile now = profile;
+    const bool check_drift = earlier.is_null() && absl::GetFlag(FLAGS_drift_check);
+    double drift = 1;
+    bool applied = false;
+    if (check_drift) {
+      Progress(absl::StrCat("validate: drift check on ", name));
+      PD_ASSIGN_OR_RETURN(drift, DriftNow(profile, shape, *cluster, *load_target));
+      applied = std::abs(drift - 1) > absl::GetFlag(FLAGS_drift_threshold);
+      if (applied) now = WithDrift(profile, drift);
+    }
     std::vector<SweepPoint> predicted_points, measured_points;
     std::cout << absl::StrFormat("\n%s\n\n", shape.Name());
     if (check_drift) {
       std::cout << absl::StrFormat(
-          "Drift check: engine steps take %.2fx what the profile predicts now; %s.\n\n", drift,
+          "Drift check: this cluster's engines, kept busy with %d prompts, stepped %.2fx what the "
+          "profile predicts; %s.\n\n",
+          kBusyPrompts, drift,
           applied ? "its CPU costs are scaled by that"
                   : absl::StrFormat("within --drift_threshold (%.0f%%), not applied",
                                     absl::GetFlag(FLAGS_drift_threshold) * 100));

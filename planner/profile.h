@@ -153,15 +153,15 @@ struct Profile {
   double decode_engine_scale = 1;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
-  // The drift check's probe (profiler.h DriftProbeOptions) run right after
-  // the profile: its ProbeRatio against this profile, i.e. the fitted step
-  // model's own bias at the probe's steps. A later check's drift is
-  // measured relative to it.
+  // The drift probe (profiler.h DriftProbeOptions) run right after the
+  // fit: its ProbeRatio against this profile, i.e. the fitted step model's
+  // own bias at the probe's steps and how far the machine's speed moved
+  // while it was profiled (ProfileSpeedWarning).
   double probe_ratio = 1;
 };
 
-// `profile` with what a worker's CPU does scaled by `drift` (a probe's
-// ProbeRatio over the profile's probe_ratio, profiler.h): the step cost,
+// `profile` with what a worker's CPU does scaled by `drift` (pd-plan
+// validate's drift check, --engine_scale): the step cost,
 // the decode step overheads and the serving threads' CPU. The first-token,
 // hand-off and delivery costs and the transfers stay: they are mostly
 // waiting (network, polls), not the CPU the drift check measures.

@@ -544,22 +544,21 @@ absl::StatusOr<ThreadsCpu> ThreadsCpuSeconds(int pid) {
 absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid, const Profile& profile,
                                        int32_t prompt_tokens, uint64_t& prompts,
                                        const std::function<void(const std::string&)>& progress) {
-  constexpr int32_t kClients = 2;
-  constexpr int32_t kPromptsEach = 8;
+  constexpr int32_t kPromptsEach = kBusyPrompts / kBusyClients;
   progress(absl::StrFormat("serving costs: an engine busy with %d prompts of %d tokens",
-                           kClients * kPromptsEach, prompt_tokens));
-  std::vector<std::vector<std::vector<int32_t>>> mine(kClients);
+                           kBusyClients * kPromptsEach, prompt_tokens));
+  std::vector<std::vector<std::vector<int32_t>>> mine(kBusyClients);
   for (auto& m : mine) {
     for (int32_t r = 0; r < kPromptsEach; ++r) m.push_back(FreshPrompt(prompt_tokens, prompts));
   }
   PD_ASSIGN_OR_RETURN(const ThreadsCpu start, ThreadsCpuSeconds(pid));
-  std::vector<absl::Status> status(kClients);
+  std::vector<absl::Status> status(kBusyClients);
   {
     std::vector<std::thread> threads;
-    for (int32_t i = 0; i < kClients; ++i) {
+    for (int32_t i = 0; i < kBusyClients; ++i) {
       threads.emplace_back([&, i] {
         for (std::vector<int32_t>& prompt : mine[i]) {
-          absl::StatusOr<Timed> t = TimedRequest(client, std::move(prompt), 2);
+          absl::StatusOr<Timed> t = TimedRequest(client, std::move(prompt), kBusyOutputTokens);
           if (!t.ok()) {
             status[i] = t.status();
             return;
@@ -572,7 +571,7 @@ absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid, const 
   for (const absl::Status& s : status) PD_RETURN_IF_ERROR(s);
   PD_ASSIGN_OR_RETURN(const ThreadsCpu end, ThreadsCpuSeconds(pid));
   const double predicted =
-      kClients * kPromptsEach * PrefillSeconds(profile, prompt_tokens) * profile.worker_cpus;
+      kBusyClients * kPromptsEach * PrefillSeconds(profile, prompt_tokens) * profile.worker_cpus;
   const double measured = end.engine - start.engine;
   if (!(predicted > 0 && measured > 0)) {
     return absl::InternalError(absl::StrFormat(
@@ -583,6 +582,13 @@ absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid, const 
 }
 
 }  // namespace
+
+int32_t BusyPromptTokens(const ServingCostOptions& o, const Profile& profile) {
+  return std::max(o.prompt_tokens + 1,
+                  std::min(4 * o.prompt_tokens,
+                           (profile.max_context > 0 ? profile.max_context : 4 * o.prompt_tokens) -
+                               o.output_tokens));
+}
 
 EngineProfileOptions DriftProbeOptions(const Profile& p) {
   return {.model = p.model,
@@ -603,7 +609,7 @@ absl::StatusOr<double> ProbeRatio(const Profile& p, const std::vector<StepSample
     if (predicted > 0) ratios.push_back(s.seconds / predicted);
   }
   if (ratios.empty()) {
-    return absl::InvalidArgumentError("the drift check has no step the profile predicts");
+    return absl::InvalidArgumentError("the drift probe has no step the profile predicts");
   }
   return Percentile(ratios, 50);
 }
@@ -640,11 +646,7 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
   const double push_tail =
       link.latency_s + last_chunk * profile.kv_bytes_per_token / std::max(link.bytes_per_s, 1.0);
   // The longer prompts: several quota periods of prefill each.
-  const int32_t long_prompt =
-      std::max(o.prompt_tokens + 1,
-               std::min(4 * o.prompt_tokens,
-                        (profile.max_context > 0 ? profile.max_context : 4 * o.prompt_tokens) -
-                            o.output_tokens));
+  const int32_t long_prompt = BusyPromptTokens(o, profile);
   // A decode worker's engine step, as the simulator costs it.
   auto decode_engine = [&](int64_t b, double context) {
     return profile.step.Seconds(b, b, 0, b * context) * profile.decode_engine_scale;

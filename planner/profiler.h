@@ -75,7 +75,7 @@ struct EngineProfileOptions {
   // > 0: a step's time is the CPU time it took divided by this (the
   // workers' CPU share); 0: wall-clock. Default: 0.
   double cpu_share = 0;
-  // The drift check's short design instead of the full one: prefill chunks
+  // The drift probe's short design instead of the full one: prefill chunks
   // of 64 and max_batch_tokens tokens, decode batches of 1 and 8 at context
   // max_context / 4, no mixed steps; a few seconds. Default: false.
   bool probe = false;
@@ -123,17 +123,15 @@ absl::StatusOr<double> KvBytesPerToken(const std::string& model);
 absl::StatusOr<std::vector<TransferCost>> MeasureTransfers(const std::vector<std::string>& names,
                                                            int32_t reps);
 
-// The drift check's probe (EngineProfileOptions::probe, 3 reps) with the
+// The drift probe (EngineProfileOptions::probe, 3 reps) with the
 // engine options `profile` was measured with: model, threads, block size,
 // batch limits, CPU share; it decodes at a quarter of the model's context,
 // 256 at most.
 EngineProfileOptions DriftProbeOptions(const Profile& profile);
 
 // The median over `samples` of measured step time / the step time
-// `profile` predicts for it. Of a probe run right after the profile, that
-// is the profile's probe_ratio; of one run now, divided by probe_ratio, it
-// is the drift: above 1 the machine runs the engine slower than when it
-// was profiled. INVALID_ARGUMENT without samples.
+// `profile` predicts for it: of the probe run right after the profile's
+// fit, the profile's probe_ratio. INVALID_ARGUMENT without samples.
 absl::StatusOr<double> ProbeRatio(const Profile& profile, const std::vector<StepSample>& samples);
 
 // How a cluster of `profile`'s workers is launched: the model, the engine
@@ -155,6 +153,16 @@ struct ServingCostOptions {
   LaunchOptions launch;
   std::function<void(std::string_view)> progress;
 };
+
+// How MeasureServingCosts keeps an engine busy for its engine scales:
+// kBusyClients clients send kBusyPrompts prompts of BusyPromptTokens
+// tokens (several quota periods each), 2 output tokens each, each client
+// its next prompt as soon as the last is answered. pd-plan validate's
+// drift check sends the same load.
+inline constexpr int32_t kBusyClients = 2;
+inline constexpr int32_t kBusyPrompts = 16;
+inline constexpr int32_t kBusyOutputTokens = 2;
+int32_t BusyPromptTokens(const ServingCostOptions& options, const Profile& profile);
 
 // Fills profile's colocated_first_token_s, disaggregated_first_token_s,
 // token_delivery_s, disaggregated_token_delivery_s (medians), the decode

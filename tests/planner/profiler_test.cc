@@ -1,6 +1,6 @@
 // planner/profiler.h: the step-cost fit recovers known coefficients, the
 // engine profile measures every kind of step on the real engine, the drift
-// check sees a profile that is off, and the transfer fit sees a real
+// probe sees a profile that is off, and the transfer fit sees a real
 // transport.
 #include "planner/profiler.h"
 

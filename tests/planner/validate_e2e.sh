@@ -25,11 +25,16 @@
 # profile is taken minutes before the runs it predicts, under a CPU quota
 # on a shared VM, and its engine cost drifts between the two (three CI runs
 # on 2026-11-24, same code: 62 and 81 us per token; the second put 0P1D's
-# P90 TTFT 50% high). validate's drift check prints the drift before each
-# configuration and scales the profile beyond 15%; within that it is the
-# probe's own noise (docs/capacity_planning.md, run 4). Both attempts'
-# tables are printed; two misses fail the test. Missing or absurd engine
-# step times fail at once.
+# P90 TTFT 50% high). validate's drift check keeps each configuration's
+# engines busy before its runs, prints their step time over the profile's
+# and scales the profile beyond 15%; within that it is the check's own
+# noise (docs/capacity_planning.md, runs 4 and 12). Both attempts' tables
+# are printed; two misses fail the test. Missing or absurd engine step
+# times fail at once.
+#
+# Then the drift check itself, on the passing attempt's profile: with
+# every CPU cost of the profile doubled (--engine_scale=2), it must find
+# the engines at about half of that and apply it.
 set -euo pipefail
 build="$1" source="$2"
 max_error="${MAX_ERROR:-0.40}" max_tpot_error="${MAX_TPOT_ERROR:-0.75}"
@@ -73,6 +78,26 @@ for point in json.load(open(sys.argv[1])):
             sys.exit(f"{where} prompts prefilled on the decode worker: {n}")
 PY
 }
-if attempt 1; then exit 0; fi
+# drift_found N: validate attempt N's profile, its costs doubled, on 1P1D.
+drift_found() {
+  local dir="$work/$1"
+  "$build/planner/pd-plan" validate --profile="$dir/profile.json" --run_dir="$dir/run" \
+    --bin="$build" --engine_scale=2 --configs=1P1D --input_len=64 --output_len=8 \
+    --num_requests=4 --request_rates=2 --seed=7 --max_error=1e9 --max_attainment_error=1 \
+    --summary_json="$dir/drift.json" >/dev/null
+  python3 - "$dir/drift.json" <<'PY'
+import json, sys
+point = json.load(open(sys.argv[1]))[0]
+if not (0.3 < point["drift"] < 0.75 and point["drift_applied"]):
+    sys.exit(f"validate_e2e: with the profile's costs doubled the drift check found "
+             f"{point['drift']:.2f} (applied: {point['drift_applied']}), not about 0.5")
+print(f"validate_e2e: drift check on a profile with doubled costs: {point['drift']:.2f}")
+PY
+}
+if attempt 1; then
+  drift_found 1
+  exit 0
+fi
 echo "validate_e2e: the predictions missed their bounds; profiling again for a second attempt"
 attempt 2
+drift_found 2
