@@ -8,7 +8,7 @@ measured goodput per worker; and the error statistics against the targets
 (P90 TTFT and TPOT within 10%, attainment within 3 points); and, where
 validate measured them, the engines' step times and the prompts prefilled
 on decode workers, with the latency errors at the points where the step
-times held; and, given the same validation predicted again with
+times held; what validate's drift check found per configuration; and, given the same validation predicted again with
 `pd-plan validate --engine_scale=S --measured_json`, how far that engine
 speed moves each P90 prediction: the points where the 10% target asks
 for an engine speed known to better than S - 1.
@@ -39,6 +39,20 @@ def goodput(points, target):
             break
         best = rate
     return best
+
+
+def drift_report(rows, configs):
+    """What validate's drift check found before each configuration's runs
+    (its engines' step time over the profile's) and whether it scaled the
+    predictions by it."""
+    drifts = []
+    for c in configs:
+        r = next(r for r in rows if r["config"] == c)
+        if "drift" in r:
+            drifts.append(f"{c} {r['drift']:.2f}" + (" (applied)" if r.get("drift_applied") else ""))
+    if drifts:
+        print()
+        print("Drift check, engines' step time over the profile's: " + ", ".join(drifts) + ".")
 
 
 def step_report(rows, ttft_err, tpot_err):
@@ -146,6 +160,7 @@ def main():
           f"{sum(e <= 0.1 for e in tpot_err)} of {n}; attainment median "
           f"{statistics.median(att_err)*100:.0f} points, within 3 points in "
           f"{sum(e <= 0.03 + 1e-9 for e in att_err)} of {n}.")
+    drift_report(rows, configs)
     step_report(rows, ttft_err, tpot_err)
     if args.scaled_json:
         base = json.load(open(args.base_json)) if args.base_json else rows
