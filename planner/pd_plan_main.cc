@@ -94,9 +94,10 @@ ABSL_FLAG(double, max_tpot_error, -1,
 ABSL_FLAG(double, max_attainment_error, 0.03,
           "validate: largest attainment error (as a share, 0.03 = 3 points) that passes");
 ABSL_FLAG(bool, drift_check, true,
-          "validate: before each configuration's runs, keep its cluster's engines busy for a few "
-          "seconds (as pd-plan profile did for its engine scales) and scale the profile's CPU "
-          "costs by their measured / predicted step time");
+          "validate: before each configuration's runs, keep the workers that prefill (prefill "
+          "workers, or decode workers when colocated) busy for a few seconds, as pd-plan profile "
+          "did for its engine scales, and scale that role's CPU costs by their measured / "
+          "predicted step time");
 ABSL_FLAG(double, drift_threshold, 0.15,
           "validate: apply the drift check's scaling only when it is off by more than this "
           "share (its own run-to-run noise on a shared 2-vCPU VM is about 6%)");
@@ -338,7 +339,7 @@ absl::StatusOr<Profile> ProfileFromFlags() {
         absl::StrCat("--engine_scale must be a positive number (1: the profile as measured), not ",
                      scale));
   }
-  return WithDrift(std::move(profile), scale);
+  return WithDrift(std::move(profile), scale, scale);
 }
 
 absl::StatusOr<RoutingOptions> RoutingFromFlag() {
@@ -666,16 +667,20 @@ absl::StatusOr<EngineWork> MeasuredEngineWork(const ClusterLauncher& cluster,
   return t;
 }
 
-// The drift check: `cluster`'s engines kept busy as pd-plan profile keeps
-// one for its engine scales (profiler.h kBusyClients, kBusyPrompts of
-// BusyPromptTokens, after two warm-up prompts), their step time (the
+// The drift check: the workers of `cluster` that prefill its prompts (the
+// prefill workers; the decode workers when colocated) each kept busy as
+// pd-plan profile keeps one for its engine scales (profiler.h
+// kBusyClients clients and kBusyPrompts prompts of BusyPromptTokens per
+// worker, after one warm-up prompt per client), their step time (the
 // workers' step histograms, as the step-time rows measure it) over what
 // the simulator gives for the same requests on `shape` with `profile`.
-// Above 1 the engines run slower now than profiled. The prompts share
-// nothing with any load level's.
+// Above 1 that role's engines run slower now than profiled. The prompts
+// share nothing with any load level's.
 absl::StatusOr<double> DriftNow(const Profile& profile, const ClusterShape& shape,
                                 const ClusterLauncher& cluster, LoadTarget& target) {
-  constexpr int32_t kWarmUp = 2;
+  const bool prefill_role = shape.prefill > 0;
+  const int32_t workers = prefill_role ? shape.prefill : shape.decode;
+  const int32_t clients = kBusyClients * workers;
   PD_ASSIGN_OR_RETURN(const LengthDistribution input,
                       LengthDistribution::Parse(absl::StrCat(BusyPromptTokens({}, profile))));
   PD_ASSIGN_OR_RETURN(const LengthDistribution output,
@@ -683,22 +688,21 @@ absl::StatusOr<double> DriftNow(const Profile& profile, const ClusterShape& shap
   PD_ASSIGN_OR_RETURN(const Workload all,
                       MakeSyntheticWorkload({.input = input,
                                              .output = output,
-                                             .num_requests = kWarmUp + kBusyPrompts,
+                                             .num_requests = clients + kBusyPrompts * workers,
                                              .block_tokens = profile.block_size}));
   // A place in a sweep that no sweep reaches: content of its own.
   PD_ASSIGN_OR_RETURN(
       const Workload fresh,
-      WorkloadAtLoad(all, {.concurrency = kBusyClients,
-                           .index = std::numeric_limits<int32_t>::max()}));
+      WorkloadAtLoad(all, {.concurrency = clients, .index = std::numeric_limits<int32_t>::max()}));
   Workload warm_up = fresh, check = fresh;
-  warm_up.requests.resize(kWarmUp);
-  check.requests.erase(check.requests.begin(), check.requests.begin() + kWarmUp);
+  warm_up.requests.resize(clients);
+  check.requests.erase(check.requests.begin(), check.requests.begin() + clients);
   PD_RETURN_IF_ERROR(
-      RunLoad(warm_up, target, {.concurrency = kBusyClients, .label = "drift check, warm-up"})
+      RunLoad(warm_up, target, {.concurrency = clients, .label = "drift check, warm-up"})
           .status());
   PD_ASSIGN_OR_RETURN(const EngineWork before, MeasuredEngineWork(cluster, shape));
   PD_ASSIGN_OR_RETURN(const LoadResult run,
-                      RunLoad(check, target, {.concurrency = kBusyClients, .label = "drift check"}));
+                      RunLoad(check, target, {.concurrency = clients, .label = "drift check"}));
   PD_ASSIGN_OR_RETURN(const EngineWork after, MeasuredEngineWork(cluster, shape));
   for (const RequestRecord& r : run.records) {
     if (!r.ok()) {
@@ -706,9 +710,10 @@ absl::StatusOr<double> DriftNow(const Profile& profile, const ClusterShape& shap
     }
   }
   PD_ASSIGN_OR_RETURN(const Simulation sim,
-                      Simulate(profile, shape, check, {.concurrency = kBusyClients}));
-  const double predicted = sim.prefill_step_s + sim.decode_step_s;
-  const double measured = (after.prefill_s - before.prefill_s) + (after.decode_s - before.decode_s);
+                      Simulate(profile, shape, check, {.concurrency = clients}));
+  const double predicted = prefill_role ? sim.prefill_step_s : sim.decode_step_s;
+  const double measured =
+      prefill_role ? after.prefill_s - before.prefill_s : after.decode_s - before.decode_s;
   if (!(predicted > 0 && measured > 0)) {
     return absl::InternalError(absl::StrFormat(
         "the drift check's engines stepped %.3f s where the profile gives %.3f s", measured,
@@ -793,16 +798,18 @@ absl::Status RunValidate() {
       Progress(absl::StrCat("validate: drift check on ", name));
       PD_ASSIGN_OR_RETURN(drift, DriftNow(profile, shape, *cluster, *load_target));
       applied = std::abs(drift - 1) > absl::GetFlag(FLAGS_drift_threshold);
-      if (applied) now = WithDrift(profile, drift);
+      if (applied) {
+        now = shape.prefill > 0 ? WithDrift(profile, drift, 1) : WithDrift(profile, 1, drift);
+      }
     }
     std::vector<SweepPoint> predicted_points, measured_points;
     std::cout << absl::StrFormat("\n%s\n\n", shape.Name());
     if (check_drift) {
       std::cout << absl::StrFormat(
-          "Drift check: this cluster's engines, kept busy with %d prompts, stepped %.2fx what the "
-          "profile predicts; %s.\n\n",
-          kBusyPrompts, drift,
-          applied ? "its CPU costs are scaled by that"
+          "Drift check: this cluster's %s workers, each kept busy with %d prompts, stepped %.2fx "
+          "what the profile predicts; %s.\n\n",
+          shape.prefill > 0 ? "prefill" : "decode", kBusyPrompts, drift,
+          applied ? "their CPU costs are scaled by that"
                   : absl::StrFormat("within --drift_threshold (%.0f%%), not applied",
                                     absl::GetFlag(FLAGS_drift_threshold) * 100));
     }

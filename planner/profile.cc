@@ -63,17 +63,13 @@ bool NonNegative(double x) { return std::isfinite(x) && x >= 0; }
 
 }  // namespace
 
-Profile WithDrift(Profile p, double drift) {
-  p.step.base_s *= drift;
-  p.step.per_token_s *= drift;
-  p.step.per_sequence_s *= drift;
-  p.step.per_attention_s *= drift;
-  p.step.per_decode_attention_s *= drift;
-  p.step.per_decode_kv_beyond_cache_s *= drift;
-  p.decode_step_overhead_s *= drift;
-  p.decode_sequence_overhead_s *= drift;
-  p.prefill_cpu_per_request_s *= drift;
-  p.prefill_cpu_per_kv_byte_s *= drift;
+Profile WithDrift(Profile p, double prefill, double decode) {
+  p.prefill_engine_scale *= prefill;
+  p.prefill_cpu_per_request_s *= prefill;
+  p.prefill_cpu_per_kv_byte_s *= prefill;
+  p.decode_engine_scale *= decode;
+  p.decode_step_overhead_s *= decode;
+  p.decode_sequence_overhead_s *= decode;
   return p;
 }
 

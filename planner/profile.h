@@ -160,12 +160,14 @@ struct Profile {
   double probe_ratio = 1;
 };
 
-// `profile` with what a worker's CPU does scaled by `drift` (pd-plan
-// validate's drift check, --engine_scale): the step cost,
-// the decode step overheads and the serving threads' CPU. The first-token,
-// hand-off and delivery costs and the transfers stay: they are mostly
-// waiting (network, polls), not the CPU the drift check measures.
-Profile WithDrift(Profile profile, double drift);
+// `profile` with what each role's worker CPU does scaled (pd-plan
+// validate's drift check, --engine_scale): a prefill worker's by `prefill`
+// (prefill_engine_scale, its serving threads' prefill_cpu_per_*), a decode
+// worker's by `decode` (decode_engine_scale, the decode step overheads).
+// The first-token, hand-off and delivery costs and the transfers stay:
+// they are mostly waiting (network, polls), not the CPU the drift check
+// measures.
+Profile WithDrift(Profile profile, double prefill, double decode);
 
 // What a profile's user should be told when its drift probe, run right
 // after the fit, says the machine's speed changed while it was profiled:

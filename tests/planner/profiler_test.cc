@@ -218,7 +218,12 @@ TEST(ProbeRatioTest, SeesAProfileTwiceAsSlowAsTheEngine) {
   auto fit = FitStepCost(*first);
   ASSERT_TRUE(fit.ok()) << fit.status();
   profile.step = fit->cost;
-  const Profile slow = WithDrift(profile, 2.0);
+  Profile slow = profile;
+  for (double* c : {&slow.step.base_s, &slow.step.per_token_s, &slow.step.per_sequence_s,
+                    &slow.step.per_attention_s, &slow.step.per_decode_attention_s,
+                    &slow.step.per_decode_kv_beyond_cache_s}) {
+    *c *= 2;
+  }
   auto again = MeasureEngineSteps(DriftProbeOptions(profile));
   ASSERT_TRUE(again.ok()) << again.status();
   auto drift = ProbeRatio(slow, *again);
@@ -229,11 +234,11 @@ TEST(ProbeRatioTest, SeesAProfileTwiceAsSlowAsTheEngine) {
   EXPECT_LT(*drift, 0.8);
 }
 
-TEST(WithDriftTest, ScalesTheCpuCostsOnly) {
+TEST(WithDriftTest, ScalesEachRolesCpuCostsOnly) {
   Profile p;
-  p.step = {.base_s = 1, .per_token_s = 2, .per_sequence_s = 3, .per_attention_s = 4,
-            .per_decode_attention_s = 5, .decode_cache_tokens = 100,
-            .per_decode_kv_beyond_cache_s = 14};
+  p.step = {.base_s = 1, .per_token_s = 2};
+  p.prefill_engine_scale = 1.1;
+  p.decode_engine_scale = 0.9;
   p.decode_step_overhead_s = 6;
   p.decode_sequence_overhead_s = 7;
   p.prefill_cpu_per_request_s = 12;
@@ -241,18 +246,16 @@ TEST(WithDriftTest, ScalesTheCpuCostsOnly) {
   p.colocated_first_token_s = 8;
   p.token_delivery_s = 9;
   p.transfers = {{.transport = "tcp", .latency_s = 10, .bytes_per_s = 11}};
-  const Profile q = WithDrift(p, 1.5);
-  EXPECT_DOUBLE_EQ(q.step.base_s, 1.5);
-  EXPECT_DOUBLE_EQ(q.step.per_token_s, 3);
-  EXPECT_DOUBLE_EQ(q.step.per_sequence_s, 4.5);
-  EXPECT_DOUBLE_EQ(q.step.per_attention_s, 6);
-  EXPECT_DOUBLE_EQ(q.step.per_decode_attention_s, 7.5);
-  EXPECT_DOUBLE_EQ(q.step.per_decode_kv_beyond_cache_s, 21);
-  EXPECT_DOUBLE_EQ(q.step.decode_cache_tokens, 100);  // A size, not a cost.
-  EXPECT_DOUBLE_EQ(q.decode_step_overhead_s, 9);
-  EXPECT_DOUBLE_EQ(q.decode_sequence_overhead_s, 10.5);
+  const Profile q = WithDrift(p, 1.5, 2);
+  EXPECT_DOUBLE_EQ(q.prefill_engine_scale, 1.65);
   EXPECT_DOUBLE_EQ(q.prefill_cpu_per_request_s, 18);
   EXPECT_DOUBLE_EQ(q.prefill_cpu_per_kv_byte_s, 19.5);
+  EXPECT_DOUBLE_EQ(q.decode_engine_scale, 1.8);
+  EXPECT_DOUBLE_EQ(q.decode_step_overhead_s, 12);
+  EXPECT_DOUBLE_EQ(q.decode_sequence_overhead_s, 14);
+  // The step model is both roles': their scales carry the drift.
+  EXPECT_DOUBLE_EQ(q.step.base_s, 1);
+  EXPECT_DOUBLE_EQ(q.step.per_token_s, 2);
   EXPECT_DOUBLE_EQ(q.colocated_first_token_s, 8);
   EXPECT_DOUBLE_EQ(q.token_delivery_s, 9);
   EXPECT_DOUBLE_EQ(q.transfers[0].latency_s, 10);
