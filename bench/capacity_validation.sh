@@ -4,7 +4,7 @@
 # a worker budget and validate every one of them (pd-bench on a real
 # cluster at each rate, next to the simulation), and plot predicted next to
 # measured. Run from the source tree after building (build/planner has
-# pd-plan); needs root for the CPU shares. Takes about 35 minutes on a
+# pd-plan); needs root for the CPU shares. Takes 15 to 35 minutes on a
 # 2-core machine; keep the machine otherwise idle. To predict again with a
 # new profile against the same runs: pd-plan validate --measured_json. Each
 # run's per-request records, predicted and measured, go to OUT_DIR/NAME.records
