@@ -544,9 +544,10 @@ absl::StatusOr<ThreadsCpu> ThreadsCpuSeconds(int pid) {
 absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid, const Profile& profile,
                                        int32_t prompt_tokens, uint64_t& prompts,
                                        const std::function<void(const std::string&)>& progress) {
+  static_assert(kBusyPrompts % kBusyClients == 0);
   constexpr int32_t kPromptsEach = kBusyPrompts / kBusyClients;
   progress(absl::StrFormat("serving costs: an engine busy with %d prompts of %d tokens",
-                           kBusyClients * kPromptsEach, prompt_tokens));
+                           kBusyPrompts, prompt_tokens));
   std::vector<std::vector<std::vector<int32_t>>> mine(kBusyClients);
   for (auto& m : mine) {
     for (int32_t r = 0; r < kPromptsEach; ++r) m.push_back(FreshPrompt(prompt_tokens, prompts));
@@ -571,7 +572,7 @@ absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid, const 
   for (const absl::Status& s : status) PD_RETURN_IF_ERROR(s);
   PD_ASSIGN_OR_RETURN(const ThreadsCpu end, ThreadsCpuSeconds(pid));
   const double predicted =
-      kBusyClients * kPromptsEach * PrefillSeconds(profile, prompt_tokens) * profile.worker_cpus;
+      kBusyPrompts * PrefillSeconds(profile, prompt_tokens) * profile.worker_cpus;
   const double measured = end.engine - start.engine;
   if (!(predicted > 0 && measured > 0)) {
     return absl::InternalError(absl::StrFormat(

@@ -158,7 +158,7 @@ struct ServingCostOptions {
 // kBusyClients clients send kBusyPrompts prompts of BusyPromptTokens
 // tokens (several quota periods each), 2 output tokens each, each client
 // its next prompt as soon as the last is answered. pd-plan validate's
-// drift check sends the same load.
+// drift check sends that load to each worker of the role it checks.
 inline constexpr int32_t kBusyClients = 2;
 inline constexpr int32_t kBusyPrompts = 16;
 inline constexpr int32_t kBusyOutputTokens = 2;
