@@ -83,20 +83,25 @@ double MeasureCopyBandwidth(int threads, int reps) {
   return Median(gbps);
 }
 
-// The sum of n floats, four chains of eight lanes, each line asked for
-// internal::kPrefetchAhead bytes ahead into L2 as the kernels that read
-// weights in order do.
+// The sum of n floats read as the kernels that read weights in order
+// read them: internal::kFewRowStreams stretches at once, each line asked
+// for internal::kPrefetchAhead bytes ahead into L2.
 float StreamSum(const float* p, size_t n) {
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-  for (size_t i = 0; i + 32 <= n; i += 32) {  // Two lines a step.
-    for (int line = 0; line < 2; ++line) {
-      _mm_prefetch(reinterpret_cast<const char*>(p + i + 16 * line) + cpu::internal::kPrefetchAhead,
+  constexpr int kStreams = cpu::internal::kFewRowStreams;
+  const size_t stretch = n / kStreams / 16 * 16;
+  __m256 acc[kStreams][2];
+  for (int s = 0; s < kStreams; ++s) acc[s][0] = acc[s][1] = _mm256_setzero_ps();
+  for (size_t i = 0; i < stretch; i += 16) {  // One line of each stretch a step.
+    for (int s = 0; s < kStreams; ++s) {
+      const float* line = p + s * stretch + i;
+      _mm_prefetch(reinterpret_cast<const char*>(line) + cpu::internal::kPrefetchAhead,
                    _MM_HINT_T1);
+      acc[s][0] = _mm256_add_ps(acc[s][0], _mm256_loadu_ps(line));
+      acc[s][1] = _mm256_add_ps(acc[s][1], _mm256_loadu_ps(line + 8));
     }
-    for (int c = 0; c < 4; ++c) acc[c] = _mm256_add_ps(acc[c], _mm256_loadu_ps(p + i + 8 * c));
   }
-  const __m256 v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  __m256 v = _mm256_setzero_ps();
+  for (int s = 0; s < kStreams; ++s) v = _mm256_add_ps(v, _mm256_add_ps(acc[s][0], acc[s][1]));
   return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
 }
 

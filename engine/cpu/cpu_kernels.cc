@@ -72,22 +72,24 @@ int64_t Rows(const WeightMatrix& w) { return w.rows; }
 int64_t Q8Blocks(const WeightMatrix& w) { return (w.rows + kQ8BlockRows - 1) / kQ8BlockRows; }
 
 // With few rows of x (decode: one per sequence) the product is bound by
-// reading w, once. Tiles of several weight rows read several short rows
-// at a time, each a stream the hardware prefetcher must find anew (k
-// elements, a few KiB); measured on an EPYC VM, that reached half the read
-// bandwidth. So that path reads w in order, one row at a time (NR = 1),
-// in long runs of rows per task: one sequential stream per thread, at the
-// read bandwidth (bench/engine_bench.cc). The runs cross from one product
-// to the next, so that several small products (q, k and v) share one
-// parallel region. Many rows of x (prefill) are bound by the
-// multiply-adds, and keep register tiles of NR = 3 weight rows.
+// reading w, once. Tiles of several adjacent weight rows read several
+// short rows at a time, each a stream the hardware prefetcher must find
+// anew (k elements, a few KiB); measured on an EPYC VM, that reached half
+// the read bandwidth. So that path gives each task a long run of rows and
+// reads it as internal::kFewRowStreams sequential streams, the run cut in
+// as many stretches, one row of each per tile (row_step: the stretch):
+// one core keeps more lines in flight over three streams than over one.
+// The runs cross from one product to the next, so that several small
+// products (q, k and v) share one parallel region. Many rows of x
+// (prefill) are bound by the multiply-adds, and keep register tiles of
+// NR = 3 adjacent weight rows.
 void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_row_bytes,
                  int64_t m, std::span<const MatMulProduct> products, int num_threads) {
   const int64_t k = products[0].w->cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(products[0].w->dtype);
   const auto* x_bytes = static_cast<const std::byte*>(x);
   if (m <= kMaxMR) {
-    const internal::TileFn tile = kernels.tiles[m - 1][0];
+    const internal::TileFn streams = kernels.tiles[m - 1][internal::kFewRowStreams - 1];
     const int64_t rows = TotalUnits(products, Rows);
     const int64_t tasks = std::min<int64_t>(rows, num_threads * kFewRowTasksPerThread);
     const int threads = static_cast<int>(std::min<int64_t>(num_threads, tasks));
@@ -95,8 +97,15 @@ void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_r
     for (int64_t task = 0; task < tasks; ++task) {
       ForEachRun(products, Rows, rows * task / tasks, rows * (task + 1) / tasks,
                  [&](const MatMulProduct& p, int64_t begin, int64_t end) {
-                   for (int64_t j = begin; j < end; ++j) {
-                     tile(x, k, p.w->data + j * row_bytes, p.y + j, p.w->rows);
+                   const int64_t stretch = (end - begin) / internal::kFewRowStreams;
+                   for (int64_t j = begin; j < begin + stretch; ++j) {
+                     streams(x, k, p.w->data + j * row_bytes, p.y + j, p.w->rows, stretch);
+                   }
+                   // The rows left over: the same tile, each row in every
+                   // stream (row_step 0), so that every row's sum is taken in
+                   // one order whatever the split.
+                   for (int64_t j = begin + stretch * internal::kFewRowStreams; j < end; ++j) {
+                     streams(x, k, p.w->data + j * row_bytes, p.y + j, p.w->rows, 0);
                    }
                  });
     }
@@ -116,7 +125,7 @@ void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_r
         for (int64_t j = n0; j < n1; j += kMaxNR) {
           const int nr = static_cast<int>(std::min<int64_t>(kMaxNR, n1 - j));
           kernels.tiles[mr - 1][nr - 1](x_bytes + m0 * x_row_bytes, k, p.w->data + j * row_bytes,
-                                        p.y + m0 * n + j, n);
+                                        p.y + m0 * n + j, n, 1);
         }
       }
     }

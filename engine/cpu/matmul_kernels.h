@@ -27,8 +27,21 @@ inline constexpr int kMaxTileCols = 3;
 // the effect.
 inline constexpr int64_t kPrefetchAhead = 8192;
 
-// y[i * ldy + j] = sum_t x[i * k + t] * w[j * k + t] for i < MR, j < NR.
-using TileFn = void (*)(const void* x, int64_t k, const std::byte* w, float* y, int64_t ldy);
+// Sequential streams per thread on MatMul's few-row (decode) path: each
+// task's run of weight rows is read as this many stretches at once. On the
+// AVX2 EPYC VM of docs/benchmarks.md, batch-1 decode against one stream:
+// f32 1.32x, bf16 1.49x, f16 1.26x (pd-engine-bench, 6 interleaved pairs,
+// medians); three beat two by 5-15%. At most kMaxTileCols.
+inline constexpr int kFewRowStreams = 3;
+static_assert(kFewRowStreams <= kMaxTileCols);
+
+// y[i * ldy + j * row_step] = sum_t x[i * k + t] * w[j * row_step * k + t]
+// for i < MR, j < NR: the tile's NR weight rows are row_step rows apart.
+// Adjacent rows (row_step 1) are the dot-product tiles of many rows of x;
+// rows far apart are the few-row path's streams (MatMulTiled), each a
+// sequential read of its own, which prefetches ahead.
+using TileFn = void (*)(const void* x, int64_t k, const std::byte* w, float* y, int64_t ldy,
+                        int64_t row_step);
 
 // Every tile shape of one kernel.
 struct TileKernels {

@@ -64,14 +64,16 @@ void PrefetchAhead(const std::byte* p, int64_t bytes) {
   }
 }
 
-// A register tile: MR rows of x against NR rows of w over the whole k.
-// Small tiles would be bound by the latency of the multiply-adds with only
-// MR * NR dependency chains, so they keep several banks of accumulators
-// and alternate between them along k: at least four chains for one weight
-// row (NR = 1, MatMul's few-row path), two for up to six. One weight row
-// is a step of a sequential read of w, which prefetches ahead.
+// A register tile: MR rows of x against NR rows of w (row_step rows
+// apart) over the whole k. Small tiles would be bound by the latency of
+// the multiply-adds with only MR * NR dependency chains, so they keep
+// several banks of accumulators and alternate between them along k: at
+// least four chains for one weight row, two for up to six. Rows apart
+// (row_step > 1, MatMul's few-row path) are each a step of a sequential
+// read of w, which prefetches ahead.
 template <typename V, DType T, int MR, int NR>
-void MatMulTile(const void* x_data, int64_t k, const std::byte* w, float* y, int64_t ldy) {
+void MatMulTile(const void* x_data, int64_t k, const std::byte* w, float* y, int64_t ldy,
+                int64_t row_step) {
   using X = typename V::XElem;
   const X* x = static_cast<const X*>(x_data);
   constexpr int64_t kElem = static_cast<int64_t>(DTypeSize(T));
@@ -83,11 +85,15 @@ void MatMulTile(const void* x_data, int64_t k, const std::byte* w, float* y, int
       for (int j = 0; j < NR; ++j) acc[b][i][j] = V::Zero();
   int64_t kk = 0;
   for (; kk + kStep * kBanks <= k; kk += kStep * kBanks) {
-    if constexpr (NR == 1) PrefetchAhead(w + kk * kElem, kStep * kBanks * kElem);
+    if (NR == 1 || row_step > 1) {
+      for (int j = 0; j < NR; ++j) {
+        PrefetchAhead(w + (j * row_step * k + kk) * kElem, kStep * kBanks * kElem);
+      }
+    }
     for (int b = 0; b < kBanks; ++b) {
       const int64_t at = kk + kStep * b;
       typename V::W wv[NR];
-      for (int j = 0; j < NR; ++j) wv[j] = V::template LoadW<T>(w + (j * k + at) * kElem);
+      for (int j = 0; j < NR; ++j) wv[j] = V::template LoadW<T>(w + (j * row_step * k + at) * kElem);
       for (int i = 0; i < MR; ++i) {
         const typename V::X xv = V::LoadX(x + i * k + at);
         for (int j = 0; j < NR; ++j) acc[b][i][j] = V::MulAdd(xv, wv[j], acc[b][i][j]);
@@ -96,7 +102,7 @@ void MatMulTile(const void* x_data, int64_t k, const std::byte* w, float* y, int
   }
   for (; kk + kStep <= k; kk += kStep) {  // A last step when the banks do not fit.
     for (int j = 0; j < NR; ++j) {
-      const typename V::W wv = V::template LoadW<T>(w + (j * k + kk) * kElem);
+      const typename V::W wv = V::template LoadW<T>(w + (j * row_step * k + kk) * kElem);
       for (int i = 0; i < MR; ++i) {
         acc[0][i][j] = V::MulAdd(V::LoadX(x + i * k + kk), wv, acc[0][i][j]);
       }
@@ -107,8 +113,10 @@ void MatMulTile(const void* x_data, int64_t k, const std::byte* w, float* y, int
       typename V::Acc sum = acc[0][i][j];
       for (int b = 1; b < kBanks; ++b) sum = V::Add(sum, acc[b][i][j]);
       float s = V::Sum(sum);
-      for (int64_t t = kk; t < k; ++t) s += V::XAt(x, i * k + t) * WeightAt<T>(w + j * k * kElem, t);
-      y[i * ldy + j] = s;
+      for (int64_t t = kk; t < k; ++t) {
+        s += V::XAt(x, i * k + t) * WeightAt<T>(w + j * row_step * k * kElem, t);
+      }
+      y[i * ldy + j * row_step] = s;
     }
   }
 }
