@@ -27,6 +27,14 @@ constexpr int64_t kRowsPerTask = 48;
 // Parallel tasks per thread on the few-row path (m <= kMaxMR): a few, so a
 // slow thread can be helped, each a long run of consecutive rows.
 constexpr int64_t kFewRowTasksPerThread = 4;
+// Consecutive weight panels per parallel task on the many-row (prefill)
+// path: two, so that the first's tiles prefetch the second, and tasks stay
+// small enough for the threads to even out. On the AVX2 EPYC VM of
+// docs/benchmarks.md, against a static split of the panels by thread:
+// prefill of 128 tokens 1.08-1.16x in f32, 1.03-1.11x in bf16, 512 tokens
+// within noise (pd-engine-bench, 8 interleaved pairs); 1 or 4 panels per
+// task no better than 2.
+constexpr int64_t kPanelsPerTask = 2;
 
 CpuIsa BestCpuIsa() {
   CpuIsa best = CpuIsa::kAvx2;
@@ -179,49 +187,61 @@ void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m,
   }
 }
 
-// Many rows of fp32 x (internal::PanelKernels): each thread takes a run
-// of consecutive panels of kernels.cols weight rows; each panel is copied
-// to fp32 in a scratch of the thread's (k * cols * 4 bytes: L2) and
-// multiplied by every tile of x. The copy is the one read of w, which
-// would wait on memory (one thread reads about 9 GB/s where the tiles
-// would take ~25): the tiles of one panel prefetch the next one's rows,
-// which follow in memory. The rows of x are split into tiles of equal
-// size, at most kernels.max_rows each, so that no tile is left with a few
-// rows (and few accumulator chains).
+// Many rows of fp32 x (internal::PanelKernels): the products' panels of
+// kernels.cols weight rows, laid end to end, are dealt out in tasks of
+// kPanelsPerTask consecutive panels to whichever thread is free (so that a
+// thread slowed by a neighbour on its core leaves work to the other), and
+// several products of one x (q, k and v) share one parallel region. Each
+// panel is copied to fp32 in a scratch of the thread's (k * cols * 4
+// bytes: L2) and multiplied by every tile of x. The copy is the one read
+// of w, which would wait on memory (one thread reads about 9 GB/s where
+// the tiles would take ~25): the tiles of one panel prefetch the next one
+// of the task, whose rows follow in memory. The rows of x are split into
+// tiles of equal size, at most kernels.max_rows each, so that no tile is
+// left with a few rows (and few accumulator chains).
 void MatMulPanels(const internal::PanelKernels& kernels, const float* x, int64_t m,
-                  const WeightMatrix& w, float* y, int num_threads) {
-  const int64_t n = w.rows;
-  const int64_t k = w.cols;
-  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
+                  std::span<const MatMulProduct> products, int num_threads) {
+  const int64_t k = products[0].w->cols;
+  const DType dtype = products[0].w->dtype;
+  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(dtype);
   const int64_t cols = kernels.cols;
-  const internal::PackFn pack = kernels.pack[static_cast<int>(w.dtype)];
-  const int64_t panels = (n + cols - 1) / cols;
+  const internal::PackFn pack = kernels.pack[static_cast<int>(dtype)];
+  const auto panels_of = [cols](const WeightMatrix& w) { return (w.rows + cols - 1) / cols; };
+  int64_t panels = 0;
+  for (const MatMulProduct& p : products) panels += panels_of(*p.w);
+  const int64_t tasks = (panels + kPanelsPerTask - 1) / kPanelsPerTask;
   const int64_t tiles = (m + kernels.max_rows - 1) / kernels.max_rows;
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads, panels));
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads, tasks));
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    const int64_t thread = omp_get_thread_num();
-    const int64_t team = omp_get_num_threads();
     // Not Scratch<float>: the calling thread's may hold x (rounded to bf16).
     thread_local std::vector<float> panel;
     panel.resize(static_cast<size_t>(k * cols));
-    const auto rows_of = [&](int64_t p) { return std::min(cols, n - p * cols); };
-    const int64_t last = panels * (thread + 1) / team;
-    for (int64_t p = panels * thread / team; p < last; ++p) {
-      const int rows = static_cast<int>(rows_of(p));
-      const std::byte* source = w.data + p * cols * row_bytes;
-      pack(source, row_bytes, rows, k, panel.data());
-      // The next panel's rows, a share for each tile.
-      const std::byte* next = source + rows * row_bytes;
-      const int64_t next_bytes =
-          p + 1 < last ? rows_of(p + 1) * static_cast<int64_t>(row_bytes) : 0;
-      for (int64_t tile = 0; tile < tiles; ++tile) {
-        const int64_t i0 = m * tile / tiles;
-        const int64_t i1 = m * (tile + 1) / tiles;
-        kernels.rows[i1 - i0 - 1](x + i0 * k, k, panel.data(), y + i0 * n + p * cols, n, rows,
-                                  next + next_bytes * tile / tiles,
-                                  next + next_bytes * (tile + 1) / tiles);
-      }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t first = task * kPanelsPerTask;
+      const int64_t last = std::min(panels, first + kPanelsPerTask);
+      ForEachRun(products, panels_of, first, last,
+                 [&](const MatMulProduct& product, int64_t begin, int64_t end) {
+        const int64_t n = product.w->rows;
+        const auto rows_of = [&](int64_t p) { return std::min(cols, n - p * cols); };
+        for (int64_t p = begin; p < end; ++p) {
+          const int rows = static_cast<int>(rows_of(p));
+          const std::byte* source = product.w->data + p * cols * row_bytes;
+          pack(source, row_bytes, rows, k, panel.data());
+          // The next panel's rows, a share for each tile.
+          const std::byte* next = source + rows * row_bytes;
+          const int64_t next_bytes =
+              p + 1 < end ? rows_of(p + 1) * static_cast<int64_t>(row_bytes) : 0;
+          for (int64_t tile = 0; tile < tiles; ++tile) {
+            const int64_t i0 = m * tile / tiles;
+            const int64_t i1 = m * (tile + 1) / tiles;
+            kernels.rows[i1 - i0 - 1](x + i0 * k, k, panel.data(), product.y + i0 * n + p * cols,
+                                      n, rows, next + next_bytes * tile / tiles,
+                                      next + next_bytes * (tile + 1) / tiles);
+          }
+        }
+      });
     }
   }
 }
@@ -387,9 +407,7 @@ void MatMul(const float* x, int64_t m, std::span<const MatMulProduct> products,
   const internal::PanelKernels& panels = options.Avx512Fp32() ? internal::Avx512PanelKernels()
                                                                : internal::Avx2PanelKernels();
   const auto panel_products = [&](const float* xs) {
-    for (const MatMulProduct& p : products) {
-      if (p.w->rows > 0) MatMulPanels(panels, xs, m, *p.w, p.y, options.num_threads);
-    }
+    MatMulPanels(panels, xs, m, products, options.num_threads);
   };
   if (w.dtype == DType::kQ8) {
     MatMulQ8(options.isa >= CpuIsa::kAvx512Vnni ? internal::Avx512VnniQ8Kernels()
