@@ -12,12 +12,15 @@
 #   2. writes one random ~110M Llama (bench/peer_model.py) as Hugging Face
 #      directories in f32, bf16 and f16 for pdserve and as an F32 GGUF, and
 #      quantizes the GGUF to F16, BF16 and Q8_0 with llama-quantize;
-#   3. runs, ROUNDS times, each weight type of both engines back to back:
+#   3. runs, ROUNDS times, each weight type of both engines back to back
+#      (llama.cpp first in odd rounds, pdserve first in even ones):
 #      llama-bench -t T -p 128,512 -n 64, and pd-engine-bench on the same
 #      directory (prefill of 128 and 512 tokens, decode at batch 1 at
 #      context 32, the middle of llama-bench's 64 generated tokens);
 #   4. writes DIR/peer.md: per row the range over the rounds of each
-#      engine's tokens/s, the ratio of their medians and, for decode,
+#      engine's tokens/s, the ratio of their medians, the median of each
+#      round's ratio (the figure a machine whose speed swings within
+#      minutes moves least) and, for decode,
 #      pdserve's weight + KV bytes read per second over the copy bandwidth
 #      and over the read bandwidth pd-engine-bench measured in the same
 #      run; with the machine line (CPU flags) pd-engine-bench printed.
@@ -79,18 +82,29 @@ for q in F16 BF16 Q8_0; do
 done
 
 rm -f "$out"/round*.json
+run_llama() {  # run_llama ROUND WEIGHTS
+  say "round $1/$rounds: llama.cpp $2"
+  "$lbin/llama-bench" -m "$out/model/model-$2.gguf" -t "$threads" -p 128,512 -n 64 -o json \
+    >"$out/round$1-llama-$2.json" 2>"$out/round$1-llama-$2.log"
+}
+run_ours() {  # run_ours ROUND WEIGHTS
+  # Q8_0's peer: the f32 weights quantized to int8 at load.
+  local ours=$2 dir=$2 extra=()
+  [[ $2 == q8_0 ]] && ours=int8 dir=f32 extra=(--int8_weights)
+  say "round $1/$rounds: pdserve $ours"
+  "$bench" --model="$out/model/$dir" --threads="$threads" --prefill_lengths=128,512 \
+    --decode_batches=1 --decode_context=32 "${extra[@]}" \
+    --json="$out/round$1-pdserve-$ours.json" >"$out/round$1-pdserve-$ours.md"
+}
 for ((r = 1; r <= rounds; ++r)); do
   for weights in f32 f16 bf16 q8_0; do
-    say "round $r/$rounds: llama.cpp $weights"
-    "$lbin/llama-bench" -m "$out/model/model-$weights.gguf" -t "$threads" -p 128,512 -n 64 -o json \
-      >"$out/round$r-llama-$weights.json" 2>"$out/round$r-llama-$weights.log"
-    # Q8_0's peer: the f32 weights quantized to int8 at load.
-    ours=$weights dir=$weights extra=()
-    [[ $weights == q8_0 ]] && ours=int8 dir=f32 extra=(--int8_weights)
-    say "round $r/$rounds: pdserve $ours"
-    "$bench" --model="$out/model/$dir" --threads="$threads" --prefill_lengths=128,512 \
-      --decode_batches=1 --decode_context=32 "${extra[@]}" \
-      --json="$out/round$r-pdserve-$ours.json" >"$out/round$r-pdserve-$ours.md"
+    # Odd rounds run llama.cpp first, even rounds pdserve: a machine that
+    # speeds up or slows down within a pair favours neither engine.
+    if ((r % 2)); then
+      run_llama "$r" "$weights"; run_ours "$r" "$weights"
+    else
+      run_ours "$r" "$weights"; run_llama "$r" "$weights"
+    fi
   done
   # bf16 weights again with bf16 activations, as llama.cpp multiplies them.
   say "round $r/$rounds: pdserve bf16, bf16 activations"
@@ -131,8 +145,8 @@ isa = ("both limited to AVX2/FMA/F16C (llama.cpp built without GGML_NATIVE, PDSE
                     f"{int8_kernels} for int8 weights")
 lines = [f"llama.cpp {commit} vs pdserve, {threads} threads, {rounds} interleaved rounds; {machine}; {isa}",
          "",
-         "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians | pdserve GB/s read / copy BW, / read BW |",
-         "|---|---|---|---|---|---|"]
+         "| weights (llama.cpp / pdserve) | phase | llama.cpp tok/s | pdserve tok/s | ratio of medians | median of the rounds' ratios | pdserve GB/s read / copy BW, / read BW |",
+         "|---|---|---|---|---|---|---|"]
 names = {"bf16a": "BF16, bf16 activations", "int8": "int8 (f32 quantized at load)"}
 for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("bf16", "bf16a"), ("f16", "bf16"),
               ("f16", "bf16a"), ("q8_0", "int8")):
@@ -141,11 +155,14 @@ for lq, w in (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("bf16", "bf16a"
         if not a or not b:
             continue
         ratio = statistics.median(b) / statistics.median(a)
+        # Each round runs both engines back to back: the ratio within a
+        # round cancels the machine's slower swings.
+        paired = statistics.median(y / x for x, y in zip(a, b)) if len(a) == len(b) else float("nan")
         share = ""
         if phase.startswith("decode"):
             share = " / ".join(f"{statistics.median(ours(w, phase, bw)) * 100:.0f}%"
                                for bw in ("copy", "read"))
-        lines.append(f"| {lq.upper()} / {names.get(w, w.upper())} | {phase} | {rng(a)} | {rng(b)} | {ratio:.2f} | {share} |")
+        lines.append(f"| {lq.upper()} / {names.get(w, w.upper())} | {phase} | {rng(a)} | {rng(b)} | {ratio:.2f} | {paired:.2f} | {share} |")
 open(f"{out}/peer.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
