@@ -143,9 +143,10 @@ void MatMulTiled(const internal::TileKernels& kernels, const void* x, size_t x_r
 // MatMul of kQ8 weights: x quantized (once for all the products), then
 // tasks of whole blocks of kQ8BlockRows weight rows, each read once per
 // max_rows rows of x. With few rows of x (decode) the tasks are a few long
-// runs of blocks per thread, each block one sequential stream (as
-// MatMulTiled's few-row path, crossing from one product to the next);
-// with many, tasks of kRowsPerTask rows.
+// runs of blocks per thread (crossing from one product to the next), each
+// block one sequential stream; one row of x reads a run's blocks as
+// kernels.streams streams, as MatMulTiled's few-row path reads rows. With
+// many rows, tasks of kRowsPerTask rows.
 void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m,
               std::span<const MatMulProduct> products, int num_threads) {
   const int64_t k = products[0].w->cols;
@@ -167,15 +168,27 @@ void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m,
     ForEachRun(products, Q8Blocks, blocks * task / tasks, blocks * (task + 1) / tasks,
                [&](const MatMulProduct& p, int64_t begin, int64_t end) {
       const int64_t n = p.w->rows;
+      // One row of x: the run's whole blocks as kernels.streams streams
+      // (a stretch apart), as MatMulTiled's few-row path.
+      int64_t rest = begin;
+      if (m == 1) {
+        const int64_t whole = std::min(end, n / kQ8BlockRows) - begin;
+        const int64_t stretch = std::max<int64_t>(whole, 0) / kernels.streams;
+        for (int64_t b = begin; b < begin + stretch; ++b) {
+          kernels.one_row_streams(xq.data(), x_row, groups, p.w->data + b * block_bytes,
+                                  p.y + b * kQ8BlockRows, n, stretch);
+        }
+        rest = begin + stretch * kernels.streams;
+      }
       // The last block's rows past n land here, not in y.
       float tail[internal::kMaxQ8Rows * kQ8BlockRows];
-      for (int64_t b = begin; b < end; ++b) {
+      for (int64_t b = rest; b < end; ++b) {
         const int64_t j = b * kQ8BlockRows;
         const bool partial = n - j < kQ8BlockRows;
         for (int64_t m0 = 0; m0 < m; m0 += kernels.max_rows) {
           const int mr = static_cast<int>(std::min<int64_t>(kernels.max_rows, m - m0));
           kernels.rows[mr - 1](&xq[m0 * x_row], x_row, groups, p.w->data + b * block_bytes,
-                               partial ? tail : p.y + m0 * n + j, partial ? kQ8BlockRows : n);
+                               partial ? tail : p.y + m0 * n + j, partial ? kQ8BlockRows : n, 0);
           if (partial) {
             for (int i = 0; i < mr; ++i) {
               std::copy_n(tail + i * kQ8BlockRows, n - j, p.y + (m0 + i) * n + j);

@@ -68,60 +68,74 @@ struct Avx2 {
 // signed bytes, so x's quad is taken as |x| and its signs move onto the
 // weights (unbiased first): |x| * (w * sign(x)) = x * w. Pairs of
 // products stay within int16 (2 * 127 * 127): neither side is ever -128.
-template <int MR>
+// S blocks at once (Q8BlockFn) take the same steps each, group by group.
+template <int MR, int S>
 void Q8BlockAvx2(const std::byte* x, int64_t x_row, int64_t groups, const std::byte* w, float* y,
-                 int64_t ldy) {
+                 int64_t ldy, int64_t block_step) {
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones = _mm256_set1_epi16(1);
   const int64_t scales_at = groups * kQ8Group;
-  __m256 acc[MR][2];
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  const int64_t step_bytes = S > 1 ? block_step * groups * kQ8UnitBytes : 0;
+  __m256 acc_of[S][MR][2];
+  for (int s = 0; s < S; ++s)
+    for (int i = 0; i < MR; ++i) acc_of[s][i][0] = acc_of[s][i][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const std::byte* unit = w + g * kQ8UnitBytes;
-    PrefetchAhead(unit, kQ8UnitBytes);
-    __m256i dot[MR][2];
-    for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
-    for (int q = 0; q < kQ8Group / 4; ++q) {
-      __m256i wq[2];
+    for (int s = 0; s < S; ++s) {
+      __m256 (&acc)[MR][2] = acc_of[s];
+      const std::byte* unit = w + s * step_bytes + g * kQ8UnitBytes;
+      PrefetchAhead(unit, kQ8UnitBytes);
+      __m256i dot[MR][2];
+      for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+      for (int q = 0; q < kQ8Group / 4; ++q) {
+        __m256i wq[2];
+        for (int h = 0; h < 2; ++h) {
+          wq[h] = _mm256_xor_si256(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 64 * q + 32 * h)), bias);
+        }
+        for (int i = 0; i < MR; ++i) {
+          int32_t quad;
+          std::memcpy(&quad, x + i * x_row + g * kQ8Group + 4 * q, 4);
+          const __m256i xq = _mm256_set1_epi32(quad);
+          const __m256i xa = _mm256_sign_epi8(xq, xq);
+          for (int h = 0; h < 2; ++h) {
+            const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wq[h], xq));
+            dot[i][h] = _mm256_add_epi32(dot[i][h], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+      }
+      __m256 ws[2];
       for (int h = 0; h < 2; ++h) {
-        wq[h] = _mm256_xor_si256(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 64 * q + 32 * h)), bias);
+        const std::byte* scales = unit + kQ8BlockRows * kQ8Group + 16 * h;
+        ws[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
       }
       for (int i = 0; i < MR; ++i) {
-        int32_t quad;
-        std::memcpy(&quad, x + i * x_row + g * kQ8Group + 4 * q, 4);
-        const __m256i xq = _mm256_set1_epi32(quad);
-        const __m256i xa = _mm256_sign_epi8(xq, xq);
+        float sx;
+        std::memcpy(&sx, x + i * x_row + scales_at + 4 * g, 4);
+        const __m256 xs = _mm256_set1_ps(sx);
         for (int h = 0; h < 2; ++h) {
-          const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wq[h], xq));
-          dot[i][h] = _mm256_add_epi32(dot[i][h], _mm256_madd_epi16(pairs, ones));
+          acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_mul_ps(ws[h], xs),
+                                      acc[i][h]);
         }
       }
     }
-    __m256 ws[2];
-    for (int h = 0; h < 2; ++h) {
-      ws[h] = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + kQ8BlockRows * kQ8Group + 16 * h)));
-    }
-    for (int i = 0; i < MR; ++i) {
-      float sx;
-      std::memcpy(&sx, x + i * x_row + scales_at + 4 * g, 4);
-      const __m256 xs = _mm256_set1_ps(sx);
-      for (int h = 0; h < 2; ++h) {
-        acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_mul_ps(ws[h], xs),
-                                    acc[i][h]);
-      }
-    }
   }
-  for (int i = 0; i < MR; ++i) {
-    _mm256_storeu_ps(y + i * ldy, acc[i][0]);
-    _mm256_storeu_ps(y + i * ldy + 8, acc[i][1]);
+  for (int s = 0; s < S; ++s) {
+    float* ys = y + s * block_step * kQ8BlockRows;
+    for (int i = 0; i < MR; ++i) {
+      _mm256_storeu_ps(ys + i * ldy, acc_of[s][i][0]);
+      _mm256_storeu_ps(ys + i * ldy + 8, acc_of[s][i][1]);
+    }
   }
 }
 
-// Two rows of x at most: each keeps four accumulators of the 16 ymm.
-constexpr Q8Kernels kAvx2Q8 = {
-    .max_rows = 2, .rows = {&Q8BlockAvx2<1>, &Q8BlockAvx2<2>}};
+// Two rows of x at most: each keeps four accumulators of the 16 ymm. One
+// row reads three blocks at once: twelve, a few spilled, and on the AVX2
+// EPYC VM of docs/benchmarks.md int8 decode 1.05x two blocks at once,
+// 1.14x one (pd-engine-bench, 8-10 interleaved pairs).
+constexpr Q8Kernels kAvx2Q8 = {.max_rows = 2,
+                               .rows = {&Q8BlockAvx2<1, 1>, &Q8BlockAvx2<2, 1>},
+                               .streams = 3,
+                               .one_row_streams = &Q8BlockAvx2<1, 3>};
 
 // Indexed by DType (kF32 = 0, kF16 = 1, kBF16 = 2).
 constexpr TileKernels kAvx2[3] = {MakeTileKernels<Avx2, DType::kF32>(),

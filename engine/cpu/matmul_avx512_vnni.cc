@@ -17,53 +17,67 @@ namespace {
 // leaves exactly x . w. Each group's sums are then scaled by the rows'
 // fp16 scales and x's scale, in fp32. Few rows of x split a group's 8
 // steps into independent chains, so that VPDPBUSD's latency (5 cycles)
-// does not bound decode.
-template <int MR>
+// does not bound decode. S blocks at once (Q8BlockFn) take the same steps
+// each, group by group.
+template <int MR, int S>
 void Q8BlockAvx512(const std::byte* x, int64_t x_row, int64_t groups, const std::byte* w,
-                   float* y, int64_t ldy) {
+                   float* y, int64_t ldy, int64_t block_step) {
   constexpr int kChains = MR == 1 ? 4 : MR <= 4 ? 2 : 1;
   const int64_t scales_at = groups * kQ8Group;
   const int64_t sums_at = scales_at + 4 * groups;
-  __m512 acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  const int64_t step_bytes = S > 1 ? block_step * groups * kQ8UnitBytes : 0;
+  __m512 acc_of[S][MR];
+  for (int s = 0; s < S; ++s)
+    for (int i = 0; i < MR; ++i) acc_of[s][i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const std::byte* unit = w + g * kQ8UnitBytes;
-    PrefetchAhead(unit, kQ8UnitBytes);
-    __m512i dot[kChains][MR];
-    for (int i = 0; i < MR; ++i) {
-      int32_t start;
-      std::memcpy(&start, x + i * x_row + sums_at + 4 * g, 4);
-      dot[0][i] = _mm512_set1_epi32(start);
-      for (int c = 1; c < kChains; ++c) dot[c][i] = _mm512_setzero_si512();
-    }
-    for (int q = 0; q < kQ8Group / 4; ++q) {
-      const __m512i wq = _mm512_loadu_si512(unit + 64 * q);
+    for (int s = 0; s < S; ++s) {
+      __m512 (&acc)[MR] = acc_of[s];
+      const std::byte* unit = w + s * step_bytes + g * kQ8UnitBytes;
+      PrefetchAhead(unit, kQ8UnitBytes);
+      __m512i dot[kChains][MR];
       for (int i = 0; i < MR; ++i) {
-        int32_t quad;
-        std::memcpy(&quad, x + i * x_row + g * kQ8Group + 4 * q, 4);
-        __m512i& d = dot[q % kChains][i];
-        d = _mm512_dpbusd_epi32(d, wq, _mm512_set1_epi32(quad));
+        int32_t start;
+        std::memcpy(&start, x + i * x_row + sums_at + 4 * g, 4);
+        dot[0][i] = _mm512_set1_epi32(start);
+        for (int c = 1; c < kChains; ++c) dot[c][i] = _mm512_setzero_si512();
+      }
+      for (int q = 0; q < kQ8Group / 4; ++q) {
+        const __m512i wq = _mm512_loadu_si512(unit + 64 * q);
+        for (int i = 0; i < MR; ++i) {
+          int32_t quad;
+          std::memcpy(&quad, x + i * x_row + g * kQ8Group + 4 * q, 4);
+          __m512i& d = dot[q % kChains][i];
+          d = _mm512_dpbusd_epi32(d, wq, _mm512_set1_epi32(quad));
+        }
+      }
+      const __m512 ws = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + kQ8BlockRows * kQ8Group)));
+      for (int i = 0; i < MR; ++i) {
+        __m512i sum = dot[0][i];
+        for (int c = 1; c < kChains; ++c) sum = _mm512_add_epi32(sum, dot[c][i]);
+        float sx;
+        std::memcpy(&sx, x + i * x_row + scales_at + 4 * g, 4);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, _mm512_set1_ps(sx)),
+                                 acc[i]);
       }
     }
-    const __m512 ws = _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + kQ8BlockRows * kQ8Group)));
+  }
+  for (int s = 0; s < S; ++s) {
     for (int i = 0; i < MR; ++i) {
-      __m512i sum = dot[0][i];
-      for (int c = 1; c < kChains; ++c) sum = _mm512_add_epi32(sum, dot[c][i]);
-      float sx;
-      std::memcpy(&sx, x + i * x_row + scales_at + 4 * g, 4);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, _mm512_set1_ps(sx)),
-                               acc[i]);
+      _mm512_storeu_ps(y + s * block_step * kQ8BlockRows + i * ldy, acc_of[s][i]);
     }
   }
-  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(y + i * ldy, acc[i]);
 }
 
-// Up to 8 rows of x: 8 accumulators and 8 sums of the 32 zmm.
+// Up to 8 rows of x: 8 accumulators and 8 sums of the 32 zmm; one row,
+// three blocks at once (3 accumulators and 12 sums).
 constexpr Q8Kernels kAvx512VnniQ8 = {
     .max_rows = 8,
-    .rows = {&Q8BlockAvx512<1>, &Q8BlockAvx512<2>, &Q8BlockAvx512<3>, &Q8BlockAvx512<4>,
-             &Q8BlockAvx512<5>, &Q8BlockAvx512<6>, &Q8BlockAvx512<7>, &Q8BlockAvx512<8>}};
+    .rows = {&Q8BlockAvx512<1, 1>, &Q8BlockAvx512<2, 1>, &Q8BlockAvx512<3, 1>,
+             &Q8BlockAvx512<4, 1>, &Q8BlockAvx512<5, 1>, &Q8BlockAvx512<6, 1>,
+             &Q8BlockAvx512<7, 1>, &Q8BlockAvx512<8, 1>},
+    .streams = 3,
+    .one_row_streams = &Q8BlockAvx512<1, 3>};
 
 // fp32 x against fp32, fp16 and bf16 weights widened as they are loaded,
 // 16 lanes: MatMulTile's vector type.

@@ -77,15 +77,22 @@ void QuantizeRowQ8(const float* x, int64_t k, std::byte* out);
 
 // y[i * ldy + r] = row r < kQ8BlockRows of one block of weights (`w`: its
 // first group) times row i < MR of x (`x`, rows x_row bytes apart), over
-// `groups` groups.
+// `groups` groups. A streams kernel does the same for S blocks at once,
+// block_step blocks apart (w + s * block_step * groups * kQ8UnitBytes into
+// y + s * block_step * kQ8BlockRows, s < S), each block's sums taken in
+// the order of the one-block kernel; the others ignore block_step.
 using Q8BlockFn = void (*)(const std::byte* x, int64_t x_row, int64_t groups, const std::byte* w,
-                           float* y, int64_t ldy);
+                           float* y, int64_t ldy, int64_t block_step);
 
-// One kernel per MR = 1 .. max_rows.
+// One kernel per MR = 1 .. max_rows, and one for a row of x (decode at
+// batch 1) that reads `streams` blocks at once, each a sequential stream
+// of its own, as MatMul's fp32 few-row path reads kFewRowStreams rows.
 inline constexpr int kMaxQ8Rows = 8;
 struct Q8Kernels {
   int max_rows;
   Q8BlockFn rows[kMaxQ8Rows];  // [MR - 1]
+  int streams;
+  Q8BlockFn one_row_streams;
 };
 
 // AVX2 (matmul_avx2.cc): VPMADDUBSW on |x| and w with x's signs.

@@ -83,10 +83,11 @@ INSTANTIATE_TEST_SUITE_P(
             MatMulCase{17, 131, 200, DType::kF32}, MatMulCase{5, 49, 8, DType::kBF16},
             MatMulCase{9, 100, 129, DType::kBF16}, MatMulCase{2, 37, 31, DType::kF16},
             MatMulCase{13, 97, 256, DType::kF16},
-            // The few-row path (m <= 4): one weight row at a time, up to
-            // four accumulator banks, k tails of a vector and of single
-            // elements.
+            // The few-row path (m <= 4): three weight rows a stretch
+            // apart, the rows left over, accumulator banks, k tails of a
+            // vector and of single elements.
             MatMulCase{1, 200, 768, DType::kBF16}, MatMulCase{1, 5, 45, DType::kF16},
+            MatMulCase{1, 1000, 64, DType::kF32}, MatMulCase{4, 500, 40, DType::kF16},
             MatMulCase{2, 33, 100, DType::kF32}, MatMulCase{3, 10, 40, DType::kBF16},
             MatMulCase{4, 64, 2048, DType::kF32}, MatMulCase{1, 3, 7, DType::kF32},
             // Every k tail of the 16- and 32-lane kernels, and odd k for
@@ -113,11 +114,13 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Several products of one x (q, k and v) in one call give each product's
 // own MatMul bit for bit, on every instruction set, weight type, few and
-// many rows, one and two threads; products whose weights differ in type
-// too.
+// many rows, one to three threads; products whose weights differ in type
+// too. And every row's sum is taken in one order however the rows are
+// split between tasks: one, two and three threads give the same bits
+// (the few-row path's streams cut each task's run in stretches).
 TEST(MatMulProductsTest, EqualOneMatMulEach) {
   constexpr int64_t k = 72;
-  const int64_t rows[] = {40, 17, 33};  // Partial int8 blocks and tiles.
+  const int64_t rows[] = {200, 17, 130};  // Partial int8 blocks and tiles.
   std::mt19937 rng(7);
   for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8}) {
     std::vector<std::vector<std::byte>> bytes(3), storage(3);
@@ -137,14 +140,15 @@ TEST(MatMulProductsTest, EqualOneMatMulEach) {
     for (const CpuIsa isa : kAllCpuIsas) {
       if (!CpuRuns(isa)) continue;
       for (const int64_t m : {1, 3, 7}) {
-        for (const int threads : {1, 2}) {
-          for (const bool bf16_activations : {false, true}) {
+        for (const bool bf16_activations : {false, true}) {
+          const std::vector<float> x = RandomVector(m * k, rng);
+          std::vector<std::vector<float>> first(3);  // One thread's.
+          for (const int threads : {1, 2, 3}) {
             SCOPED_TRACE(absl::StrCat(std::string(DTypeName(dtype)), " ",
                                       std::string(CpuIsaName(isa)), " m=", m, " threads=", threads,
                                       " bf16_activations=", bf16_activations ? "yes" : "no"));
             const MatMulOptions options{
                 .num_threads = threads, .isa = isa, .bf16_activations = bf16_activations};
-            const std::vector<float> x = RandomVector(m * k, rng);
             std::vector<std::vector<float>> one(3), all(3);
             std::vector<MatMulProduct> products;
             for (int p = 0; p < 3; ++p) {
@@ -154,7 +158,11 @@ TEST(MatMulProductsTest, EqualOneMatMulEach) {
               products.push_back({.w = &w[p], .y = all[p].data()});
             }
             MatMul(x.data(), m, products, options);
-            for (int p = 0; p < 3; ++p) EXPECT_EQ(one[p], all[p]) << "product " << p;
+            if (threads == 1) first = one;
+            for (int p = 0; p < 3; ++p) {
+              EXPECT_EQ(one[p], all[p]) << "product " << p;
+              EXPECT_EQ(one[p], first[p]) << "product " << p << " against one thread";
+            }
           }
         }
       }
@@ -299,6 +307,9 @@ INSTANTIATE_TEST_SUITE_P(
             Q8Case{1, 200, 768, DType::kBF16}, Q8Case{2, 33, 100, DType::kF32},
             Q8Case{3, 10, 40, DType::kF16}, Q8Case{4, 64, 2048, DType::kBF16},
             Q8Case{1, 19, 161, DType::kF16}, Q8Case{1, 5, 96, DType::kF32},
+            // One row of x: runs of whole blocks read as several streams,
+            // the blocks left over and a partial last block.
+            Q8Case{1, 1000, 64, DType::kF32}, Q8Case{1, 2000, 32, DType::kBF16},
             // Register tiles (m > 4) and their row and column tails.
             Q8Case{5, 49, 32, DType::kF32}, Q8Case{6, 20, 96, DType::kBF16},
             Q8Case{9, 100, 129, DType::kF16}, Q8Case{17, 131, 200, DType::kBF16},
