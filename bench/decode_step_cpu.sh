@@ -68,6 +68,16 @@ import json, os, sys
 d, rate, *profiles = sys.argv[1:]
 hz = os.sysconf("SC_CLK_TCK")
 
+def dense(s, tokens):
+    """planner/profile.h StepCost::Dense: the table, linear between its rows."""
+    xs, ys = s["dense_tokens"], s["dense_s"]
+    if len(xs) < 2:
+        return ys[0] if ys else 0.0
+    i = next((k for k in range(1, len(xs) - 1) if xs[k] > tokens), len(xs) - 1)
+    f = (tokens - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return max(0.0, (1 - f) * ys[i - 1] + f * ys[i])
+
+
 def pairs(path):
     out = {}
     for line in open(path):
@@ -90,7 +100,7 @@ row = f"| {rate} | {steps:.0f} | {batch:.1f} | {engine * 1e3:.2f} |"
 for profile in profiles:
     p = json.load(open(profile))
     s = p["step"]
-    seconds = (s["base_s"] + batch * (s["per_token_s"] + s["per_sequence_s"])
+    seconds = (dense(s, batch) + s["base_s"] + batch * (s["per_token_s"] + s["per_sequence_s"])
                + s["per_decode_attention_s"] * kv
                + s["per_decode_kv_beyond_cache_s"] * max(0.0, kv - s["decode_cache_tokens"]))
     predicted = seconds * p["worker_cpus"]

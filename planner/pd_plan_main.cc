@@ -234,6 +234,21 @@ absl::StatusOr<double> ProbeRatioNow(const Profile& profile, const std::string& 
   return ProbeRatio(profile, probe.samples);
 }
 
+// "1: 441 us, 2: 539 us, ...": the step model's dense table, with its
+// base, per-token and per-sequence costs where a profile has them.
+std::string DenseTable(const StepCost& step) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < step.dense_tokens.size(); ++i) {
+    parts.push_back(absl::StrFormat("%d: %.0f us", step.dense_tokens[i], step.dense_s[i] * 1e6));
+  }
+  if (step.base_s > 0 || step.per_token_s > 0 || step.per_sequence_s > 0) {
+    parts.push_back(absl::StrFormat("plus %.1f us + %.2f us per token + %.2f us per sequence",
+                                    step.base_s * 1e6, step.per_token_s * 1e6,
+                                    step.per_sequence_s * 1e6));
+  }
+  return parts.empty() ? "none" : absl::StrJoin(parts, ", ");
+}
+
 absl::Status RunProfile() {
   const double cpus = absl::GetFlag(FLAGS_worker_cpus);
   Progress(absl::StrCat("engine steps and transfers",
@@ -295,14 +310,13 @@ absl::Status RunProfile() {
   std::cout << absl::StrFormat(
       "Profile of %s on %s (%s), written to %s\n\n"
       "| engine step cost | value |\n|---|---|\n"
-      "| base | %.1f us |\n| per token | %.2f us |\n| per sequence | %.2f us |\n"
-      "| per prefill attention pair | %.4f us |\n| per decode attention pair | %.4f us |\n"
+      "| dense, by the step's tokens | %s |\n"
+      "| per prefill attention pair | %.4f us |\n| per decode KV token | %.4f us |\n"
       "| decode KV beyond %.0f tokens (%.1f MiB, one core's L2) | +%.4f us per token |\n"
       "| drift probe, measured / fitted (probe_ratio) | %.2f |\n",
-      p.model, p.machine, p.cpu_share, absl::GetFlag(FLAGS_out), p.step.base_s * 1e6,
-      p.step.per_token_s * 1e6, p.step.per_sequence_s * 1e6, p.step.per_attention_s * 1e6,
-      p.step.per_decode_attention_s * 1e6, p.step.decode_cache_tokens,
-      p.step.decode_cache_tokens * p.kv_bytes_per_token / (1 << 20),
+      p.model, p.machine, p.cpu_share, absl::GetFlag(FLAGS_out), DenseTable(p.step),
+      p.step.per_attention_s * 1e6, p.step.per_decode_attention_s * 1e6,
+      p.step.decode_cache_tokens, p.step.decode_cache_tokens * p.kv_bytes_per_token / (1 << 20),
       p.step.per_decode_kv_beyond_cache_s * 1e6, p.probe_ratio);
   std::cout << "\n| step kind | fit error p50 | fit error p90 |\n|---|---|---|\n";
   for (const auto& [kind, e] : fit.relative_error) {

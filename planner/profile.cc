@@ -1,10 +1,13 @@
 #include "planner/profile.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -59,9 +62,48 @@ absl::Status ReadDouble(const Json& j, absl::string_view prefix, const char* nam
   return absl::OkStatus();
 }
 
+// An array of numbers (integers when `Value` is), each as ReadInt / ReadDouble.
+template <typename Value>
+absl::Status ReadArray(const Json& j, absl::string_view prefix, const char* name,
+                       std::vector<Value>& out) {
+  PD_ASSIGN_OR_RETURN(const Json* v, Field(j, prefix, name));
+  if (!v->is_array()) return FieldError(absl::StrCat(prefix, name), "must be an array");
+  out.clear();
+  for (size_t i = 0; i < v->size(); ++i) {
+    const Json& x = (*v)[i];
+    const std::string where = absl::StrCat(prefix, name, "[", i, "]");
+    if constexpr (std::is_integral_v<Value>) {
+      if (!x.is_number_integer()) return FieldError(where, "must be an integer");
+      const int64_t n = x.get<int64_t>();
+      if (n < std::numeric_limits<Value>::min() || n > std::numeric_limits<Value>::max()) {
+        return FieldError(where, "is out of range");
+      }
+      out.push_back(static_cast<Value>(n));
+    } else {
+      if (!x.is_number()) return FieldError(where, "must be a number");
+      out.push_back(x.get<Value>());
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool NonNegative(double x) { return std::isfinite(x) && x >= 0; }
 
 }  // namespace
+
+std::pair<size_t, double> StepCost::DenseSegment(int64_t tokens) const {
+  const auto upper = std::upper_bound(dense_tokens.begin() + 1, dense_tokens.end() - 1, tokens);
+  const size_t i = static_cast<size_t>(upper - dense_tokens.begin());
+  const double x0 = dense_tokens[i - 1], x1 = dense_tokens[i];
+  return {i, (static_cast<double>(tokens) - x0) / (x1 - x0)};
+}
+
+double StepCost::Dense(int64_t tokens) const {
+  if (dense_tokens.empty()) return 0;
+  if (dense_tokens.size() == 1) return dense_s[0];
+  const auto [i, f] = DenseSegment(tokens);
+  return std::max(0.0, (1 - f) * dense_s[i - 1] + f * dense_s[i]);
+}
 
 Profile WithDrift(Profile p, double prefill, double decode) {
   p.prefill_engine_scale *= prefill;
@@ -121,6 +163,18 @@ absl::Status ValidateProfile(const Profile& p) {
   for (const auto& [name, value] : costs) {
     if (!NonNegative(value)) return FieldError(name, "must be a non-negative number");
   }
+  if (p.step.dense_tokens.size() != p.step.dense_s.size()) {
+    return FieldError("step.dense_s", "must have one cost for each of step.dense_tokens");
+  }
+  for (size_t i = 0; i < p.step.dense_tokens.size(); ++i) {
+    if (p.step.dense_tokens[i] < 1 ||
+        (i > 0 && p.step.dense_tokens[i] <= p.step.dense_tokens[i - 1])) {
+      return FieldError("step.dense_tokens", "must be ascending row counts of at least 1");
+    }
+    if (!NonNegative(p.step.dense_s[i])) {
+      return FieldError(absl::StrCat("step.dense_s[", i, "]"), "must be a non-negative number");
+    }
+  }
   if (!(std::isfinite(p.poll_interval_s) && p.poll_interval_s > 0)) {
     return FieldError("poll_interval_s", "must be a positive number");
   }
@@ -176,7 +230,9 @@ nlohmann::json ToJson(const Profile& p) {
         {"per_attention_s", p.step.per_attention_s},
         {"per_decode_attention_s", p.step.per_decode_attention_s},
         {"decode_cache_tokens", p.step.decode_cache_tokens},
-        {"per_decode_kv_beyond_cache_s", p.step.per_decode_kv_beyond_cache_s}}},
+        {"per_decode_kv_beyond_cache_s", p.step.per_decode_kv_beyond_cache_s},
+        {"dense_tokens", p.step.dense_tokens},
+        {"dense_s", p.step.dense_s}}},
       {"kv_bytes_per_token", p.kv_bytes_per_token},
       {"transfers", std::move(transfers)},
       {"colocated_first_token_s", p.colocated_first_token_s},
@@ -220,6 +276,8 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
       ReadDouble(*step, "step.", "decode_cache_tokens", p.step.decode_cache_tokens));
   PD_RETURN_IF_ERROR(ReadDouble(*step, "step.", "per_decode_kv_beyond_cache_s",
                                 p.step.per_decode_kv_beyond_cache_s));
+  PD_RETURN_IF_ERROR(ReadArray(*step, "step.", "dense_tokens", p.step.dense_tokens));
+  PD_RETURN_IF_ERROR(ReadArray(*step, "step.", "dense_s", p.step.dense_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "kv_bytes_per_token", p.kv_bytes_per_token));
   PD_ASSIGN_OR_RETURN(const Json* transfers, Field(j, "", "transfers"));
   if (!transfers->is_array()) return FieldError("transfers", "must be an array");

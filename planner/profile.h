@@ -6,7 +6,8 @@
 // the decode token of every running sequence, then prefill chunks, up to
 // max_batch_tokens), fitted by least squares to steps of the real engine:
 //
-//   step seconds = base_s + per_token_s * tokens + per_sequence_s * sequences
+//   step seconds = dense(tokens)
+//                  + base_s + per_token_s * tokens + per_sequence_s * sequences
 //                  + per_attention_s * sum over prefill chunks of
 //                    AttentionPairs(its start, its tokens)
 //                  + per_decode_attention_s * sum over decode tokens of
@@ -14,18 +15,26 @@
 //                  + per_decode_kv_beyond_cache_s * max(0, that sum
 //                    - decode_cache_tokens)
 //
-// `tokens` counts prompt and decode tokens alike; the attention terms are
-// the (query, key) pairs the step's causal attention computes: each new
-// token attends to every token before it and to itself. They are apart for
-// prefill and decode because a decode token reads its whole context for one
-// query (memory-bound: builtin:tiny's measured ~2x the cost per pair of a
-// prefill chunk's, whose queries share what they read).
+// `tokens` counts prompt and decode tokens alike: they are the rows of the
+// step's matrix products. dense(tokens) is what those products cost, as
+// measured: dense_s at the row counts dense_tokens (decode batches and
+// prefill chunk sizes), linear in between. It is a table, not a line,
+// because the kernels change with the rows: few rows stream the weights
+// once (memory-bound), more rows take packed panels (compute-bound), and a
+// step of 4 decode tokens costs a third of one of 8 on an AVX2 EPYC
+// (docs/capacity_planning.md run 14). A fitted profile has the table and
+// no base, per-token or per-sequence cost; those describe a machine by
+// hand (tests, what-ifs), and the two add up.
+// The attention terms are the (query, key) pairs the step's causal
+// attention computes: each new token attends to every token before it and
+// to itself. They are apart for prefill and decode because a decode token
+// reads its whole context for one query (memory-bound: builtin:tiny's
+// measured ~2x the cost per pair of a prefill chunk's, whose queries share
+// what they read).
 // A decode token's pairs are the KV tokens it reads, so their sum is the
 // step's KV working set; beyond what one core's cache holds
-// (decode_cache_tokens: its L2 over kv_bytes_per_token) every KV token is
-// read from memory, at the extra cost per_decode_kv_beyond_cache_s (fitted
-// on decode steps whose KV is not in any cache: under load the other
-// workers on the machine evict it; docs/capacity_planning.md run 8).
+// (decode_cache_tokens: its L2 over kv_bytes_per_token) every KV token
+// costs per_decode_kv_beyond_cache_s more, read from memory.
 // Thread-safety: values.
 #ifndef PDSERVE_PLANNER_PROFILE_H_
 #define PDSERVE_PLANNER_PROFILE_H_
@@ -33,6 +42,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,10 +65,22 @@ struct StepCost {
   double per_decode_attention_s = 0;
   double decode_cache_tokens = 0;
   double per_decode_kv_beyond_cache_s = 0;
+  // The dense table: ascending row counts (at least 1) and what a step of
+  // that many tokens costs at each; empty: none.
+  std::vector<int32_t> dense_tokens;
+  std::vector<double> dense_s;
 
+  // dense(tokens): linear between the table's two nearest row counts, along
+  // its first or last segment outside them (a one-row table: constant), never
+  // below 0.
+  double Dense(int64_t tokens) const;
+  // Where `tokens` falls in a table of two rows or more: the segment's upper
+  // end i (from 1) and the weight f of dense_s[i], 1 - f that of
+  // dense_s[i - 1] (f < 0 or > 1 outside the table).
+  std::pair<size_t, double> DenseSegment(int64_t tokens) const;
   double Seconds(int64_t tokens, int64_t sequences, double attention,
                  double decode_attention = 0) const {
-    return base_s + per_token_s * tokens + per_sequence_s * sequences +
+    return Dense(tokens) + base_s + per_token_s * tokens + per_sequence_s * sequences +
            per_attention_s * attention + per_decode_attention_s * decode_attention +
            per_decode_kv_beyond_cache_s * std::max(0.0, decode_attention - decode_cache_tokens);
   }

@@ -128,9 +128,10 @@ absl::Status Drain(Engine& e) {
 }
 
 // Solves the normal equations of min |A x - b|^2 over the columns in
-// `active` (Gaussian elimination; 5 columns at most).
-std::vector<double> LeastSquares(const std::vector<std::array<double, 5>>& a,
-                                 const std::vector<double>& b, const std::vector<int>& active) {
+// `active` (Gaussian elimination); the other columns' x are 0.
+std::vector<double> LeastSquares(const std::vector<std::vector<double>>& a,
+                                 const std::vector<double>& b, const std::vector<int>& active,
+                                 size_t columns) {
   const size_t n = active.size();
   std::vector<std::vector<double>> m(n, std::vector<double>(n + 1, 0.0));
   for (size_t r = 0; r < a.size(); ++r) {
@@ -152,9 +153,24 @@ std::vector<double> LeastSquares(const std::vector<std::array<double, 5>>& a,
       for (size_t k = c; k <= n; ++k) m[r][k] -= f * m[c][k];
     }
   }
-  std::vector<double> x(5, 0.0);
+  std::vector<double> x(columns, 0.0);
   for (size_t i = 0; i < n; ++i) x[active[i]] = std::abs(m[i][i]) < 1e-300 ? 0 : m[i][n] / m[i][i];
   return x;
+}
+
+// Non-negative least squares by elimination: columns that come out
+// negative are dropped (set to 0) one at a time and the rest refitted;
+// enough for a few dozen columns that are mostly positive.
+std::vector<double> NonNegativeLeastSquares(const std::vector<std::vector<double>>& a,
+                                            const std::vector<double>& b, size_t columns) {
+  std::vector<int> active(columns);
+  for (size_t c = 0; c < columns; ++c) active[c] = static_cast<int>(c);
+  while (true) {
+    std::vector<double> x = LeastSquares(a, b, active, columns);
+    auto negative = std::find_if(active.begin(), active.end(), [&](int c) { return x[c] < 0; });
+    if (negative == active.end()) return x;
+    active.erase(negative);
+  }
 }
 
 }  // namespace
@@ -176,7 +192,11 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
   };
 
   // The design: prefill chunk sizes, decode batches at contexts, and the
-  // decode batches of mixed steps.
+  // decode batches of mixed steps. The chunk sizes and decode batches are
+  // the row counts of the step model's dense table (profile.h): every
+  // batch up to 6, around where the kernels move from streaming the
+  // weights to packed panels (from 5 rows on the CPU engine), then 8, 12,
+  // 16, 24, ... and max_running.
   std::vector<int32_t> chunk_sizes, batches, contexts, mixed_batches;
   if (o.probe) {
     chunk_sizes = {std::min(64, o.max_batch_tokens), o.max_batch_tokens};
@@ -184,11 +204,17 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
     contexts = {o.max_context / 4};
   } else {
     for (int32_t n = 16; n <= o.max_batch_tokens; n *= 2) chunk_sizes.push_back(n);
-    for (int32_t b = 1; b <= o.max_running; b *= 2) batches.push_back(b);
+    for (int32_t b = 1; b <= std::min(6, o.max_running); ++b) batches.push_back(b);
+    for (int32_t b = 8; b <= o.max_running; b *= 2) {
+      batches.push_back(b);
+      if (b / 2 * 3 <= o.max_running) batches.push_back(b / 2 * 3);
+    }
+    batches.push_back(o.max_running);
     contexts = {64, o.max_context / 4, o.max_context};
     mixed_batches = {1, 8, 32};
   }
   chunk_sizes.erase(std::unique(chunk_sizes.begin(), chunk_sizes.end()), chunk_sizes.end());
+  std::sort(batches.begin(), batches.end());
   batches.erase(std::unique(batches.begin(), batches.end()), batches.end());
 
   // Prefill: one prompt of 4 chunks of n tokens; every chunk is a step of
@@ -287,18 +313,12 @@ absl::StatusOr<std::vector<StepSample>> MeasureEngineSteps(const EngineProfileOp
 
 absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
                                     double decode_cache_tokens) {
-  if (samples.size() < 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fitting the step cost needs at least 4 samples, not ", samples.size()));
-  }
   // The steps of one design point (kind, tokens, sequences, attention
   // within 5%, right after its prefill or not) are averaged first: under a
   // CPU quota a short step runs either at full speed or after a stall, and
   // what the simulator needs is the mean. Then relative least squares (rows
   // scaled by 1 / measured), so that short decode steps weigh as much as
-  // long prefills; columns that come out negative are dropped and the rest
-  // refitted (non-negative least squares by elimination, enough for 5
-  // columns).
+  // long prefills, non-negative.
   struct Group {
     StepSample sum;
     int n = 0;
@@ -308,6 +328,10 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
   };
   std::map<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, bool>, Group> groups;
   for (const StepSample& s : samples) {
+    if (s.tokens < 1 || !(s.seconds > 0)) {
+      return absl::InvalidArgumentError("fitting the step cost needs steps of at least one token "
+                                        "that took some time");
+    }
     Group& g = groups[{s.kind, s.tokens, s.sequences, bucket(s.attention),
                        bucket(s.decode_attention), s.after_prefill}];
     g.sum.kind = s.kind;
@@ -319,64 +343,65 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
     g.sum.seconds += s.seconds;
     ++g.n;
   }
-  // In the cache (or no cache given): the least squares; beyond it: the
-  // extra cost per KV token.
-  std::vector<StepSample> in_cache, beyond_cache;
+  std::vector<StepSample> points;
   for (const auto& [key, g] : groups) {
     StepSample m = g.sum;
     m.attention /= g.n;
     m.decode_attention /= g.n;
     m.seconds /= g.n;
-    (decode_cache_tokens > 0 && m.decode_attention > decode_cache_tokens ? beyond_cache : in_cache)
-        .push_back(m);
+    points.push_back(m);
   }
-  std::vector<std::array<double, 5>> a;
-  std::vector<double> b;
-  for (const StepSample& s : in_cache) {
-    const double w = 1.0 / std::max(s.seconds, 1e-7);
-    a.push_back({w, w * s.tokens, w * s.sequences, w * s.attention, w * s.decode_attention});
-    b.push_back(1.0);
-  }
-  if (a.size() < 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fitting the step cost needs at least 4 design points whose decode KV fits the cache, "
-        "not ", a.size()));
-  }
-  std::vector<int> active = {0, 1, 2, 3, 4};
-  std::vector<double> x;
-  while (true) {
-    x = LeastSquares(a, b, active);
-    auto negative = std::find_if(active.begin(), active.end(), [&](int c) { return x[c] < 0; });
-    if (negative == active.end()) break;
-    active.erase(negative);
-    if (active.empty()) break;
-  }
+  // The dense table's row counts: those of the prefill and decode steps
+  // (a mixed step's count, one design point each, is interpolated).
   StepFit fit;
-  fit.cost = {.base_s = x[0],
-              .per_token_s = x[1],
-              .per_sequence_s = x[2],
-              .per_attention_s = x[3],
-              .per_decode_attention_s = x[4]};
-  std::vector<double> extra;
-  for (const StepSample& s : beyond_cache) {
-    if (!s.after_prefill) continue;
-    const double in_cache_seconds =
-        fit.cost.Seconds(s.tokens, s.sequences, s.attention, s.decode_attention);
-    extra.push_back((s.seconds - in_cache_seconds) / (s.decode_attention - decode_cache_tokens));
+  StepCost& cost = fit.cost;
+  cost.decode_cache_tokens = decode_cache_tokens;
+  for (const StepSample& s : points) {
+    if (s.kind != "mixed") cost.dense_tokens.push_back(static_cast<int32_t>(s.tokens));
   }
-  if (!extra.empty()) {
-    fit.cost.decode_cache_tokens = decode_cache_tokens;
-    fit.cost.per_decode_kv_beyond_cache_s = std::max(0.0, Percentile(extra, 50));
+  std::sort(cost.dense_tokens.begin(), cost.dense_tokens.end());
+  cost.dense_tokens.erase(std::unique(cost.dense_tokens.begin(), cost.dense_tokens.end()),
+                          cost.dense_tokens.end());
+  const size_t knots = cost.dense_tokens.size();
+  const size_t columns = knots + 3;
+  if (knots < 2 || points.size() < columns) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fitting the step cost needs prefill or decode steps of at least 2 row counts and a "
+        "design point per coefficient: ", points.size(), " design points for ", columns,
+        " coefficients"));
   }
-  std::map<std::string, std::vector<double>> errors;
-  auto add_error = [&](const std::string& kind, const StepSample& s) {
-    const double predicted =
-        fit.cost.Seconds(s.tokens, s.sequences, s.attention, s.decode_attention);
-    errors[kind].push_back(std::abs(predicted - s.seconds) / s.seconds);
+  // A step's row in the least squares: its weights on the two row counts
+  // around it (StepCost::Dense is linear in the table), then its attention
+  // terms.
+  auto row = [&](const StepSample& s) {
+    std::vector<double> r(columns, 0.0);
+    const auto [i, f] = cost.DenseSegment(s.tokens);
+    r[i - 1] = 1 - f;
+    r[i] = f;
+    r[knots] = s.attention;
+    r[knots + 1] = s.decode_attention;
+    r[knots + 2] =
+        decode_cache_tokens > 0 ? std::max(0.0, s.decode_attention - decode_cache_tokens) : 0;
+    return r;
   };
-  for (const StepSample& s : in_cache) add_error(s.kind, s);
-  for (const StepSample& s : beyond_cache) {
-    if (s.after_prefill) add_error(s.kind + " beyond cache", s);
+  std::vector<std::vector<double>> a;
+  for (const StepSample& s : points) {
+    std::vector<double> r = row(s);
+    for (double& x : r) x /= s.seconds;
+    a.push_back(std::move(r));
+  }
+  const std::vector<double> x = NonNegativeLeastSquares(a, std::vector<double>(a.size(), 1.0), columns);
+  cost.dense_s.assign(x.begin(), x.begin() + knots);
+  cost.per_attention_s = x[knots];
+  cost.per_decode_attention_s = x[knots + 1];
+  cost.per_decode_kv_beyond_cache_s = x[knots + 2];
+
+  std::map<std::string, std::vector<double>> errors;
+  for (const StepSample& s : points) {
+    const double predicted = cost.Seconds(s.tokens, s.sequences, s.attention, s.decode_attention);
+    const std::string kind =
+        s.kind == "decode" && s.after_prefill ? "decode, right after its prefill" : s.kind;
+    errors[kind].push_back(std::abs(predicted - s.seconds) / s.seconds);
   }
   for (auto& [kind, e] : errors) {
     fit.relative_error.push_back({kind, {Percentile(e, 50), Percentile(e, 90)}});
@@ -411,7 +436,7 @@ absl::StatusOr<std::vector<TransferCost>> MeasureTransfers(const std::vector<std
     PD_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvConnection> conn,
                         sender->Connect(receiver->endpoint()));
     // Median post time per size, then a least-squares line through them.
-    std::vector<std::array<double, 5>> a;
+    std::vector<std::vector<double>> a;
     std::vector<double> b;
     for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
       std::vector<double> secs;
@@ -423,10 +448,10 @@ absl::StatusOr<std::vector<TransferCost>> MeasureTransfers(const std::vector<std
       }
       const double t = Percentile(secs, 50);
       const double w = 1.0 / t;  // Relative error, as for the step cost.
-      a.push_back({w, w * static_cast<double>(bytes), 0, 0, 0});
+      a.push_back({w, w * static_cast<double>(bytes)});
       b.push_back(1.0);
     }
-    const std::vector<double> x = LeastSquares(a, b, {0, 1});
+    const std::vector<double> x = LeastSquares(a, b, {0, 1}, 2);
     out.push_back({.transport = name,
                    .latency_s = std::max(0.0, x[0]),
                    .bytes_per_s = x[1] > 0 ? 1.0 / x[1] : 0});
@@ -677,7 +702,7 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     progress("serving costs: decode overheads on a 1P1D cluster");
     PD_ASSIGN_OR_RETURN(ProfiledCluster c, StartCluster(o.launch, 1));
     GenerationClient& client = *c.client;
-    std::vector<std::array<double, 5>> a;
+    std::vector<std::vector<double>> a;
     std::vector<double> y;
     for (int32_t b : o.batches) {
       progress(absl::StrFormat("serving costs: %d concurrent streams", b));
@@ -711,10 +736,10 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       const double gap = Percentile(all, 50);
       const double context = o.prompt_tokens + o.output_tokens;  // The middle.
       const double engine = decode_engine(b, context);
-      a.push_back({1.0, static_cast<double>(b), 0, 0, 0});
+      a.push_back({1.0, static_cast<double>(b)});
       y.push_back(gap - engine);
     }
-    std::vector<double> x = LeastSquares(a, y, {0, 1});
+    std::vector<double> x = LeastSquares(a, y, {0, 1}, 2);
     profile.decode_step_overhead_s = std::max(0.0, x[0]);
     profile.decode_sequence_overhead_s = std::max(0.0, x[1]);
   }

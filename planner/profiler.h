@@ -89,25 +89,25 @@ struct StepFit {
   StepCost cost;
   // Median and 90th percentile of |predicted - measured| / measured over
   // the design points (the mean of the steps of one kind, tokens,
-  // sequences and attention within 5%), per kind; the steps whose decode
-  // KV is beyond the cache apart, as "decode beyond cache" and "mixed
-  // beyond cache" (only those right after their prefill are fitted).
+  // sequences and attention within 5%, right after its prefill or not),
+  // per kind: "prefill", "mixed", "decode" and "decode, right after its
+  // prefill" (its KV and weights last touched by the prefill steps).
   std::vector<std::pair<std::string, std::pair<double, double>>> relative_error;
 };
-// The step model of profile.h, fitted in two parts when decode_cache_tokens
-// > 0 (CoreCacheBytes() / KV bytes per token):
-//  - every coefficient but the one beyond the cache: least squares on the
-//    steps whose decode KV fits that cache (prefill steps included);
-//  - per_decode_kv_beyond_cache_s: the median, over the steps right after
-//    their prefill whose decode KV does not fit (StepSample::after_prefill),
-//    of what they took beyond the first part's prediction per KV token
-//    beyond the cache; 0 if that is negative.
-// Why the steps right after a prefill: on a serving worker sequences join
-// and leave the batch every few steps while other workers run on the same
-// cores, so what does not fit one core's cache is not in any (the decode
-// worker's CPU per step under load, docs/capacity_planning.md run 8). With
-// decode_cache_tokens 0, one least squares on every sample.
-// INVALID_ARGUMENT with fewer samples than coefficients.
+// The step model of profile.h, by non-negative relative least squares on
+// every design point at once: the dense table at the row counts of the
+// prefill and decode steps, the two attention costs, and (with
+// decode_cache_tokens > 0: CoreCacheBytes() / KV bytes per token) the
+// extra cost of decode KV beyond the cache. The base, per-token and
+// per-sequence costs stay 0 (the table has them). Every decode step
+// counts, the steady ones and those right after their prefill alike:
+// a serving worker's batch has both, with other workers on its cores.
+// (Until run 14 of docs/capacity_planning.md one line, base + per token +
+// per sequence, stood for the table, and the cost beyond the cache was
+// fitted on the steps right after their prefill alone; on an AVX2 EPYC
+// that put decode steps 25% off at the median design point.)
+// INVALID_ARGUMENT with fewer design points than coefficients, fewer than
+// two row counts, or a step of no tokens or no time.
 absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
                                     double decode_cache_tokens = 0);
 

@@ -14,46 +14,25 @@
 namespace pdserve::planner {
 namespace {
 
-TEST(FitStepCostTest, RecoversTheCoefficientsOfExactSamples) {
-  // seconds = 100 us + 2 us * tokens + 5 us * sequences
-  //           + 0.001 us * attention + 0.003 us * decode attention.
-  const StepCost truth{.base_s = 100e-6, .per_token_s = 2e-6, .per_sequence_s = 5e-6,
-                       .per_attention_s = 1e-9, .per_decode_attention_s = 3e-9};
-  std::vector<StepSample> samples;
-  for (int tokens : {1, 8, 64, 512}) {
-    for (int sequences : {1, 4, 16}) {
-      if (sequences > tokens) continue;
-      for (double attention : {10.0, 1e4, 3e5}) {
-        for (double decode : {0.0, 2e3, 5e4}) {
-          samples.push_back({.tokens = tokens, .sequences = sequences, .attention = attention,
-                             .decode_attention = decode,
-                             .seconds = truth.Seconds(tokens, sequences, attention, decode),
-                             .kind = "prefill"});
-        }
-      }
-    }
-  }
-  auto fit = FitStepCost(samples);
-  ASSERT_TRUE(fit.ok()) << fit.status();
-  EXPECT_NEAR(fit->cost.base_s, 100e-6, 1e-9);
-  EXPECT_NEAR(fit->cost.per_token_s, 2e-6, 1e-11);
-  EXPECT_NEAR(fit->cost.per_sequence_s, 5e-6, 1e-10);
-  EXPECT_NEAR(fit->cost.per_attention_s, 1e-9, 1e-14);
-  EXPECT_NEAR(fit->cost.per_decode_attention_s, 3e-9, 1e-14);
-  ASSERT_EQ(fit->relative_error.size(), 1u);
-  EXPECT_LT(fit->relative_error[0].second.second, 1e-6);
+// A machine whose kernels stream the weights up to 4 rows and pack panels
+// from 5: a step of 5 tokens costs twice one of 4, which no line through
+// the row counts fits. The table at the profiler's row counts, attention
+// at 0.001 us per prefill pair and 0.003 us per decode KV token, 0.004 us
+// more per KV token beyond 1000.
+StepCost KinkedMachine() {
+  return {.per_attention_s = 1e-9,
+          .per_decode_attention_s = 3e-9,
+          .decode_cache_tokens = 1000,
+          .per_decode_kv_beyond_cache_s = 4e-9,
+          .dense_tokens = {1, 2, 3, 4, 5, 6, 8, 16, 64, 512},
+          .dense_s = {300e-6, 320e-6, 340e-6, 360e-6, 720e-6, 740e-6, 780e-6, 900e-6, 2e-3,
+                      12e-3}};
 }
 
-TEST(FitStepCostTest, FitsTheKvBeyondTheCacheOnStepsRightAfterTheirPrefill) {
-  // Steps whose decode KV fits 1000 tokens follow `in_cache`. Of those
-  // beyond it, the first after its prefill also pays 0.004 us per KV token
-  // beyond 1000; later ones (the KV warm in a larger cache) do not, and are
-  // left out of the fit.
-  const StepCost in_cache{.base_s = 100e-6, .per_token_s = 2e-6, .per_sequence_s = 5e-6,
-                          .per_attention_s = 1e-9, .per_decode_attention_s = 3e-9};
-  StepCost truth = in_cache;
-  truth.decode_cache_tokens = 1000;
-  truth.per_decode_kv_beyond_cache_s = 4e-9;
+// The profiler's design on `truth`, exactly: prefill chunks at three
+// attentions, decode batches at three contexts (the first step after the
+// prefill and a later one), mixed steps of b decodes and a 64-token chunk.
+std::vector<StepSample> ExactSamples(const StepCost& truth) {
   std::vector<StepSample> samples;
   for (int tokens : {16, 64, 512}) {
     for (double attention : {10.0, 1e4, 3e5}) {
@@ -61,68 +40,93 @@ TEST(FitStepCostTest, FitsTheKvBeyondTheCacheOnStepsRightAfterTheirPrefill) {
                          .seconds = truth.Seconds(tokens, 1, attention), .kind = "prefill"});
     }
   }
-  for (int b : {1, 2, 4, 8, 16}) {
+  for (int b : {1, 2, 3, 4, 5, 6, 8, 16}) {
     for (int context : {64, 256, 1024}) {
       for (bool first : {true, false}) {
-        const double decode = static_cast<double>(b) * context;
-        const StepCost& cost = first ? truth : in_cache;
+        const double decode = static_cast<double>(b) * (context + (first ? 0 : 4));
         samples.push_back({.tokens = b, .sequences = b, .decode_attention = decode,
-                           .seconds = cost.Seconds(b, b, 0, decode), .kind = "decode",
+                           .seconds = truth.Seconds(b, b, 0, decode), .kind = "decode",
                            .after_prefill = first});
       }
     }
   }
-  auto fit = FitStepCost(samples, 1000);
+  for (int b : {1, 8}) {
+    const double decode = b * 256.0;
+    samples.push_back({.tokens = b + 64, .sequences = b + 1, .attention = 2080,
+                       .decode_attention = decode,
+                       .seconds = truth.Seconds(b + 64, b + 1, 2080, decode), .kind = "mixed",
+                       .after_prefill = true});
+  }
+  return samples;
+}
+
+TEST(FitStepCostTest, RecoversTheDenseTableAndTheAttentionCostsOfExactSamples) {
+  const StepCost truth = KinkedMachine();
+  auto fit = FitStepCost(ExactSamples(truth), 1000);
   ASSERT_TRUE(fit.ok()) << fit.status();
-  EXPECT_NEAR(fit->cost.base_s, 100e-6, 1e-9);
-  EXPECT_NEAR(fit->cost.per_token_s, 2e-6, 1e-10);
-  EXPECT_NEAR(fit->cost.per_sequence_s, 5e-6, 1e-10);
-  EXPECT_NEAR(fit->cost.per_attention_s, 1e-9, 1e-14);
-  EXPECT_NEAR(fit->cost.per_decode_attention_s, 3e-9, 1e-13);
+  ASSERT_EQ(fit->cost.dense_tokens, truth.dense_tokens);
+  for (size_t i = 0; i < truth.dense_s.size(); ++i) {
+    EXPECT_NEAR(fit->cost.dense_s[i], truth.dense_s[i], 1e-10) << truth.dense_tokens[i];
+  }
+  EXPECT_NEAR(fit->cost.per_attention_s, 1e-9, 1e-15);
+  EXPECT_NEAR(fit->cost.per_decode_attention_s, 3e-9, 1e-15);
   EXPECT_EQ(fit->cost.decode_cache_tokens, 1000);
-  EXPECT_NEAR(fit->cost.per_decode_kv_beyond_cache_s, 4e-9, 1e-13);
-  // 16 sequences at 1024: 16384 KV tokens, 15384 beyond the cache.
-  EXPECT_NEAR(fit->cost.Seconds(16, 16, 0, 16384) - in_cache.Seconds(16, 16, 0, 16384),
-              15384 * 4e-9, 1e-9);
+  EXPECT_NEAR(fit->cost.per_decode_kv_beyond_cache_s, 4e-9, 1e-15);
+  EXPECT_EQ(fit->cost.base_s, 0);
+  EXPECT_EQ(fit->cost.per_token_s, 0);
+  EXPECT_EQ(fit->cost.per_sequence_s, 0);
   std::set<std::string> kinds;
   for (const auto& [kind, error] : fit->relative_error) {
     kinds.insert(kind);
     EXPECT_LT(error.second, 1e-6) << kind;
   }
-  EXPECT_EQ(kinds, (std::set<std::string>{"prefill", "decode", "decode beyond cache"}));
+  EXPECT_EQ(kinds, (std::set<std::string>{"prefill", "decode", "decode, right after its prefill",
+                                          "mixed"}));
+}
 
-  // Without a cache size: one fit of every sample, no term beyond it.
-  auto plain = FitStepCost(samples);
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ(plain->cost.per_decode_kv_beyond_cache_s, 0);
-  EXPECT_EQ(plain->cost.Seconds(16, 16, 0, 16384),
-            plain->cost.base_s + 16 * (plain->cost.per_token_s + plain->cost.per_sequence_s) +
-                16384 * plain->cost.per_decode_attention_s);
+TEST(FitStepCostTest, WithoutACacheSizeNoCostBeyondIt) {
+  StepCost truth = KinkedMachine();
+  truth.decode_cache_tokens = 0;
+  truth.per_decode_kv_beyond_cache_s = 0;
+  auto fit = FitStepCost(ExactSamples(truth));
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(fit->cost.decode_cache_tokens, 0);
+  EXPECT_EQ(fit->cost.per_decode_kv_beyond_cache_s, 0);
+  EXPECT_NEAR(fit->cost.per_decode_attention_s, 3e-9, 1e-15);
+  EXPECT_NEAR(fit->cost.Seconds(5, 5, 0, 5000), truth.Seconds(5, 5, 0, 5000), 1e-10);
 }
 
 TEST(FitStepCostTest, NoCoefficientComesOutNegative) {
-  // Steps that get cheaper with more sequences: the fit drops that term
+  // Steps that get cheaper with more attention: the fit drops that term
   // rather than predict negative costs.
   std::vector<StepSample> samples;
   std::mt19937_64 rng(1);
   for (int i = 0; i < 40; ++i) {
-    const int tokens = 1 + static_cast<int>(rng() % 256);
-    const int sequences = 1 + static_cast<int>(rng() % 8);
-    samples.push_back({.tokens = tokens, .sequences = sequences, .attention = 0,
-                       .seconds = 1e-4 + 1e-6 * tokens - 1e-6 * sequences, .kind = "mixed"});
+    const int tokens = 1 << (rng() % 9);
+    const double attention = static_cast<double>(rng() % 100000);
+    const double decode = static_cast<double>(rng() % 100000);
+    samples.push_back({.tokens = tokens, .sequences = 1, .attention = attention,
+                       .decode_attention = decode,
+                       .seconds = 1e-3 + 1e-6 * tokens - 4e-9 * attention - 4e-9 * decode,
+                       .kind = i % 2 ? "prefill" : "decode"});
   }
-  auto fit = FitStepCost(samples);
+  auto fit = FitStepCost(samples, 5000);
   ASSERT_TRUE(fit.ok()) << fit.status();
-  EXPECT_GE(fit->cost.base_s, 0);
-  EXPECT_GE(fit->cost.per_token_s, 0);
-  EXPECT_GE(fit->cost.per_sequence_s, 0);
+  for (double d : fit->cost.dense_s) EXPECT_GE(d, 0);
   EXPECT_GE(fit->cost.per_attention_s, 0);
   EXPECT_GE(fit->cost.per_decode_attention_s, 0);
+  EXPECT_GE(fit->cost.per_decode_kv_beyond_cache_s, 0);
 }
 
-TEST(FitStepCostTest, TooFewSamplesIsAnError) {
+TEST(FitStepCostTest, TooFewOrEmptyStepsAreAnError) {
   EXPECT_EQ(FitStepCost({{.tokens = 1, .sequences = 1, .seconds = 1}}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  std::vector<StepSample> samples = ExactSamples(KinkedMachine());
+  samples[3].tokens = 0;
+  EXPECT_EQ(FitStepCost(samples).status().code(), absl::StatusCode::kInvalidArgument);
+  samples = ExactSamples(KinkedMachine());
+  samples[3].seconds = 0;
+  EXPECT_EQ(FitStepCost(samples).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MeasureEngineStepsTest, MeasuresEveryKindOfStepOnTheRealEngine) {
@@ -154,6 +158,12 @@ TEST(MeasureEngineStepsTest, MeasuresEveryKindOfStepOnTheRealEngine) {
   }
   EXPECT_GT(first_decode, 0);
   EXPECT_EQ(first_decode * 8, decode);  // 8 timed steps a batch.
+  // The decode batches: every size up to 6, then 8 (max_running).
+  std::set<int64_t> batches;
+  for (const StepSample& s : *samples) {
+    if (s.kind == "decode") batches.insert(s.sequences);
+  }
+  EXPECT_EQ(batches, (std::set<int64_t>{1, 2, 3, 4, 5, 6, 8}));
   // A 64-token chunk costs more than a 16-token one (the engine's work
   // grows with the tokens).
   double t16 = 0, t64 = 0;
@@ -224,6 +234,7 @@ TEST(ProbeRatioTest, SeesAProfileTwiceAsSlowAsTheEngine) {
                     &slow.step.per_decode_kv_beyond_cache_s}) {
     *c *= 2;
   }
+  for (double& d : slow.step.dense_s) d *= 2;
   auto again = MeasureEngineSteps(DriftProbeOptions(profile));
   ASSERT_TRUE(again.ok()) << again.status();
   auto drift = ProbeRatio(slow, *again);

@@ -591,7 +591,7 @@ Profile FullProfile() {
   p.cpu_share = "taskset 0-1";
   p.threads = 2;
   p.max_context = 4096;
-  p.step = {.base_s = 0.001, .per_token_s = 2e-5, .per_sequence_s = 3e-5, .per_attention_s = 4e-9, .per_decode_attention_s = 4e-9, .decode_cache_tokens = 256, .per_decode_kv_beyond_cache_s = 3e-9};
+  p.step = {.base_s = 0.001, .per_token_s = 2e-5, .per_sequence_s = 3e-5, .per_attention_s = 4e-9, .per_decode_attention_s = 4e-9, .decode_cache_tokens = 256, .per_decode_kv_beyond_cache_s = 3e-9, .dense_tokens = {1, 4, 5, 64}, .dense_s = {1e-4, 2e-4, 5e-4, 9e-4}};
   p.kv_bytes_per_token = 8192;
   p.transfers = {{.transport = "tcp", .latency_s = 1e-4, .bytes_per_s = 1e9},
                  {.transport = "ucx", .latency_s = 2e-5, .bytes_per_s = 5e9}};
@@ -616,6 +616,8 @@ void ExpectSameProfile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.step.per_decode_attention_s, b.step.per_decode_attention_s);
   EXPECT_EQ(a.step.decode_cache_tokens, b.step.decode_cache_tokens);
   EXPECT_EQ(a.step.per_decode_kv_beyond_cache_s, b.step.per_decode_kv_beyond_cache_s);
+  EXPECT_EQ(a.step.dense_tokens, b.step.dense_tokens);
+  EXPECT_EQ(a.step.dense_s, b.step.dense_s);
   ASSERT_EQ(a.transfers.size(), b.transfers.size());
   EXPECT_EQ(a.transfers[1].transport, b.transfers[1].transport);
   EXPECT_EQ(a.transfers[1].bytes_per_s, b.transfers[1].bytes_per_s);
@@ -653,6 +655,29 @@ TEST(ProfileTest, JsonRoundTrip) {
   std::filesystem::remove(path);
 }
 
+TEST(StepCostTest, TheDenseTableIsLinearBetweenItsRowsAndAlongItsEndsBeyond) {
+  StepCost c{.dense_tokens = {1, 4, 5, 64}, .dense_s = {1e-4, 2e-4, 5e-4, 9e-4}};
+  EXPECT_DOUBLE_EQ(c.Dense(1), 1e-4);
+  EXPECT_NEAR(c.Dense(2), 1e-4 + 1e-4 / 3, 1e-15);
+  EXPECT_DOUBLE_EQ(c.Dense(4), 2e-4);
+  EXPECT_DOUBLE_EQ(c.Dense(5), 5e-4);  // The kink: 4 to 5 rows.
+  EXPECT_DOUBLE_EQ(c.Dense(64), 9e-4);
+  EXPECT_NEAR(c.Dense(123), 13e-4, 1e-15);  // The last segment, extended.
+  EXPECT_NEAR(c.Dense(0), 1e-4 - 1e-4 / 3, 1e-15);
+  // The base, per-token and per-sequence costs add to it.
+  c.base_s = 1e-3;
+  c.per_token_s = 1e-5;
+  c.per_sequence_s = 1e-6;
+  EXPECT_NEAR(c.Seconds(5, 2, 0), 5e-4 + 1e-3 + 5e-5 + 2e-6, 1e-15);
+  // Never below 0 outside the table; one row: constant; none: 0.
+  StepCost falling{.dense_tokens = {1, 2}, .dense_s = {2e-4, 1e-4}};
+  EXPECT_DOUBLE_EQ(falling.Dense(4), 0);
+  StepCost one{.dense_tokens = {8}, .dense_s = {3e-4}};
+  EXPECT_DOUBLE_EQ(one.Dense(1), 3e-4);
+  EXPECT_DOUBLE_EQ(one.Dense(100), 3e-4);
+  EXPECT_DOUBLE_EQ(StepCost{}.Dense(7), 0);
+}
+
 TEST(ProfileTest, BadFieldsAreNamed) {
   struct Case {
     std::string pointer;  // JSON pointer to change ("" : remove `field`).
@@ -668,6 +693,15 @@ TEST(ProfileTest, BadFieldsAreNamed) {
       {"/step/per_token_s", -1e-5, "'step.per_token_s' must be a non-negative number"},
       {"/step/decode_cache_tokens", -1, "'step.decode_cache_tokens' must be a non-negative"},
       {"/step", 3, "'step' must be an object"},
+      {"/step/dense_tokens", nlohmann::json::array({1, 5, 4, 64}),
+       "'step.dense_tokens' must be ascending row counts of at least 1"},
+      {"/step/dense_tokens", nlohmann::json::array({0, 4, 5, 64}),
+       "'step.dense_tokens' must be ascending"},
+      {"/step/dense_tokens", nlohmann::json::array({1, 4, 5}),
+       "'step.dense_s' must have one cost for each of step.dense_tokens"},
+      {"/step/dense_tokens/2", 5.5, "'step.dense_tokens[2]' must be an integer"},
+      {"/step/dense_s/1", -1e-4, "'step.dense_s[1]' must be a non-negative number"},
+      {"/step/dense_s", "fast", "'step.dense_s' must be an array"},
       {"/transfers/0/bytes_per_s", 0, "'transfers[0].bytes_per_s' must be a positive"},
       {"/transfers/1/transport", "tcp", "'transfers[1].transport' 'tcp' is listed twice"},
       {"/transfers/0/latency_s", "fast", "'transfers[0].latency_s' must be a number"},
@@ -700,7 +734,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
               std::string::npos)
         << p.status();
   }
-  for (const char* field : {"base_s", "per_decode_kv_beyond_cache_s"}) {
+  for (const char* field : {"base_s", "per_decode_kv_beyond_cache_s", "dense_tokens", "dense_s"}) {
     nlohmann::json j = ToJson(FullProfile());
     j["step"].erase(field);
     EXPECT_NE(ProfileFromJson(j).status().message().find(absl::StrCat("'step.", field, "' is missing")),
