@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <tuple>
 #include <thread>
 
@@ -370,13 +371,17 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
         "design point per coefficient: ", points.size(), " design points for ", columns,
         " coefficients"));
   }
-  // A step's row in the least squares: its weights on the two row counts
-  // around it (StepCost::Dense is linear in the table), then its attention
-  // terms.
+  // The table's unknowns are its steps up, dense_s[0] and then dense_s[k]
+  // - dense_s[k - 1], none negative: a step of more tokens costs no less
+  // (the machine's noise would otherwise put one row count under a
+  // smaller one now and then). A design point's row: its weight on each
+  // step up (StepCost::Dense is linear in the table: 1 - f on the row count
+  // below it, f on the one above, so every step up to the one below
+  // weighs 1 and that to the one above f), then its attention terms.
   auto row = [&](const StepSample& s) {
     std::vector<double> r(columns, 0.0);
     const auto [i, f] = cost.DenseSegment(s.tokens);
-    r[i - 1] = 1 - f;
+    for (size_t k = 0; k < i; ++k) r[k] = 1;
     r[i] = f;
     r[knots] = s.attention;
     r[knots + 1] = s.decode_attention;
@@ -391,7 +396,8 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
     a.push_back(std::move(r));
   }
   const std::vector<double> x = NonNegativeLeastSquares(a, std::vector<double>(a.size(), 1.0), columns);
-  cost.dense_s.assign(x.begin(), x.begin() + knots);
+  cost.dense_s.resize(knots);
+  std::partial_sum(x.begin(), x.begin() + knots, cost.dense_s.begin());
   cost.per_attention_s = x[knots];
   cost.per_decode_attention_s = x[knots + 1];
   cost.per_decode_kv_beyond_cache_s = x[knots + 2];

@@ -96,7 +96,8 @@ struct StepFit {
 };
 // The step model of profile.h, by non-negative relative least squares on
 // every design point at once: the dense table at the row counts of the
-// prefill and decode steps, the two attention costs, and (with
+// prefill and decode steps (non-decreasing: more tokens never cost less),
+// the two attention costs, and (with
 // decode_cache_tokens > 0: CoreCacheBytes() / KV bytes per token) the
 // extra cost of decode KV beyond the cache. The base, per-token and
 // per-sequence costs stay 0 (the table has them). Every decode step

@@ -96,6 +96,29 @@ TEST(FitStepCostTest, WithoutACacheSizeNoCostBeyondIt) {
   EXPECT_NEAR(fit->cost.Seconds(5, 5, 0, 5000), truth.Seconds(5, 5, 0, 5000), 1e-10);
 }
 
+TEST(FitStepCostTest, TheTableNeverFallsWithMoreTokens) {
+  // A noisy measurement puts 16 tokens under 12: the fit gives both one
+  // cost rather than predict that 16 tokens take less than 12.
+  const StepCost truth = {.dense_tokens = {1, 4, 12, 16, 64},
+                          .dense_s = {300e-6, 400e-6, 1000e-6, 900e-6, 2000e-6}};
+  std::vector<StepSample> samples;
+  for (int tokens : {1, 4, 12, 16, 64}) {
+    for (int rep = 0; rep < 2; ++rep) {
+      const double decode = tokens * (100.0 + 300 * rep);
+      samples.push_back({.tokens = tokens, .sequences = tokens, .decode_attention = decode,
+                         .seconds = truth.Seconds(tokens, tokens, 0, decode), .kind = "decode"});
+    }
+  }
+  auto fit = FitStepCost(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  ASSERT_EQ(fit->cost.dense_tokens, truth.dense_tokens);
+  for (size_t i = 1; i < fit->cost.dense_s.size(); ++i) {
+    EXPECT_GE(fit->cost.dense_s[i], fit->cost.dense_s[i - 1]) << fit->cost.dense_tokens[i];
+  }
+  EXPECT_NEAR(fit->cost.dense_s[0], 300e-6, 30e-6);
+  EXPECT_NEAR(fit->cost.dense_s[4], 2000e-6, 100e-6);
+}
+
 TEST(FitStepCostTest, NoCoefficientComesOutNegative) {
   // Steps that get cheaper with more attention: the fit drops that term
   // rather than predict negative costs.
