@@ -395,7 +395,8 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
     for (double& x : r) x /= s.seconds;
     a.push_back(std::move(r));
   }
-  const std::vector<double> x = NonNegativeLeastSquares(a, std::vector<double>(a.size(), 1.0), columns);
+  const std::vector<double> x =
+      NonNegativeLeastSquares(a, std::vector<double>(a.size(), 1.0), columns);
   cost.dense_s.resize(knots);
   std::partial_sum(x.begin(), x.begin() + knots, cost.dense_s.begin());
   cost.per_attention_s = x[knots];

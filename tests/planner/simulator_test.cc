@@ -591,7 +591,15 @@ Profile FullProfile() {
   p.cpu_share = "taskset 0-1";
   p.threads = 2;
   p.max_context = 4096;
-  p.step = {.base_s = 0.001, .per_token_s = 2e-5, .per_sequence_s = 3e-5, .per_attention_s = 4e-9, .per_decode_attention_s = 4e-9, .decode_cache_tokens = 256, .per_decode_kv_beyond_cache_s = 3e-9, .dense_tokens = {1, 4, 5, 64}, .dense_s = {1e-4, 2e-4, 5e-4, 9e-4}};
+  p.step = {.base_s = 0.001,
+            .per_token_s = 2e-5,
+            .per_sequence_s = 3e-5,
+            .per_attention_s = 4e-9,
+            .per_decode_attention_s = 4e-9,
+            .decode_cache_tokens = 256,
+            .per_decode_kv_beyond_cache_s = 3e-9,
+            .dense_tokens = {1, 4, 5, 64},
+            .dense_s = {1e-4, 2e-4, 5e-4, 9e-4}};
   p.kv_bytes_per_token = 8192;
   p.transfers = {{.transport = "tcp", .latency_s = 1e-4, .bytes_per_s = 1e9},
                  {.transport = "ucx", .latency_s = 2e-5, .bytes_per_s = 5e9}};
