@@ -9,7 +9,9 @@
 # new profile against the same runs: pd-plan validate --measured_json. Each
 # run's per-request records, predicted and measured, go to OUT_DIR/NAME.records
 # (planner/compare_records.py reads them). REPEATS=3 measures every point
-# three times and compares with the medians (three times as long).
+# three times and compares with the medians (three times as long). The
+# request rates of each workload come from search's predicted goodputs
+# (auto_rates) unless SYNTHETIC_RATES / TRACE_RATES give them.
 #
 #   bench/capacity_validation.sh [OUT_DIR]   (default build/capacity)
 set -euo pipefail
@@ -25,16 +27,38 @@ engine=(--max_batch_tokens=512 --max_running=32 --prefill_kv_cache_mb=64 --decod
 [[ -s "$out/profile.json" ]] || "$plan" profile --out="$out/profile.json" \
   --worker_cpus="$cpus" --max_context=1024 "${engine[@]}" --run_dir="$out/run" | tee "$out/profile.md"
 
-# name | workload flags | rates | SLO flags
+# Rates around the knees this machine's profile predicts: seven, evenly
+# from 3/4 of the lowest goodput search finds (of the configurations that
+# have one) to 6/5 of the highest, to 0.5 req/s. A machine twice as fast
+# gets rates twice as high (runs 14 to 16 of docs/capacity_planning.md:
+# fixed rates put most points of a slower machine past every knee).
+auto_rates() {
+  python3 - "$1" <<'PY'
+import json, sys
+goodputs = [c["goodput"] for c in json.load(open(sys.argv[1])) if c["goodput"] > 0]
+if not goodputs:
+    sys.exit("capacity_validation.sh: search found no configuration that meets the SLO at any "
+             "rate; give the rates (SYNTHETIC_RATES, TRACE_RATES) or relax the SLO")
+lo, hi = 0.75 * min(goodputs), 1.2 * max(goodputs)
+rates = sorted({max(0.5, round((lo + (hi - lo) * i / 6) * 2) / 2) for i in range(7)})
+print(",".join(f"{r:g}" for r in rates))
+PY
+}
+
+# name | workload flags | rates ("auto": auto_rates) | SLO flags
 workloads=(
-  "synthetic|--input_len=uniform:128:768 --output_len=uniform:16:96 --num_requests=100 --seed=1|${SYNTHETIC_RATES:-2,4,6,8,11,14}|--slo_ttft_ms=400 --slo_tpot_ms=15"
-  "mooncake|--trace=../shared/traces/mooncake_conversation_trace.jsonl --length_scale=32 --max_input_len=1024 --max_output_len=64 --trace_max_requests=100|${TRACE_RATES:-3,6,12,24}|--slo_ttft_ms=1500 --slo_tpot_ms=30"
+  "synthetic|--input_len=uniform:128:768 --output_len=uniform:16:96 --num_requests=100 --seed=1|${SYNTHETIC_RATES:-auto}|--slo_ttft_ms=400 --slo_tpot_ms=15"
+  "mooncake|--trace=../shared/traces/mooncake_conversation_trace.jsonl --length_scale=32 --max_input_len=1024 --max_output_len=64 --trace_max_requests=100|${TRACE_RATES:-auto}|--slo_ttft_ms=1500 --slo_tpot_ms=30"
 )
 for entry in "${workloads[@]}"; do
   IFS='|' read -r name flags rates slo <<<"$entry"
   # shellcheck disable=SC2086
   "$plan" search --profile="$out/profile.json" --workers="$budget" $flags $slo \
     --summary_json="$out/$name.search.json" | tee "$out/$name.search.md"
+  if [[ "$rates" == auto ]]; then
+    rates=$(auto_rates "$out/$name.search.json")
+    echo "capacity_validation.sh: $name at $rates req/s (around the knees search predicts)"
+  fi
   # shellcheck disable=SC2086
   "$plan" validate --profile="$out/profile.json" --configs="$configs" $flags $slo \
     --request_rates="$rates" --run_dir="$out/run" --summary_json="$out/$name.validate.json" \
