@@ -6,7 +6,6 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -39,50 +38,47 @@ absl::Status ReadString(const Json& j, absl::string_view prefix, const char* nam
   return absl::OkStatus();
 }
 
+// A JSON value as an integer of type Int (in its range) or as a double;
+// `where` names it in the error.
 template <typename Int>
-absl::Status ReadInt(const Json& j, absl::string_view prefix, const char* name, Int& out) {
-  PD_ASSIGN_OR_RETURN(const Json* v, Field(j, prefix, name));
-  if (!v->is_number_integer()) {
-    return FieldError(absl::StrCat(prefix, name), "must be an integer");
-  }
+absl::Status NumberValue(const Json& v, absl::string_view where, Int& out) {
+  if (!v.is_number_integer()) return FieldError(where, "must be an integer");
   // An unsigned JSON integer beyond int64 reads as negative here, and is
   // refused below as out of range.
-  const int64_t x = v->get<int64_t>();
+  const int64_t x = v.get<int64_t>();
   if (x < std::numeric_limits<Int>::min() || x > std::numeric_limits<Int>::max()) {
-    return FieldError(absl::StrCat(prefix, name), "is out of range");
+    return FieldError(where, "is out of range");
   }
   out = static_cast<Int>(x);
   return absl::OkStatus();
 }
 
-absl::Status ReadDouble(const Json& j, absl::string_view prefix, const char* name, double& out) {
-  PD_ASSIGN_OR_RETURN(const Json* v, Field(j, prefix, name));
-  if (!v->is_number()) return FieldError(absl::StrCat(prefix, name), "must be a number");
-  out = v->get<double>();
+absl::Status NumberValue(const Json& v, absl::string_view where, double& out) {
+  if (!v.is_number()) return FieldError(where, "must be a number");
+  out = v.get<double>();
   return absl::OkStatus();
 }
 
-// An array of numbers (integers when `Value` is), each as ReadInt / ReadDouble.
+template <typename Int>
+absl::Status ReadInt(const Json& j, absl::string_view prefix, const char* name, Int& out) {
+  PD_ASSIGN_OR_RETURN(const Json* v, Field(j, prefix, name));
+  return NumberValue(*v, absl::StrCat(prefix, name), out);
+}
+
+absl::Status ReadDouble(const Json& j, absl::string_view prefix, const char* name, double& out) {
+  PD_ASSIGN_OR_RETURN(const Json* v, Field(j, prefix, name));
+  return NumberValue(*v, absl::StrCat(prefix, name), out);
+}
+
+// An array of numbers, each as NumberValue reads it.
 template <typename Value>
 absl::Status ReadArray(const Json& j, absl::string_view prefix, const char* name,
                        std::vector<Value>& out) {
   PD_ASSIGN_OR_RETURN(const Json* v, Field(j, prefix, name));
   if (!v->is_array()) return FieldError(absl::StrCat(prefix, name), "must be an array");
-  out.clear();
+  out.assign(v->size(), Value{});
   for (size_t i = 0; i < v->size(); ++i) {
-    const Json& x = (*v)[i];
-    const std::string where = absl::StrCat(prefix, name, "[", i, "]");
-    if constexpr (std::is_integral_v<Value>) {
-      if (!x.is_number_integer()) return FieldError(where, "must be an integer");
-      const int64_t n = x.get<int64_t>();
-      if (n < std::numeric_limits<Value>::min() || n > std::numeric_limits<Value>::max()) {
-        return FieldError(where, "is out of range");
-      }
-      out.push_back(static_cast<Value>(n));
-    } else {
-      if (!x.is_number()) return FieldError(where, "must be a number");
-      out.push_back(x.get<Value>());
-    }
+    PD_RETURN_IF_ERROR(NumberValue((*v)[i], absl::StrCat(prefix, name, "[", i, "]"), out[i]));
   }
   return absl::OkStatus();
 }

@@ -377,9 +377,11 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
   // smaller one now and then). A design point's row: its weight on each
   // step up (StepCost::Dense is linear in the table: 1 - f on the row count
   // below it, f on the one above, so every step up to the one below
-  // weighs 1 and that to the one above f), then its attention terms.
-  auto row = [&](const StepSample& s) {
-    std::vector<double> r(columns, 0.0);
+  // weighs 1 and that to the one above f), then its attention terms, all
+  // over its time (relative error).
+  std::vector<std::vector<double>> a;
+  for (const StepSample& s : points) {
+    std::vector<double>& r = a.emplace_back(columns, 0.0);
     const auto [i, f] = cost.DenseSegment(s.tokens);
     for (size_t k = 0; k < i; ++k) r[k] = 1;
     r[i] = f;
@@ -387,13 +389,7 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
     r[knots + 1] = s.decode_attention;
     r[knots + 2] =
         decode_cache_tokens > 0 ? std::max(0.0, s.decode_attention - decode_cache_tokens) : 0;
-    return r;
-  };
-  std::vector<std::vector<double>> a;
-  for (const StepSample& s : points) {
-    std::vector<double> r = row(s);
     for (double& x : r) x /= s.seconds;
-    a.push_back(std::move(r));
   }
   const std::vector<double> x =
       NonNegativeLeastSquares(a, std::vector<double>(a.size(), 1.0), columns);
