@@ -41,8 +41,11 @@ max_error="${MAX_ERROR:-0.40}" max_tpot_error="${MAX_TPOT_ERROR:-0.75}"
 max_attainment="${MAX_ATTAINMENT:-0.10}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-share=()
-if "$source/deploy/local/cpu_share.sh" how >/dev/null 2>&1; then share=(--worker_cpus=0.5); fi
+share=() share_cpus=1
+if "$source/deploy/local/cpu_share.sh" how >/dev/null 2>&1; then
+  share_cpus=0.5
+  share=(--worker_cpus="$share_cpus")
+fi
 attempt() {  # attempt N: profile into $work/N, then validate.
   local dir="$work/$1"
   mkdir -p "$dir"
@@ -57,20 +60,28 @@ attempt() {  # attempt N: profile into $work/N, then validate.
   steps_measured "$dir/validate.json" || exit 1
 }
 # Every point has its engines' step time, predicted and measured from the
-# workers' /metrics: one role on 0P1D, both on 1P1D, within 2x of each
-# other (a wrong metric or unit is 1000x off; the real error is in the
-# table); and on 1P1D the count of prompts prefilled on the decode worker,
-# a whole number no larger than the run's requests.
+# workers' /metrics: one role on 0P1D, both on 1P1D, the prediction within
+# 2x of the measurement, or up to 2 / share over it under a CPU share (a
+# wrong metric or unit is 1000x off; the real error is in the table); and
+# on 1P1D the count of prompts prefilled on the decode worker, a whole
+# number no larger than the run's requests. Why 2 / share: the model's
+# steps take their CPU over the share (docs/capacity_planning.md, "The
+# share as a slower CPU"), while a lightly loaded worker's short steps run
+# at full speed within its quota, up to 1 / share faster. A CI run on
+# 2026-11-28 measured the 1P1D decode worker's steps at 6 req/s 2.01x
+# under the prediction (0.5 share, decode steps under a millisecond),
+# while its prefill steps and the 0P1D decode worker's were 1.3-1.4x.
 steps_measured() {
-  python3 - "$1" <<'PY'
+  python3 - "$1" "${share_cpus:-1}" <<'PY'
 import json, sys
+over = 2 / float(sys.argv[2])
 for point in json.load(open(sys.argv[1])):
     work = point.get("engine_work", {})
     where = f"validate_e2e: {point['config']} at {point['rate']} req/s:"
     roles = ["decode"] if point["config"].startswith("0P") else ["prefill", "decode"]
     for role in roles:
         s = work.get(f"{role}_step_s")
-        if s is None or not s["measured"] > 0 or not 0.5 < s["predicted"] / s["measured"] < 2:
+        if s is None or not s["measured"] > 0 or not 0.5 < s["predicted"] / s["measured"] < over:
             sys.exit(f"{where} {role} step time {s}")
     if not point["config"].startswith("0P"):
         n = work.get("decode_prefills", {}).get("measured_runs", [None])[0]
