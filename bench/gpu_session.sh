@@ -18,6 +18,8 @@
 #                   workers
 #   test            ctest -L gpu --output-on-failure
 #   cuda-bench      build/bench/pd-cuda-bench
+#   cuda-bench-mma  its prefill rows with the mma.sync attention kernel
+#                   (--mma_sync_attention), the one not yet run on a GPU
 #   torch-peer      torch-eager, then torch-compiled
 #   torch-eager     bench/torch_peer.py --modes eager
 #   torch-compiled  bench/torch_peer.py --modes compiled
@@ -26,7 +28,8 @@
 #                   (staged): TTFT, the transfer's hidden share at 512 /
 #                   2048 / 8192 tokens, decode rate
 #   profile         per-kernel device time (Nsight Compute) of a decode step
-#                   and of 512- and 2048-token prefills, as tables
+#                   and of 512- and 2048-token prefills, as tables (the
+#                   2048 one also with the mma.sync attention kernel)
 #   summary         stage results and pd-cuda-bench / PyTorch time ratios
 #   pack-deps       (on the development machine, not the GPU one) download
 #                   the Debian packages of deploy/install-deps.sh into
@@ -277,6 +280,14 @@ stage_cuda_bench() {
   "$BUILD_DIR/bench/pd-cuda-bench" ${CUDA_BENCH_ARGS:-}
 }
 
+stage_cuda_bench_mma() {
+  need_binary "$BUILD_DIR/bench/pd-cuda-bench" || return 1
+  use_deps
+  # shellcheck disable=SC2086  # CUDA_BENCH_ARGS is a list of flags.
+  "$BUILD_DIR/bench/pd-cuda-bench" --mma_sync_attention --batches=0 \
+    --contexts=0 ${CUDA_BENCH_ARGS:-}
+}
+
 stage_torch() {  # stage_torch MODE
   export PYTHONUNBUFFERED=1
   # The compiled graphs outlive this process while the machine is warm.
@@ -307,9 +318,10 @@ stage_profile() {
     return 1
   fi
   local name rows rc=0
-  for name in decode-b1-ctx512 prefill-512 prefill-2048; do
+  for name in decode-b1-ctx512 prefill-512 prefill-2048 prefill-2048-mma; do
     case $name in
       decode-*) rows=(--batches=1 --contexts=512 --prefill=0) ;;
+      *-mma) rows=(--batches=0 --contexts=0 --prefill=2048 --mma_sync_attention) ;;
       prefill-*) rows=(--batches=0 --contexts=0 "--prefill=${name#prefill-}") ;;
     esac
     # --reps=1: two forwards (one untimed), so each count is per forward x2.
@@ -368,6 +380,12 @@ stage_summary() {
     echo "## pd-cuda-bench"
     echo
     cat "$LOGS/cuda-bench.log"
+  fi
+  if [[ -f $LOGS/cuda-bench-mma.log ]]; then
+    echo
+    echo "## pd-cuda-bench, prefill attention on mma.sync"
+    echo
+    cat "$LOGS/cuda-bench-mma.log"
   fi
   local jsons=() m
   for m in eager compiled; do
@@ -531,6 +549,8 @@ for stage in "$@"; do
     build) run_stage build "$T_BUILD" stage_build ;;
     test) run_stage test "$T_TEST" stage_test ;;
     cuda-bench) run_stage cuda-bench "$T_CUDA_BENCH" stage_cuda_bench ;;
+    cuda-bench-mma)
+      run_stage cuda-bench-mma "$T_CUDA_BENCH" stage_cuda_bench_mma ;;
     torch-eager | torch-compiled)
       RUN_FILES+=("$LOGS/torch_${stage#torch-}.json")
       run_stage "$stage" "$(stage_timeout "$stage")" stage_torch "${stage#torch-}" ;;

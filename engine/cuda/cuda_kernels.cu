@@ -35,6 +35,55 @@ __device__ __forceinline__ uint16_t ToBf16(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
+// The tensor-core and asynchronous-copy instructions of the prefill
+// attention (sm_80 and newer), as the PTX ISA documents them; the
+// emulation has its own with the same register layouts.
+#ifdef PDSERVE_CUDA_EMULATION
+using emu::CpAsync16;
+using emu::CpAsyncCommit;
+using emu::CpAsyncWaitAll;
+using emu::LdMatrixX4Trans;
+using emu::MmaM16n8k16;
+#else
+// d += a b for a 16x16 bf16 A (row-major), a 16x8 bf16 B (column-major)
+// and a 16x8 fp32 D; which lane holds which element: cuda_emulation.h.
+__device__ __forceinline__ void MmaM16n8k16(float (&d)[4],
+                                            const uint32_t (&a)[4],
+                                            const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Four 8x8 bf16 matrices from shared memory, transposed; lanes 8i..8i+7
+// give the addresses of matrix i's rows (16 bytes each, 16-byte aligned).
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4],
+                                                const void* row) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, "
+      "[%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+
+// 16 bytes from global to shared memory without the registers, zeros when
+// !valid (global is then not read).
+__device__ __forceinline__ void CpAsync16(void* shared, const void* global,
+                                          bool valid) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr),
+               "l"(global), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+#endif
+
 __device__ __forceinline__ float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
   return v;
@@ -401,7 +450,8 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   }
 }
 
-// Paged attention on tensor cores, for prefill. A block takes one tile of
+// Paged attention on tensor cores, for prefill, with WMMA
+// (PrefillAttentionKernel::kWmma). A block takes one tile of
 // up to kMmaTileRows (token, head) rows sharing kv head blockIdx.y, and one
 // context split; each of its four warps owns 16 rows. Per step of 64 keys:
 // the block stages K and V (bf16) in shared memory; each warp computes its
@@ -409,26 +459,26 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
 // window mask and the online softmax in fp32 (two lanes per row), rescales
 // its rows of the fp32 output kept in shared memory, and adds P V with
 // WMMA (P rounded to bf16).
-namespace mma = nvcuda::wmma;
+namespace wmma = nvcuda::wmma;
 constexpr int kMmaWarps = 4;
-constexpr int kMmaRowsPerWarp = kMmaTileRows / kMmaWarps;  // 16
-constexpr int kMmaKeys = kMmaTileRows;                     // Keys per step.
-constexpr int kSLd = kMmaKeys + 4;                         // floats
-constexpr int kPLd = kMmaKeys + 8;                         // bf16
+constexpr int kWmmaRowsPerWarp = kMmaTileRows / kMmaWarps;  // 16
+constexpr int kWmmaKeys = kMmaTileRows;                     // Keys per step.
+constexpr int kSLd = kWmmaKeys + 4;                         // floats
+constexpr int kPLd = kWmmaKeys + 8;                         // bf16
 // 16-byte K (and V) vectors per thread for a step at the largest head.
-constexpr int kMmaStageVecs = kMmaKeys * kMaxHeadDim / 8 / (kMmaWarps * 32);
+constexpr int kWmmaStageVecs = kWmmaKeys * kMaxHeadDim / 8 / (kMmaWarps * 32);
 
-struct MmaSmem {
+struct WmmaSmem {
   int kv_ld, o_ld;  // Elements per row of Q/K/V (bf16) and O (fp32).
   size_t q, k, v, s, p, o, bytes;  // Byte offsets, all 128-byte aligned.
-  __host__ __device__ explicit MmaSmem(int d) {
+  __host__ __device__ explicit WmmaSmem(int d) {
     kv_ld = d + 8;
     o_ld = d + 4;
     auto round = [](size_t x) { return (x + 127) / 128 * 128; };
     q = 0;
     k = q + round(size_t{2} * kMmaTileRows * kv_ld);
-    v = k + round(size_t{2} * kMmaKeys * kv_ld);
-    s = v + round(size_t{2} * kMmaKeys * kv_ld);
+    v = k + round(size_t{2} * kWmmaKeys * kv_ld);
+    s = v + round(size_t{2} * kWmmaKeys * kv_ld);
     p = s + round(size_t{4} * kMmaTileRows * kSLd);
     o = p + round(size_t{2} * kMmaTileRows * kPLd);
     bytes = o + round(size_t{4} * kMmaTileRows * o_ld);
@@ -436,10 +486,10 @@ struct MmaSmem {
 };
 
 __global__ void __launch_bounds__(kMmaWarps * 32)
-    PagedAttentionMmaKernel(AttentionParams p) {
+    PagedAttentionWmmaKernel(AttentionParams p) {
   PD_DYNAMIC_SHARED(unsigned char, mma_smem);
   const int D = p.kv.head_dim;
-  const MmaSmem layout(D);
+  const WmmaSmem layout(D);
   const int ld = layout.kv_ld, old = layout.o_ld;
   auto* qs = reinterpret_cast<__nv_bfloat16*>(mma_smem + layout.q);
   auto* ks = reinterpret_cast<__nv_bfloat16*>(mma_smem + layout.k);
@@ -486,58 +536,60 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 
   // This lane's row of the softmax (two lanes per row, 32 keys each).
   const int my_r = lane / 2, my_half = lane % 2;
-  const int my_tile_row = warp * kMmaRowsPerWarp + my_r;
+  const int my_tile_row = warp * kWmmaRowsPerWarp + my_r;
   const bool my_valid = my_tile_row < tile.num_rows;
   const int my_pos = seq.start_pos + (tile.first_row + my_tile_row) / group;
   const int my_lo =
       p.sliding_window > 0 ? max(0, my_pos - p.sliding_window + 1) : 0;
   float m = -INFINITY, l = 0.0f;
-  const bool warp_active = warp * kMmaRowsPerWarp < tile.num_rows;
+  const bool warp_active = warp * kWmmaRowsPerWarp < tile.num_rows;
   const float qscale = p.scale * kLog2e;
-  float* s_w = ss + warp * kMmaRowsPerWarp * kSLd;
-  __nv_bfloat16* p_w = ps + warp * kMmaRowsPerWarp * kPLd;
-  float* o_w = os + warp * kMmaRowsPerWarp * old;
-  const __nv_bfloat16* q_w = qs + warp * kMmaRowsPerWarp * ld;
+  float* s_w = ss + warp * kWmmaRowsPerWarp * kSLd;
+  __nv_bfloat16* p_w = ps + warp * kWmmaRowsPerWarp * kPLd;
+  float* o_w = os + warp * kWmmaRowsPerWarp * old;
+  const __nv_bfloat16* q_w = qs + warp * kWmmaRowsPerWarp * ld;
 
   // K/V of the next step are loaded into registers while this step
   // computes, and stored to shared memory at the top of the next.
   const int chunks = D / 8;  // 16-byte chunks per K/V row.
-  uint4 kb[kMmaStageVecs], vb[kMmaStageVecs];
+  uint4 kb[kWmmaStageVecs], vb[kWmmaStageVecs];
   if (key_lo <= key_hi) {
-    LoadKvVectors<kMmaKeys, kMmaWarps * 32>(p, table, kvh, key_lo, key_hi, kb,
-                                            vb);
+    LoadKvVectors<kWmmaKeys, kMmaWarps * 32>(p, table, kvh, key_lo, key_hi, kb,
+                                             vb);
   }
-  for (int k0 = key_lo; k0 <= key_hi; k0 += kMmaKeys) {
+  for (int k0 = key_lo; k0 <= key_hi; k0 += kWmmaKeys) {
     __syncthreads();  // Q/O written, or the previous step's K/V consumed.
 #pragma unroll
-    for (int i = 0; i < kMmaStageVecs; ++i) {
+    for (int i = 0; i < kWmmaStageVecs; ++i) {
       const int e = threadIdx.x + i * kMmaWarps * 32;
       const int j = e / chunks, d = (e % chunks) * 8;
-      if (j >= kMmaKeys) continue;
+      if (j >= kWmmaKeys) continue;
       *reinterpret_cast<uint4*>(ks + j * ld + d) = kb[i];
       *reinterpret_cast<uint4*>(vs + j * ld + d) = vb[i];
     }
-    if (k0 + kMmaKeys <= key_hi) {
-      LoadKvVectors<kMmaKeys, kMmaWarps * 32>(p, table, kvh, k0 + kMmaKeys,
-                                              key_hi, kb, vb);
+    if (k0 + kWmmaKeys <= key_hi) {
+      LoadKvVectors<kWmmaKeys, kMmaWarps * 32>(p, table, kvh, k0 + kWmmaKeys,
+                                               key_hi, kb, vb);
     }
     __syncthreads();
     if (!warp_active) continue;  // Warp-uniform; no block barrier below.
 
     // S = Q K^T for this warp's 16 rows and the 64 keys.
-    for (int n = 0; n < kMmaKeys / 16; ++n) {
-      mma::fragment<mma::accumulator, 16, 16, 16, float> acc;
-      mma::fill_fragment(acc, 0.0f);
+    for (int n = 0; n < kWmmaKeys / 16; ++n) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
       for (int kk = 0; kk < D / 16; ++kk) {
-        mma::fragment<mma::matrix_a, 16, 16, 16, __nv_bfloat16, mma::row_major>
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
+                       wmma::row_major>
             a;
-        mma::fragment<mma::matrix_b, 16, 16, 16, __nv_bfloat16, mma::col_major>
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16,
+                       wmma::col_major>
             b;
-        mma::load_matrix_sync(a, q_w + kk * 16, ld);
-        mma::load_matrix_sync(b, ks + n * 16 * ld + kk * 16, ld);
-        mma::mma_sync(acc, a, b, acc);
+        wmma::load_matrix_sync(a, q_w + kk * 16, ld);
+        wmma::load_matrix_sync(b, ks + n * 16 * ld + kk * 16, ld);
+        wmma::mma_sync(acc, a, b, acc);
       }
-      mma::store_matrix_sync(s_w + n * 16, acc, kSLd, mma::mem_row_major);
+      wmma::store_matrix_sync(s_w + n * 16, acc, kSLd, wmma::mem_row_major);
     }
     __syncwarp();
 
@@ -576,18 +628,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 
     // O += P V.
     for (int n = 0; n < D / 16; ++n) {
-      mma::fragment<mma::accumulator, 16, 16, 16, float> acc;
-      mma::load_matrix_sync(acc, o_w + n * 16, old, mma::mem_row_major);
-      for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
-        mma::fragment<mma::matrix_a, 16, 16, 16, __nv_bfloat16, mma::row_major>
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, o_w + n * 16, old, wmma::mem_row_major);
+      for (int kk = 0; kk < kWmmaKeys / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
+                       wmma::row_major>
             a;
-        mma::fragment<mma::matrix_b, 16, 16, 16, __nv_bfloat16, mma::row_major>
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16,
+                       wmma::row_major>
             b;
-        mma::load_matrix_sync(a, p_w + kk * 16, kPLd);
-        mma::load_matrix_sync(b, vs + kk * 16 * ld + n * 16, ld);
-        mma::mma_sync(acc, a, b, acc);
+        wmma::load_matrix_sync(a, p_w + kk * 16, kPLd);
+        wmma::load_matrix_sync(b, vs + kk * 16 * ld + n * 16, ld);
+        wmma::mma_sync(acc, a, b, acc);
       }
-      mma::store_matrix_sync(o_w + n * 16, acc, old, mma::mem_row_major);
+      wmma::store_matrix_sync(o_w + n * 16, acc, old, wmma::mem_row_major);
     }
     __syncwarp();
   }
@@ -609,6 +663,270 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     if (my_half == 0) {
       w[D] = m;
       w[D + 1] = l;
+    }
+  }
+}
+
+// Paged attention on tensor cores, for prefill, in the manner of
+// FlashAttention-2 (PrefillAttentionKernel::kMmaSync). A block takes one tile
+// of up to kMmaTileRows (token, head) rows sharing kv head blockIdx.y, and one
+// context split; each of its four warps owns 16 rows. Keys go in steps of
+// kMmaKeys, copied into shared memory with cp.async, the next step's while this
+// one computes (two buffers). Each warp keeps everything of its rows in
+// registers: S = Q K^T from mma.sync m16n8k16 (bf16 in, fp32 out), the scale,
+// the causal / window mask and the online softmax on S where it lies (a row's
+// scores spread over the four lanes of a quad), P taken from S's registers as
+// bf16 for P V, V's fragments loaded transposed by ldmatrix, and the fp32
+// output accumulated over every step. kMaxD (64, 128 or 256) sizes the
+// output registers; the head dim is any multiple of 16 up to it.
+constexpr int kMmaKeys = 64;  // Keys per step.
+static_assert(kMmaTileRows == kMmaWarps * 16, "a warp owns 16 rows");
+
+struct MmaSmem {
+  // bf16 per row of Q, K and V: the head and 8 more, so that the 32-bit
+  // fragment reads of a warp (8 rows, 4 columns) and ldmatrix's 8 rows
+  // fall in 32 different banks.
+  int ld;
+  // Byte offsets: Q, then two buffers of a step's K followed by its V.
+  size_t kv, step, bytes;
+  __host__ __device__ explicit MmaSmem(int d) {
+    ld = d + 8;
+    step = size_t{2} * kMmaKeys * ld;  // One step's K (or V).
+    kv = size_t{2} * kMmaTileRows * ld;
+    bytes = kv + 4 * step;
+  }
+  // Buffer b's K; its V is step bytes further.
+  __host__ __device__ size_t k(int b) const { return kv + b * 2 * step; }
+};
+
+__device__ __forceinline__ uint32_t SharedWord(const uint16_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  return uint32_t{ToBf16(lo)} | uint32_t{ToBf16(hi)} << 16;
+}
+
+template <int kMaxD>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    PagedAttentionMmaKernel(AttentionParams p) {
+  PD_DYNAMIC_SHARED(unsigned char, mma_smem);
+  const int D = p.kv.head_dim;
+  const MmaSmem layout(D);
+  const int ld = layout.ld;
+  auto* qs = reinterpret_cast<uint16_t*>(mma_smem);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // The lane's rows in its warp's 16 (g and g + 8) and its pair of columns
+  // in every 8-column fragment (2 quad, 2 quad + 1).
+  const int g = lane / 4, quad = lane % 4;
+
+  const AttentionTile tile = p.mma_tiles[blockIdx.x];
+  const AttentionSequence seq = p.sequences[tile.seq];
+  const int kvh = blockIdx.y;
+  const int split = blockIdx.z;
+  const int group = p.num_heads / p.kv.num_kv_heads;
+  const int32_t* table = p.block_tables + seq.block_offset;
+
+  const int first_pos = seq.start_pos + tile.first_row / group;
+  const int last_pos =
+      seq.start_pos + (tile.first_row + tile.num_rows - 1) / group;
+  int key_lo =
+      p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0;
+  int key_hi = last_pos;
+  if (p.num_splits > 1) {
+    // Each sequence's context is split evenly, by its own length.
+    const int split_len =
+        (seq.start_pos + seq.num_tokens + p.num_splits - 1) / p.num_splits;
+    key_lo = max(key_lo, split * split_len);
+    key_hi = min(key_hi, (split + 1) * split_len - 1);
+  }
+
+  // Copies the K and V rows of keys k0 .. k0 + kMmaKeys - 1 (zero past
+  // key_hi) into buffer b, 16 bytes a copy, and commits them as a group.
+  const int chunks = D / 8;
+  const int64_t v_offset = ValueOffset(p.kv);
+  auto stage = [&](int k0, int b) {
+    uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem + layout.k(b));
+    uint16_t* vs = ks + layout.step / 2;
+    for (int e = threadIdx.x; e < kMmaKeys * chunks; e += blockDim.x) {
+      const int j = e / chunks, d = (e % chunks) * 8;
+      const bool valid = k0 + j <= key_hi;
+      const uint16_t* kp = valid ? KeyAt(p, table, kvh, k0 + j, d) : p.kv.base;
+      CpAsync16(ks + j * ld + d, kp, valid);
+      CpAsync16(vs + j * ld + d, valid ? kp + v_offset : p.kv.base, valid);
+    }
+    CpAsyncCommit();
+  };
+  if (key_lo <= key_hi) stage(key_lo, 0);
+
+  // Q as bf16, zero rows past the tile.
+  for (int e = threadIdx.x; e < kMmaTileRows * D; e += blockDim.x) {
+    const int r = e / D, d = e % D;
+    float v = 0.0f;
+    if (r < tile.num_rows) {
+      const int row = tile.first_row + r;
+      const int64_t t = seq.token_offset + row / group;
+      const int h = kvh * group + row % group;
+      v = p.q[t * p.q_row_stride + static_cast<int64_t>(h) * D + d];
+    }
+    qs[r * ld + d] = ToBf16(v);
+  }
+
+  // The lane's two rows: whether they exist, their position and the first
+  // key their window sees.
+  int rows[2], pos[2], lo[2];
+  bool valid[2];
+  for (int r = 0; r < 2; ++r) {
+    rows[r] = warp * 16 + g + 8 * r;
+    valid[r] = rows[r] < tile.num_rows;
+    pos[r] = seq.start_pos + (tile.first_row + rows[r]) / group;
+    lo[r] = p.sliding_window > 0 ? max(0, pos[r] - p.sliding_window + 1) : 0;
+  }
+  // Softmax state (l is this lane's share of the row's sum until the end)
+  // and the output, o[n] holding columns 8 n + 2 quad (+1) of both rows.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[kMaxD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kMaxD / 8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[n][i] = 0.0f;
+  }
+  const bool warp_active = warp * 16 < tile.num_rows;
+  const float qscale = p.scale * kLog2e;
+  const uint16_t* q_w = qs + warp * 16 * ld;
+
+  int buf = 0;
+  for (int k0 = key_lo; k0 <= key_hi; k0 += kMmaKeys, buf ^= 1) {
+    CpAsyncWaitAll();
+    // This step's K/V (and Q) are in shared memory for every thread, and
+    // every warp is done with the other buffer.
+    __syncthreads();
+    if (k0 + kMmaKeys <= key_hi) stage(k0 + kMmaKeys, buf ^ 1);
+    if (!warp_active) continue;  // Warp-uniform; no block barrier below.
+    const auto* ks =
+        reinterpret_cast<const uint16_t*>(mma_smem + layout.k(buf));
+    const uint16_t* vs = ks + layout.step / 2;
+
+    // S = Q K^T: eight 8-key fragments.
+    float s[kMmaKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kMmaKeys / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+    }
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint16_t* qa = q_w + g * ld + kk * 16 + 2 * quad;
+      const uint32_t a[4] = {SharedWord(qa), SharedWord(qa + 8 * ld),
+                             SharedWord(qa + 8), SharedWord(qa + 8 * ld + 8)};
+#pragma unroll
+      for (int n = 0; n < kMmaKeys / 8; ++n) {
+        const uint16_t* kb = ks + (n * 8 + g) * ld + kk * 16 + 2 * quad;
+        const uint32_t b[2] = {SharedWord(kb), SharedWord(kb + 8)};
+        MmaM16n8k16(s[n], a, b);
+      }
+    }
+
+    // Scale and mask, then the online softmax of both rows.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kMmaKeys / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = i / 2, key = k0 + n * 8 + 2 * quad + i % 2;
+        const bool visible =
+            valid[r] && key >= lo[r] && key <= pos[r] && key <= key_hi;
+        s[n][i] = visible ? s[n][i] * qscale : -INFINITY;
+        tile_max[r] = fmaxf(tile_max[r], s[n][i]);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] =
+          fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 1));
+      tile_max[r] =
+          fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
+      const float m_new = fmaxf(m[r], tile_max[r]);
+      // A row with nothing visible yet keeps m = -inf and zero weights.
+      corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
+      m[r] = m_new;
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kMmaKeys / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = i / 2;
+        s[n][i] = m[r] == -INFINITY ? 0.0f : exp2f(s[n][i] - m[r]);
+        l[r] += s[n][i];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kMaxD / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[n][i] *= corr[i / 2];
+    }
+
+    // O += P V, 16 keys at a time: P's A fragment is two S fragments;
+    // ldmatrix gives the B fragments of two 8-column output fragments.
+#pragma unroll
+    for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
+      const uint32_t a[4] = {PackBf16(s[2 * kk][0], s[2 * kk][1]),
+                             PackBf16(s[2 * kk][2], s[2 * kk][3]),
+                             PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      // Lanes 0-7 give keys 0-7 of the 16, lanes 8-15 keys 8-15, at the
+      // first 8 columns; lanes 16-31 the same at the next 8.
+      const uint16_t* vrow = vs + (kk * 16 + lane % 16) * ld + (lane / 16) * 8;
+#pragma unroll
+      for (int n = 0; n < kMaxD / 16; ++n) {
+        if (n < D / 16) {
+          uint32_t b4[4];
+          LdMatrixX4Trans(b4, vrow + n * 16);
+          const uint32_t b_lo[2] = {b4[0], b4[1]}, b_hi[2] = {b4[2], b4[3]};
+          MmaM16n8k16(o[2 * n], a, b_lo);
+          MmaM16n8k16(o[2 * n + 1], a, b_hi);
+        }
+      }
+    }
+  }
+
+  if (!warp_active) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(kFullMask, l[r], 1);
+    l[r] += __shfl_xor_sync(kFullMask, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (!valid[r]) continue;
+    const int row = tile.first_row + rows[r];
+    const int64_t t = seq.token_offset + row / group;
+    const int h = kvh * group + row % group;
+    if (p.num_splits == 1) {
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      uint16_t* out = p.out + (t * p.num_heads + h) * D + 2 * quad;
+#pragma unroll
+      for (int n = 0; n < kMaxD / 8; ++n) {
+        if (n < D / 8) {
+          *reinterpret_cast<uint32_t*>(out + n * 8) =
+              PackBf16(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        }
+      }
+    } else {
+      float* w = p.workspace +
+                 ((split * p.num_tokens + t) * p.num_heads + h) * (D + 2);
+#pragma unroll
+      for (int n = 0; n < kMaxD / 8; ++n) {
+        if (n < D / 8) {
+          w[n * 8 + 2 * quad] = o[n][2 * r];
+          w[n * 8 + 2 * quad + 1] = o[n][2 * r + 1];
+        }
+      }
+      if (quad == 0) {
+        w[D] = m[r];
+        w[D + 1] = l[r];
+      }
     }
   }
 }
@@ -729,9 +1047,20 @@ cudaError_t PrepareAttention(int max_head_dim) {
       ScalarAttentionSharedBytes(max_head_dim));
   if (err != cudaSuccess) return err;
   if (!AttentionTensorCoresSupported(max_head_dim)) return cudaSuccess;
-  return cudaFuncSetAttribute(PagedAttentionMmaKernel,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(MmaSmem(max_head_dim).bytes));
+  err = cudaFuncSetAttribute(PagedAttentionWmmaKernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(WmmaSmem(max_head_dim).bytes));
+  if (err != cudaSuccess) return err;
+  const int bytes = static_cast<int>(MmaSmem(max_head_dim).bytes);
+  void (*const kernels[])(AttentionParams) = {PagedAttentionMmaKernel<64>,
+                                              PagedAttentionMmaKernel<128>,
+                                              PagedAttentionMmaKernel<256>};
+  for (auto* kernel : kernels) {
+    err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 bool AttentionTensorCoresSupported(int head_dim) {
@@ -745,7 +1074,9 @@ bool AttentionTensorCoresSupported(int head_dim) {
     cudaGetLastError();
     return false;
   }
-  return major >= 8 && static_cast<size_t>(smem) >= MmaSmem(head_dim).bytes;
+  return major >= 8 &&
+         static_cast<size_t>(smem) >=
+             std::max(WmmaSmem(head_dim).bytes, MmaSmem(head_dim).bytes);
 }
 #endif  // PDSERVE_CUDA_EMULATION
 
@@ -765,8 +1096,21 @@ cudaError_t PagedAttention(const AttentionParams& p, cudaStream_t stream) {
   }
   if (p.num_mma_tiles > 0) {
     const dim3 grid(p.num_mma_tiles, p.kv.num_kv_heads, p.num_splits);
-    PD_LAUNCH(PagedAttentionMmaKernel, grid, kMmaWarps * 32, MmaSmem(D).bytes,
-              stream, p);
+    // kMmaSync: the smallest output registers that hold the head.
+    const size_t bytes = MmaSmem(D).bytes;
+    if (p.mma_kernel == PrefillAttentionKernel::kWmma) {
+      PD_LAUNCH(PagedAttentionWmmaKernel, grid, kMmaWarps * 32,
+                WmmaSmem(D).bytes, stream, p);
+    } else if (D <= 64) {
+      PD_LAUNCH(PagedAttentionMmaKernel<64>, grid, kMmaWarps * 32, bytes,
+                stream, p);
+    } else if (D <= 128) {
+      PD_LAUNCH(PagedAttentionMmaKernel<128>, grid, kMmaWarps * 32, bytes,
+                stream, p);
+    } else {
+      PD_LAUNCH(PagedAttentionMmaKernel<256>, grid, kMmaWarps * 32, bytes,
+                stream, p);
+    }
     const cudaError_t err = PD_LAUNCH_ERROR();
     if (err != cudaSuccess) return err;
   }

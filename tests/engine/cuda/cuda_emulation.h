@@ -1,17 +1,21 @@
 // A CPU emulation of the part of the CUDA execution model that
 // engine/cuda/cuda_kernels.cu uses, so that its kernels run, unchanged, in
 // CI without a GPU (cuda_kernels_emulated_test): every thread of a block is
-// a std::thread; __syncthreads and __syncwarp are barriers; warp shuffles
-// go through per-warp slots between two barriers; WMMA fragments hold the
-// whole 16x16 tile in every lane (load and mma per lane, store by lane 0);
-// blocks of a grid run one after another on one team of threads.
+// a std::thread; __syncthreads and __syncwarp are barriers; warp shuffles,
+// the warp-wide `mma.sync` and `ldmatrix` go through per-warp slots between
+// two barriers, each lane's registers in the layouts the PTX ISA documents
+// for them; `cp.async` copies at once; WMMA fragments hold the whole 16x16
+// tile in every lane (load and mma per lane, store by lane 0), since
+// WMMA's layouts are not documented; blocks of a grid run one after
+// another on one team of threads.
 //
 // What it checks: the kernels' index arithmetic, masking, tiling, online
-// softmax, context splits and combine, and the WMMA operand layouts as
-// documented. What it cannot: timing, memory-model subtleties, the real
-// fragment layouts, and anything the hardware does differently from the
-// documentation. Include it before the .cu file, with
-// PDSERVE_CUDA_EMULATION defined.
+// softmax, context splits and combine, and which lane holds which element
+// of an mma fragment, as documented (of WMMA, the operand layouts in
+// memory). What it cannot: timing, memory-model subtleties, the tensor
+// cores' own rounding, WMMA's real fragment layouts, and anything the
+// hardware does differently from the documentation. Include it before the
+// .cu file, with PDSERVE_CUDA_EMULATION defined.
 #ifndef PDSERVE_TESTS_ENGINE_CUDA_CUDA_EMULATION_H_
 #define PDSERVE_TESTS_ENGINE_CUDA_CUDA_EMULATION_H_
 
@@ -38,10 +42,15 @@ struct Block {
       warp_barriers.push_back(std::make_unique<std::barrier<>>(32));
     }
     slots.resize(threads);
+    words.resize(threads * kWordsPerLane);
+    pointers.resize(threads);
   }
+  static constexpr int kWordsPerLane = 10;  // An mma's a, b and c.
   std::barrier<> barrier;
   std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
-  std::vector<float> slots;  // One per thread, for shuffles.
+  std::vector<float> slots;           // One per thread, for shuffles.
+  std::vector<uint32_t> words;        // kWordsPerLane per thread, for mma.
+  std::vector<const void*> pointers;  // One per thread, for ldmatrix.
   std::vector<std::byte> dynamic;
   std::mutex statics_mu;
   std::map<int, std::vector<std::byte>> statics;  // By source line.
@@ -66,6 +75,81 @@ inline float Shuffle(float v, int src_lane) {
   SyncWarp();
   return r;
 }
+
+inline float Bf16Half(uint32_t word, int half) {
+  const uint32_t bits = half == 0 ? word << 16 : word & 0xffff0000u;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d = a b + d. Lane
+// L (g = L / 4, t = L % 4) holds, in its registers' low half first:
+// a[0] A(g, 2t..2t+1), a[1] A(g+8, 2t..), a[2] A(g, 2t+8..), a[3]
+// A(g+8, 2t+8..); b[0] B(2t..2t+1, g), b[1] B(2t+8.., g); d[0..1] D(g,
+// 2t..2t+1), d[2..3] D(g+8, 2t..2t+1).
+inline void MmaM16n8k16(float (&d)[4], const uint32_t (&a)[4],
+                        const uint32_t (&b)[2]) {
+  Block& ctx = *tls.ctx;
+  const int lane = tls.thread.x % 32, warp_base = tls.thread.x / 32 * 32;
+  uint32_t* mine = &ctx.words[tls.thread.x * Block::kWordsPerLane];
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  for (int i = 0; i < 2; ++i) mine[4 + i] = b[i];
+  SyncWarp();
+  auto word = [&](int l, int i) {
+    return ctx.words[(warp_base + l) * Block::kWordsPerLane + i];
+  };
+  auto a_at = [&](int r, int k) {
+    const int reg = (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+    return Bf16Half(word((r % 8) * 4 + (k % 8) / 2, reg), k % 2);
+  };
+  auto b_at = [&](int k, int n) {
+    return Bf16Half(word(n * 4 + (k % 8) / 2, 4 + (k >= 8 ? 1 : 0)), k % 2);
+  };
+  const int g = lane / 4, t = lane % 4;
+  float out[4];
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + (i >= 2 ? 8 : 0), n = 2 * t + i % 2;
+    float s = d[i];
+    for (int k = 0; k < 16; ++k) s += a_at(r, k) * b_at(k, n);
+    out[i] = s;
+  }
+  SyncWarp();
+  for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lanes 8i..8i+7 give the
+// rows of matrix i (8 bf16 each); r[i] of lane L gets matrix i's elements
+// (row 2 (L % 4), column L / 4) and (row 2 (L % 4) + 1, column L / 4).
+inline void LdMatrixX4Trans(uint32_t (&r)[4], const void* row) {
+  Block& ctx = *tls.ctx;
+  const int lane = tls.thread.x % 32, warp_base = tls.thread.x / 32 * 32;
+  ctx.pointers[tls.thread.x] = row;
+  SyncWarp();
+  for (int i = 0; i < 4; ++i) {
+    uint16_t lo, hi;
+    const auto* r0 = static_cast<const uint16_t*>(
+        ctx.pointers[warp_base + 8 * i + 2 * (lane % 4)]);
+    const auto* r1 = static_cast<const uint16_t*>(
+        ctx.pointers[warp_base + 8 * i + 2 * (lane % 4) + 1]);
+    lo = r0[lane / 4];
+    hi = r1[lane / 4];
+    r[i] = uint32_t{lo} | uint32_t{hi} << 16;
+  }
+  SyncWarp();
+}
+
+// cp.async.cg.shared.global of 16 bytes, zero-filled when !valid: the copy
+// is done at once, so committing and waiting have nothing to do.
+inline void CpAsync16(void* shared, const void* global, bool valid) {
+  if (valid) {
+    std::memcpy(shared, global, 16);
+  } else {
+    std::memset(shared, 0, 16);
+  }
+}
+inline void CpAsyncCommit() {}
+inline void CpAsyncWaitAll() {}
 
 template <typename T>
 T* DynamicShared() {

@@ -354,9 +354,17 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendGroup) {
                              p.heads * (D + 2));
   ASSERT_EQ(PrepareAttention(D), cudaSuccess);
 
-  // Both kernels: fp32 tiles only, then tensor-core tiles where they apply.
+  // Every kernel: fp32 tiles only, then tensor-core tiles where they apply,
+  // on each tensor-core kernel.
   std::vector<std::pair<std::string, std::vector<float>>> results;
-  for (const bool tensor_cores : {false, true}) {
+  const struct {
+    const char* name;
+    bool tensor_cores;
+    PrefillAttentionKernel kernel;
+  } variants[] = {{"fp32", false, PrefillAttentionKernel::kWmma},
+                  {"wmma", true, PrefillAttentionKernel::kWmma},
+                  {"mma.sync", true, PrefillAttentionKernel::kMmaSync}};
+  for (const auto& [name, tensor_cores, kernel] : variants) {
     if (tensor_cores && !AttentionTensorCoresSupported(D)) continue;
     std::vector<AttentionTile> tiles, mma_tiles;
     for (size_t s = 0; s < group_rows.size(); ++s) {
@@ -376,6 +384,7 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendGroup) {
     ap.num_tiles = static_cast<int>(tiles.size());
     ap.mma_tiles = d_mma_tiles.get();
     ap.num_mma_tiles = static_cast<int>(mma_tiles.size());
+    ap.mma_kernel = kernel;
     ap.num_heads = p.heads;
     ap.sliding_window = p.sliding_window;
     ap.scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -384,8 +393,7 @@ TEST_P(PagedAttentionTest, MatchesCpuAttendGroup) {
     ap.workspace = d_work.get();
     ap.out = d_out.get();
     ASSERT_EQ(PagedAttention(ap, nullptr), cudaSuccess);
-    results.emplace_back(tensor_cores ? "tensor cores" : "fp32",
-                         FromBf16Bits(d_out.Download()));
+    results.emplace_back(name, FromBf16Bits(d_out.Download()));
   }
 
   ASSERT_FALSE(results.empty());
@@ -444,6 +452,10 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{
             "LongPrefillGqa4Dim128", 8, 2, 128, 16, 0, {{100, 150}, {0, 9}}, 1},
         AttentionCase{"PrefillWindowDim64", 4, 2, 64, 16, 50, {{0, 120}}, 1},
+        // Three tensor-core tiles, each over three or four steps of keys
+        // (both shared-memory buffers, each used twice).
+        AttentionCase{
+            "ChunkAfterContextDim128", 4, 1, 128, 16, 0, {{150, 40}}, 1},
         AttentionCase{
             "ChunkAfterLongContextSplit", 8, 2, 96, 16, 0, {{2000, 100}}, 7},
         AttentionCase{

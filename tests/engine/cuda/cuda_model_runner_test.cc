@@ -187,7 +187,7 @@ void ExpectLogitsClose(std::span<const float> gpu, std::span<const float> cpu,
 // with a third prompt's prefill mixed into one of them, then a long decode
 // of one sequence (its context is split on the GPU).
 void ExpectBackendsAgree(const std::shared_ptr<const Model>& model, double tol,
-                         int long_context) {
+                         int long_context, bool mma_sync = false) {
 #ifdef PDSERVE_CUDA_EMULATION
   // Emulated kernels are slow; 160 positions still split the context.
   long_context = std::min(long_context, 160);
@@ -203,7 +203,8 @@ void ExpectBackendsAgree(const std::shared_ptr<const Model>& model, double tol,
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto gpu = CreateModelRunner(model, {.backend = "cuda",
                                        .num_kv_blocks = num_blocks,
-                                       .block_size = block_size});
+                                       .block_size = block_size,
+                                       .cuda_mma_sync_attention = mma_sync});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
 
   // Three sequences with interleaved, shuffled block tables.
@@ -384,6 +385,31 @@ TEST(CudaConformanceTest, Qwen3HeadNormHeadDim128) {
   auto model = MakeRandomModel("qwen3-d128", c, DType::kBF16, 7);
   ASSERT_TRUE(model.ok()) << model.status();
   ExpectBackendsAgree(*model, 0.03, /*long_context=*/300);
+}
+
+// The same two shapes (a sliding window and llama3 RoPE; Qwen3's head
+// norm) with prefill attention on the mma.sync kernel.
+TEST(CudaConformanceTest, HeadDim128SlidingWindowOnMmaSync) {
+  PD_REQUIRE_CUDA_DEVICE();
+  ModelConfig c = Variant(2, 2, 128);
+  c.sliding_window = 40;
+  c.rope_theta = 500000.0f;
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
+  auto model = MakeRandomModel("d128-window-llama3", c, DType::kBF16, 3);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ExpectBackendsAgree(*model, 0.03, /*long_context=*/500, /*mma_sync=*/true);
+}
+
+TEST(CudaConformanceTest, Qwen3HeadNormOnMmaSync) {
+  PD_REQUIRE_CUDA_DEVICE();
+  ModelConfig c = Variant(4, 2, 128);
+  c.architecture = "Qwen3ForCausalLM";
+  c.qk_norm = true;
+  c.rope_theta = 1e6f;
+  c.tie_word_embeddings = true;
+  auto model = MakeRandomModel("qwen3-d128", c, DType::kBF16, 7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ExpectBackendsAgree(*model, 0.03, /*long_context=*/300, /*mma_sync=*/true);
 }
 
 TEST(CudaConformanceTest, HeadDim16Group4) {
