@@ -230,6 +230,31 @@ __device__ __forceinline__ const uint16_t* KeyAt(const AttentionParams& p,
          static_cast<int64_t>(kvh) * p.kv.head_dim + d;
 }
 
+// The keys [lo, hi] that any row of `tile` may see within context split
+// `split`: causal, the sliding window of its first row, the split's share.
+struct KeyRange {
+  int lo, hi;
+};
+__device__ __forceinline__ KeyRange TileKeys(const AttentionParams& p,
+                                             const AttentionTile& tile,
+                                             const AttentionSequence& seq,
+                                             int group, int split) {
+  const int first_pos = seq.start_pos + tile.first_row / group;
+  const int last_pos =
+      seq.start_pos + (tile.first_row + tile.num_rows - 1) / group;
+  KeyRange keys{
+      p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0,
+      last_pos};
+  if (p.num_splits > 1) {
+    // Each sequence's context is split evenly, by its own length.
+    const int split_len =
+        (seq.start_pos + seq.num_tokens + p.num_splits - 1) / p.num_splits;
+    keys.lo = max(keys.lo, split * split_len);
+    keys.hi = min(keys.hi, (split + 1) * split_len - 1);
+  }
+  return keys;
+}
+
 // Loads the K and V rows of keys k0 .. k0 + kKeys - 1 of kv head `kvh`
 // (zero past key_hi) as 16-byte vectors, kVecs per thread of a
 // kThreads-thread block: vector i of this thread is element
@@ -289,20 +314,8 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   const int split = blockIdx.z;
   const int group = p.num_heads / p.kv.num_kv_heads;
   const int32_t* table = p.block_tables + seq.block_offset;
-  // Keys any row of the tile may see, within this split.
-  const int first_pos = seq.start_pos + tile.first_row / group;
-  const int last_pos =
-      seq.start_pos + (tile.first_row + tile.num_rows - 1) / group;
-  int key_lo =
-      p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0;
-  int key_hi = last_pos;
-  if (p.num_splits > 1) {
-    // Each sequence's context is split evenly, by its own length.
-    const int split_len =
-        (seq.start_pos + seq.num_tokens + p.num_splits - 1) / p.num_splits;
-    key_lo = max(key_lo, split * split_len);
-    key_hi = min(key_hi, (split + 1) * split_len - 1);
-  }
+  const KeyRange keys = TileKeys(p, tile, seq, group, split);
+  const int key_lo = keys.lo, key_hi = keys.hi;
 
   const float qscale = p.scale * kLog2e;
   for (int e = threadIdx.x; e < R * D; e += blockDim.x) {
@@ -505,20 +518,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int split = blockIdx.z;
   const int group = p.num_heads / p.kv.num_kv_heads;
   const int32_t* table = p.block_tables + seq.block_offset;
-
-  const int first_pos = seq.start_pos + tile.first_row / group;
-  const int last_pos =
-      seq.start_pos + (tile.first_row + tile.num_rows - 1) / group;
-  int key_lo =
-      p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0;
-  int key_hi = last_pos;
-  if (p.num_splits > 1) {
-    // Each sequence's context is split evenly, by its own length.
-    const int split_len =
-        (seq.start_pos + seq.num_tokens + p.num_splits - 1) / p.num_splits;
-    key_lo = max(key_lo, split * split_len);
-    key_hi = min(key_hi, (split + 1) * split_len - 1);
-  }
+  const KeyRange keys = TileKeys(p, tile, seq, group, split);
+  const int key_lo = keys.lo, key_hi = keys.hi;
 
   // Q as bf16 (zero rows past the tile) and a zero output.
   for (int e = threadIdx.x; e < kMmaTileRows * D; e += blockDim.x) {
@@ -726,20 +727,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int split = blockIdx.z;
   const int group = p.num_heads / p.kv.num_kv_heads;
   const int32_t* table = p.block_tables + seq.block_offset;
-
-  const int first_pos = seq.start_pos + tile.first_row / group;
-  const int last_pos =
-      seq.start_pos + (tile.first_row + tile.num_rows - 1) / group;
-  int key_lo =
-      p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0;
-  int key_hi = last_pos;
-  if (p.num_splits > 1) {
-    // Each sequence's context is split evenly, by its own length.
-    const int split_len =
-        (seq.start_pos + seq.num_tokens + p.num_splits - 1) / p.num_splits;
-    key_lo = max(key_lo, split * split_len);
-    key_hi = min(key_hi, (split + 1) * split_len - 1);
-  }
+  const KeyRange keys = TileKeys(p, tile, seq, group, split);
+  const int key_lo = keys.lo, key_hi = keys.hi;
 
   // Copies the K and V rows of keys k0 .. k0 + kMmaKeys - 1 (zero past
   // key_hi) into buffer b, 16 bytes a copy, and commits them as a group.

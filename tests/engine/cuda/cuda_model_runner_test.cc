@@ -362,54 +362,57 @@ TEST(CudaConformanceTest, Gqa4HeadDim64BiasTied) {
   ExpectBackendsAgree(*model, 0.03, /*long_context=*/300);
 }
 
-TEST(CudaConformanceTest, HeadDim128SlidingWindowLlama3Rope) {
-  PD_REQUIRE_CUDA_DEVICE();
+// Head dim 128 with a sliding window and llama3 RoPE scaling.
+std::shared_ptr<const Model> WindowLlama3Model() {
   ModelConfig c = Variant(2, 2, 128);
   c.sliding_window = 40;
   c.rope_theta = 500000.0f;
   c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
   auto model = MakeRandomModel("d128-window-llama3", c, DType::kBF16, 3);
-  ASSERT_TRUE(model.ok()) << model.status();
-  ExpectBackendsAgree(*model, 0.03, /*long_context=*/500);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *model : nullptr;
 }
 
 // Qwen3's shape: per-head q/k norm, head_dim 128 with q_dim (512) four
 // times hidden, GQA, theta 1e6, tied embeddings.
-TEST(CudaConformanceTest, Qwen3HeadNormHeadDim128) {
-  PD_REQUIRE_CUDA_DEVICE();
+std::shared_ptr<const Model> Qwen3Model() {
   ModelConfig c = Variant(4, 2, 128);
   c.architecture = "Qwen3ForCausalLM";
   c.qk_norm = true;
   c.rope_theta = 1e6f;
   c.tie_word_embeddings = true;
   auto model = MakeRandomModel("qwen3-d128", c, DType::kBF16, 7);
-  ASSERT_TRUE(model.ok()) << model.status();
-  ExpectBackendsAgree(*model, 0.03, /*long_context=*/300);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *model : nullptr;
 }
 
-// The same two shapes (a sliding window and llama3 RoPE; Qwen3's head
-// norm) with prefill attention on the mma.sync kernel.
+TEST(CudaConformanceTest, HeadDim128SlidingWindowLlama3Rope) {
+  PD_REQUIRE_CUDA_DEVICE();
+  auto model = WindowLlama3Model();
+  ASSERT_NE(model, nullptr);
+  ExpectBackendsAgree(model, 0.03, /*long_context=*/500);
+}
+
+TEST(CudaConformanceTest, Qwen3HeadNormHeadDim128) {
+  PD_REQUIRE_CUDA_DEVICE();
+  auto model = Qwen3Model();
+  ASSERT_NE(model, nullptr);
+  ExpectBackendsAgree(model, 0.03, /*long_context=*/300);
+}
+
+// The same two with prefill attention on the mma.sync kernel.
 TEST(CudaConformanceTest, HeadDim128SlidingWindowOnMmaSync) {
   PD_REQUIRE_CUDA_DEVICE();
-  ModelConfig c = Variant(2, 2, 128);
-  c.sliding_window = 40;
-  c.rope_theta = 500000.0f;
-  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
-  auto model = MakeRandomModel("d128-window-llama3", c, DType::kBF16, 3);
-  ASSERT_TRUE(model.ok()) << model.status();
-  ExpectBackendsAgree(*model, 0.03, /*long_context=*/500, /*mma_sync=*/true);
+  auto model = WindowLlama3Model();
+  ASSERT_NE(model, nullptr);
+  ExpectBackendsAgree(model, 0.03, /*long_context=*/500, /*mma_sync=*/true);
 }
 
 TEST(CudaConformanceTest, Qwen3HeadNormOnMmaSync) {
   PD_REQUIRE_CUDA_DEVICE();
-  ModelConfig c = Variant(4, 2, 128);
-  c.architecture = "Qwen3ForCausalLM";
-  c.qk_norm = true;
-  c.rope_theta = 1e6f;
-  c.tie_word_embeddings = true;
-  auto model = MakeRandomModel("qwen3-d128", c, DType::kBF16, 7);
-  ASSERT_TRUE(model.ok()) << model.status();
-  ExpectBackendsAgree(*model, 0.03, /*long_context=*/300, /*mma_sync=*/true);
+  auto model = Qwen3Model();
+  ASSERT_NE(model, nullptr);
+  ExpectBackendsAgree(model, 0.03, /*long_context=*/300, /*mma_sync=*/true);
 }
 
 TEST(CudaConformanceTest, HeadDim16Group4) {
