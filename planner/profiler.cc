@@ -24,6 +24,7 @@
 #include "engine/model_runner.h"
 #include "kv_transfer/transport.h"
 #include "planner/cluster_launcher.h"
+#include "planner/least_squares.h"
 #include "planner/summary.h"
 
 namespace pdserve::planner {
@@ -126,52 +127,6 @@ absl::Status Drain(Engine& e) {
   std::vector<GenerationEvent> events;
   while (e.generator->HasWork()) PD_RETURN_IF_ERROR(e.generator->Step(events));
   return absl::OkStatus();
-}
-
-// Solves the normal equations of min |A x - b|^2 over the columns in
-// `active` (Gaussian elimination); the other columns' x are 0.
-std::vector<double> LeastSquares(const std::vector<std::vector<double>>& a,
-                                 const std::vector<double>& b, const std::vector<int>& active,
-                                 size_t columns) {
-  const size_t n = active.size();
-  std::vector<std::vector<double>> m(n, std::vector<double>(n + 1, 0.0));
-  for (size_t r = 0; r < a.size(); ++r) {
-    for (size_t i = 0; i < n; ++i) {
-      for (size_t j = 0; j < n; ++j) m[i][j] += a[r][active[i]] * a[r][active[j]];
-      m[i][n] += a[r][active[i]] * b[r];
-    }
-  }
-  for (size_t c = 0; c < n; ++c) {
-    size_t pivot = c;
-    for (size_t r = c + 1; r < n; ++r) {
-      if (std::abs(m[r][c]) > std::abs(m[pivot][c])) pivot = r;
-    }
-    std::swap(m[c], m[pivot]);
-    if (std::abs(m[c][c]) < 1e-300) continue;
-    for (size_t r = 0; r < n; ++r) {
-      if (r == c) continue;
-      const double f = m[r][c] / m[c][c];
-      for (size_t k = c; k <= n; ++k) m[r][k] -= f * m[c][k];
-    }
-  }
-  std::vector<double> x(columns, 0.0);
-  for (size_t i = 0; i < n; ++i) x[active[i]] = std::abs(m[i][i]) < 1e-300 ? 0 : m[i][n] / m[i][i];
-  return x;
-}
-
-// Non-negative least squares by elimination: columns that come out
-// negative are dropped (set to 0) one at a time and the rest refitted;
-// enough for a few dozen columns that are mostly positive.
-std::vector<double> NonNegativeLeastSquares(const std::vector<std::vector<double>>& a,
-                                            const std::vector<double>& b, size_t columns) {
-  std::vector<int> active(columns);
-  for (size_t c = 0; c < columns; ++c) active[c] = static_cast<int>(c);
-  while (true) {
-    std::vector<double> x = LeastSquares(a, b, active, columns);
-    auto negative = std::find_if(active.begin(), active.end(), [&](int c) { return x[c] < 0; });
-    if (negative == active.end()) return x;
-    active.erase(negative);
-  }
 }
 
 }  // namespace
@@ -391,8 +346,7 @@ absl::StatusOr<StepFit> FitStepCost(const std::vector<StepSample>& samples,
         decode_cache_tokens > 0 ? std::max(0.0, s.decode_attention - decode_cache_tokens) : 0;
     for (double& x : r) x /= s.seconds;
   }
-  const std::vector<double> x =
-      NonNegativeLeastSquares(a, std::vector<double>(a.size(), 1.0), columns);
+  const std::vector<double> x = NonNegativeLeastSquares(a, std::vector<double>(a.size(), 1.0));
   cost.dense_s.resize(knots);
   std::partial_sum(x.begin(), x.begin() + knots, cost.dense_s.begin());
   cost.per_attention_s = x[knots];
@@ -454,9 +408,9 @@ absl::StatusOr<std::vector<TransferCost>> MeasureTransfers(const std::vector<std
       a.push_back({w, w * static_cast<double>(bytes)});
       b.push_back(1.0);
     }
-    const std::vector<double> x = LeastSquares(a, b, {0, 1}, 2);
+    const std::vector<double> x = NonNegativeLeastSquares(a, b);
     out.push_back({.transport = name,
-                   .latency_s = std::max(0.0, x[0]),
+                   .latency_s = x[0],
                    .bytes_per_s = x[1] > 0 ? 1.0 / x[1] : 0});
   }
   return out;
@@ -742,9 +696,9 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       a.push_back({1.0, static_cast<double>(b)});
       y.push_back(gap - engine);
     }
-    std::vector<double> x = LeastSquares(a, y, {0, 1}, 2);
-    profile.decode_step_overhead_s = std::max(0.0, x[0]);
-    profile.decode_sequence_overhead_s = std::max(0.0, x[1]);
+    const std::vector<double> x = NonNegativeLeastSquares(a, y);
+    profile.decode_step_overhead_s = x[0];
+    profile.decode_sequence_overhead_s = x[1];
   }
   {
     progress("serving costs: colocated cluster (0P1D)");

@@ -8,7 +8,7 @@
 //                       1 .. max_running sequences at short and long
 //                       contexts, and mixed steps (decodes plus a chunk);
 //                       each step's composition is known by construction.
-//   FitStepCost         least squares (non-negative) of the step model on
+//   FitStepCost         least squares (non-negative, least_squares.h) of the step model on
 //                       those samples, with its error on them.
 //   MeasureTransfers    one KV transport pair in this process: writes of
 //                       one block up to 4 MiB, fitted to latency + size /
