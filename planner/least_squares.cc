@@ -82,12 +82,12 @@ std::vector<double> NonNegativeLeastSquares(const Matrix& a, const std::vector<d
   double scale = 0;
   for (double w : Gradient(a, b, x)) scale = std::max(scale, std::abs(w));
   const double tolerance = 1e-12 * scale;
-  // Each entry strictly lowers the objective, so no set repeats; the cap
-  // only guards against rounding.
   // A column that the gradient favours but whose subproblem gives it no
   // positive value (rounding; a combination of the set's columns) sits out
   // until the solution moves.
   std::vector<bool> stuck(n, false);
+  // Each entry strictly lowers the objective, so no set repeats; the cap
+  // only guards against rounding.
   for (size_t round = 0; round < 3 * n + 3; ++round) {
     const std::vector<double> w = Gradient(a, b, x);
     size_t enter = n;

@@ -1,6 +1,6 @@
 // Non-negative least squares: min |A x - b|^2 subject to x >= 0, for the
-// step model's fit (profiler.cc FitStepCost). A few dozen columns, a few
-// hundred rows.
+// profiler's fits (profiler.cc: the step model, the transfer line, the
+// decode step overheads). A few dozen columns, a few hundred rows.
 #ifndef PDSERVE_PLANNER_LEAST_SQUARES_H_
 #define PDSERVE_PLANNER_LEAST_SQUARES_H_
 

@@ -230,6 +230,12 @@ __device__ __forceinline__ const uint16_t* KeyAt(const AttentionParams& p,
          static_cast<int64_t>(kvh) * p.kv.head_dim + d;
 }
 
+// The first key a query at position `pos` sees: 0, or the start of its
+// sliding window.
+__device__ __forceinline__ int WindowStart(const AttentionParams& p, int pos) {
+  return p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
+}
+
 // The keys [lo, hi] that any row of `tile` may see within context split
 // `split`: causal, the sliding window of its first row, the split's share.
 struct KeyRange {
@@ -242,9 +248,7 @@ __device__ __forceinline__ KeyRange TileKeys(const AttentionParams& p,
   const int first_pos = seq.start_pos + tile.first_row / group;
   const int last_pos =
       seq.start_pos + (tile.first_row + tile.num_rows - 1) / group;
-  KeyRange keys{
-      p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0,
-      last_pos};
+  KeyRange keys{WindowStart(p, first_pos), last_pos};
   if (p.num_splits > 1) {
     // Each sequence's context is split evenly, by its own length.
     const int split_len =
@@ -388,8 +392,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
       const int r = j * kAttentionWarps + warp;  // Spread short tiles.
       if (r < tile.num_rows) {                   // Warp-uniform.
         const int pos = seq.start_pos + (tile.first_row + r) / group;
-        const int lo =
-            p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
+        const int lo = WindowStart(p, pos);
         const int key = k0 + lane;
         float s = -INFINITY;
         if (key >= lo && key <= pos && key <= key_hi) {
@@ -540,8 +543,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int my_tile_row = warp * kWmmaRowsPerWarp + my_r;
   const bool my_valid = my_tile_row < tile.num_rows;
   const int my_pos = seq.start_pos + (tile.first_row + my_tile_row) / group;
-  const int my_lo =
-      p.sliding_window > 0 ? max(0, my_pos - p.sliding_window + 1) : 0;
+  const int my_lo = WindowStart(p, my_pos);
   float m = -INFINITY, l = 0.0f;
   const bool warp_active = warp * kWmmaRowsPerWarp < tile.num_rows;
   const float qscale = p.scale * kLog2e;
@@ -769,7 +771,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     rows[r] = warp * 16 + g + 8 * r;
     valid[r] = rows[r] < tile.num_rows;
     pos[r] = seq.start_pos + (tile.first_row + rows[r]) / group;
-    lo[r] = p.sliding_window > 0 ? max(0, pos[r] - p.sliding_window + 1) : 0;
+    lo[r] = WindowStart(p, pos[r]);
   }
   // Softmax state (l is this lane's share of the row's sum until the end)
   // and the output, o[n] holding columns 8 n + 2 quad (+1) of both rows.
@@ -1085,20 +1087,22 @@ cudaError_t PagedAttention(const AttentionParams& p, cudaStream_t stream) {
   }
   if (p.num_mma_tiles > 0) {
     const dim3 grid(p.num_mma_tiles, p.kv.num_kv_heads, p.num_splits);
-    // kMmaSync: the smallest output registers that hold the head.
-    const size_t bytes = MmaSmem(D).bytes;
     if (p.mma_kernel == PrefillAttentionKernel::kWmma) {
       PD_LAUNCH(PagedAttentionWmmaKernel, grid, kMmaWarps * 32,
                 WmmaSmem(D).bytes, stream, p);
-    } else if (D <= 64) {
-      PD_LAUNCH(PagedAttentionMmaKernel<64>, grid, kMmaWarps * 32, bytes,
-                stream, p);
-    } else if (D <= 128) {
-      PD_LAUNCH(PagedAttentionMmaKernel<128>, grid, kMmaWarps * 32, bytes,
-                stream, p);
     } else {
-      PD_LAUNCH(PagedAttentionMmaKernel<256>, grid, kMmaWarps * 32, bytes,
-                stream, p);
+      // The smallest output registers that hold the head.
+      const size_t bytes = MmaSmem(D).bytes;
+      if (D <= 64) {
+        PD_LAUNCH(PagedAttentionMmaKernel<64>, grid, kMmaWarps * 32, bytes,
+                  stream, p);
+      } else if (D <= 128) {
+        PD_LAUNCH(PagedAttentionMmaKernel<128>, grid, kMmaWarps * 32, bytes,
+                  stream, p);
+      } else {
+        PD_LAUNCH(PagedAttentionMmaKernel<256>, grid, kMmaWarps * 32, bytes,
+                  stream, p);
+      }
     }
     const cudaError_t err = PD_LAUNCH_ERROR();
     if (err != cudaSuccess) return err;

@@ -72,7 +72,7 @@ attempt() {  # attempt N: profile into $work/N, then validate.
 # under the prediction (0.5 share, decode steps under a millisecond),
 # while its prefill steps and the 0P1D decode worker's were 1.3-1.4x.
 steps_measured() {
-  python3 - "$1" "${share_cpus:-1}" <<'PY'
+  python3 - "$1" "$share_cpus" <<'PY'
 import json, sys
 over = 2 / float(sys.argv[2])
 for point in json.load(open(sys.argv[1])):

@@ -127,14 +127,11 @@ inline void LdMatrixX4Trans(uint32_t (&r)[4], const void* row) {
   ctx.pointers[tls.thread.x] = row;
   SyncWarp();
   for (int i = 0; i < 4; ++i) {
-    uint16_t lo, hi;
     const auto* r0 = static_cast<const uint16_t*>(
         ctx.pointers[warp_base + 8 * i + 2 * (lane % 4)]);
     const auto* r1 = static_cast<const uint16_t*>(
         ctx.pointers[warp_base + 8 * i + 2 * (lane % 4) + 1]);
-    lo = r0[lane / 4];
-    hi = r1[lane / 4];
-    r[i] = uint32_t{lo} | uint32_t{hi} << 16;
+    r[i] = uint32_t{r0[lane / 4]} | uint32_t{r1[lane / 4]} << 16;
   }
   SyncWarp();
 }
