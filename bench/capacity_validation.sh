@@ -11,7 +11,11 @@
 # (planner/compare_records.py reads them). REPEATS=3 measures every point
 # three times and compares with the medians (three times as long). The
 # request rates of each workload come from search's predicted goodputs
-# (auto_rates) unless SYNTHETIC_RATES / TRACE_RATES give them.
+# (auto_rates) unless SYNTHETIC_RATES / TRACE_RATES give them; RATE_COUNT
+# of them (default 7). REQUESTS requests a point (default 100): with 100, a
+# measured P90's 90% confidence interval is about +-12% wide (the report's
+# interval line), wider than the 10% the predictions are held to; 400
+# halve it, at four times the time.
 #
 #   bench/capacity_validation.sh [OUT_DIR]   (default build/capacity)
 set -euo pipefail
@@ -21,34 +25,37 @@ mkdir -p "$out"
 plan=build/planner/pd-plan
 cpus="${WORKER_CPUS:-0.4}"
 budget="${WORKERS:-3}"
+requests="${REQUESTS:-100}"
 configs="${CONFIGS:-0P1D,0P2D,0P3D,1P1D,1P2D,2P1D}"
 engine=(--max_batch_tokens=512 --max_running=32 --prefill_kv_cache_mb=64 --decode_kv_cache_mb=64)
 
 [[ -s "$out/profile.json" ]] || "$plan" profile --out="$out/profile.json" \
   --worker_cpus="$cpus" --max_context=1024 "${engine[@]}" --run_dir="$out/run" | tee "$out/profile.md"
 
-# Rates around the knees this machine's profile predicts: seven, evenly
+# Rates around the knees this machine's profile predicts: RATE_COUNT, evenly
 # from 3/4 of the lowest goodput search finds (of the configurations that
 # have one) to 6/5 of the highest, to 0.5 req/s. A machine twice as fast
 # gets rates twice as high (runs 14 to 16 of docs/capacity_planning.md:
 # fixed rates put most points of a slower machine past every knee).
 auto_rates() {
-  python3 - "$1" <<'PY'
+  python3 - "$1" "${RATE_COUNT:-7}" <<'PY'
 import json, sys
+count = int(sys.argv[2])
 goodputs = [c["goodput"] for c in json.load(open(sys.argv[1])) if c["goodput"] > 0]
 if not goodputs:
     sys.exit("capacity_validation.sh: search found no configuration that meets the SLO at any "
              "rate; give the rates (SYNTHETIC_RATES, TRACE_RATES) or relax the SLO")
 lo, hi = 0.75 * min(goodputs), 1.2 * max(goodputs)
-rates = sorted({max(0.5, round((lo + (hi - lo) * i / 6) * 2) / 2) for i in range(7)})
+rates = sorted({max(0.5, round((lo + (hi - lo) * i / max(1, count - 1)) * 2) / 2)
+                for i in range(count)})
 print(",".join(f"{r:g}" for r in rates))
 PY
 }
 
 # name | workload flags | rates ("auto": auto_rates) | SLO flags
 workloads=(
-  "synthetic|--input_len=uniform:128:768 --output_len=uniform:16:96 --num_requests=100 --seed=1|${SYNTHETIC_RATES:-auto}|--slo_ttft_ms=400 --slo_tpot_ms=15"
-  "mooncake|--trace=../shared/traces/mooncake_conversation_trace.jsonl --length_scale=32 --max_input_len=1024 --max_output_len=64 --trace_max_requests=100|${TRACE_RATES:-auto}|--slo_ttft_ms=1500 --slo_tpot_ms=30"
+  "synthetic|--input_len=uniform:128:768 --output_len=uniform:16:96 --num_requests=$requests --seed=1|${SYNTHETIC_RATES:-auto}|--slo_ttft_ms=400 --slo_tpot_ms=15"
+  "mooncake|--trace=../shared/traces/mooncake_conversation_trace.jsonl --length_scale=32 --max_input_len=1024 --max_output_len=64 --trace_max_requests=$requests|${TRACE_RATES:-auto}|--slo_ttft_ms=1500 --slo_tpot_ms=30"
 )
 for entry in "${workloads[@]}"; do
   IFS='|' read -r name flags rates slo <<<"$entry"

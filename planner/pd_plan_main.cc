@@ -78,7 +78,9 @@ ABSL_FLAG(int32_t, repeats, 1,
           "the median of each figure (the table also gives the runs' range)");
 ABSL_FLAG(std::string, records_dir, "",
           "validate: write each run's per-request records here, predicted and measured side by "
-          "side (CONFIG-LEVEL.predicted.jsonl, .measured.jsonl), for planner/compare_records.py");
+          "side (CONFIG-LEVEL.predicted.jsonl, .measured.jsonl), for planner/compare_records.py; "
+          "with --measured_json, the earlier run's measured records are read from here where "
+          "they are, and its figures summarized again from them");
 ABSL_FLAG(std::string, summary_json, "", "Write the summary (JSON) here");
 ABSL_FLAG(int32_t, workers, 4, "search: the worker budget (x + y <= workers)");
 ABSL_FLAG(std::vector<std::string>, configs, {"1P1D"},
@@ -126,7 +128,19 @@ std::string RunDir(const std::string& name) {
 void Progress(std::string_view line) { std::cerr << "pd-plan: " << line << "\n"; }
 
 // validate --records_dir: one run's records as CONFIG-LEVEL.KIND.jsonl, the
-// level's name made a file name ("3 req/s" -> "3rps").
+// level's name made a file name ("3 req/s" -> "3rps"); KIND is "predicted",
+// "measured" (the first run) or "measured-K" (run K of --repeats).
+std::string RunRecordsPath(const std::string& config, const LoadLevel& level,
+                           const std::string& kind) {
+  const std::string name = absl::StrReplaceAll(level.Name(), {{" req/s", "rps"}, {" ", "-"}});
+  return absl::StrCat(absl::GetFlag(FLAGS_records_dir), "/", config, "-", name, ".", kind,
+                      ".jsonl");
+}
+
+std::string MeasuredKind(int32_t run) {
+  return run == 1 ? "measured" : absl::StrCat("measured-", run);
+}
+
 absl::Status WriteRunRecords(const std::string& config, const LoadLevel& level,
                              const std::string& kind, std::span<const RequestRecord> records) {
   const std::string dir = absl::GetFlag(FLAGS_records_dir);
@@ -137,8 +151,24 @@ absl::Status WriteRunRecords(const std::string& config, const LoadLevel& level,
     return absl::InvalidArgumentError(
         absl::StrCat("--records_dir: cannot create ", dir, ": ", error.message()));
   }
-  std::string name = absl::StrReplaceAll(level.Name(), {{" req/s", "rps"}, {" ", "-"}});
-  return WriteRecords(absl::StrCat(dir, "/", config, "-", name, ".", kind, ".jsonl"), records);
+  return WriteRecords(RunRecordsPath(config, level, kind), records);
+}
+
+// An earlier validate's measured runs of one point, summarized again from
+// their records in --records_dir; none when it holds no records of the
+// point (or there is no --records_dir).
+absl::StatusOr<std::vector<Summary>> EarlierRecords(const std::string& config,
+                                                    const LoadLevel& level,
+                                                    const SummarySpec& spec) {
+  std::vector<Summary> runs;
+  if (absl::GetFlag(FLAGS_records_dir).empty()) return runs;
+  for (int32_t run = 1;; ++run) {
+    const std::string path = RunRecordsPath(config, level, MeasuredKind(run));
+    if (!std::filesystem::exists(path)) break;
+    PD_ASSIGN_OR_RETURN(const std::vector<RequestRecord> records, ReadRecords(path));
+    runs.push_back(Summarize(records, spec.OptionsFor(records)));
+  }
+  return runs;
 }
 
 EngineProfileOptions EngineOptionsFromFlags() {
@@ -561,6 +591,10 @@ struct Comparison {
   // Relative error (predicted - measured) / measured; for attainment the
   // difference in points.
   double error = 0;
+  // A P90's 90% confidence interval from the measured requests (summary.h);
+  // NaN for the other figures.
+  double measured_low = std::numeric_limits<double>::quiet_NaN();
+  double measured_high = std::numeric_limits<double>::quiet_NaN();
   bool checked = false;  // Against --max_error / --max_attainment_error.
   bool passed = true;
 };
@@ -570,18 +604,23 @@ std::vector<Comparison> Compare(const Summary& p, const Summary& m) {
   const double tpot_bound = absl::GetFlag(FLAGS_max_tpot_error) >= 0
                                 ? absl::GetFlag(FLAGS_max_tpot_error)
                                 : absl::GetFlag(FLAGS_max_error);
-  auto relative = [&](std::string name, double pv, double mv, bool checked) {
+  auto relative = [&](std::string name, double pv, double mv, bool checked,
+                      double low = std::numeric_limits<double>::quiet_NaN(),
+                      double high = std::numeric_limits<double>::quiet_NaN()) {
     Comparison c{.figure = std::move(name), .predicted = pv, .measured = mv,
-                 .error = mv != 0 ? (pv - mv) / mv : 0, .checked = checked};
+                 .error = mv != 0 ? (pv - mv) / mv : 0, .measured_low = low,
+                 .measured_high = high, .checked = checked};
     const double bound =
         absl::StartsWith(c.figure, "TPOT") ? tpot_bound : absl::GetFlag(FLAGS_max_error);
     c.passed = !checked || std::abs(c.error) <= bound;
     out.push_back(c);
   };
   relative("TTFT p50 (ms)", p.ttft_s.p50 * 1e3, m.ttft_s.p50 * 1e3, false);
-  relative("TTFT p90 (ms)", p.ttft_s.p90 * 1e3, m.ttft_s.p90 * 1e3, true);
+  relative("TTFT p90 (ms)", p.ttft_s.p90 * 1e3, m.ttft_s.p90 * 1e3, true, m.ttft_s.p90_low * 1e3,
+           m.ttft_s.p90_high * 1e3);
   relative("TPOT p50 (ms)", p.tpot_s.p50 * 1e3, m.tpot_s.p50 * 1e3, false);
-  relative("TPOT p90 (ms)", p.tpot_s.p90 * 1e3, m.tpot_s.p90 * 1e3, true);
+  relative("TPOT p90 (ms)", p.tpot_s.p90 * 1e3, m.tpot_s.p90 * 1e3, true, m.tpot_s.p90_low * 1e3,
+           m.tpot_s.p90_high * 1e3);
   relative("ITL p50 (ms)", p.itl_s.p50 * 1e3, m.itl_s.p50 * 1e3, false);
   relative("E2E p50 (ms)", p.e2e_s.p50 * 1e3, m.e2e_s.p50 * 1e3, false);
   relative("output tok/s", p.output_token_throughput, m.output_token_throughput, false);
@@ -593,12 +632,29 @@ std::vector<Comparison> Compare(const Summary& p, const Summary& m) {
   return out;
 }
 
+// A confidence interval's bound as validate prints it; "?" for none.
+std::string IntervalBound(double value) {
+  return std::isnan(value) ? "?" : absl::StrFormat("%.3g", value);
+}
+
+// JSON has no NaN: null.
+nlohmann::json JsonNumber(double value) {
+  return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
+}
+
 Distribution DistributionFromJson(const nlohmann::json& j) {
   auto number = [&](const char* key) {
     return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
   };
-  return {.count = static_cast<int64_t>(number("count")), .mean = number("mean"),
-          .p50 = number("p50"), .p90 = number("p90"), .p99 = number("p99")};
+  Distribution d{.count = static_cast<int64_t>(number("count")), .mean = number("mean"),
+                 .p50 = number("p50"), .p90 = number("p90"), .p99 = number("p99")};
+  // Validations before 2026-11-28 have no interval.
+  if (j.contains("p90_ci") && j["p90_ci"].is_array() && j["p90_ci"].size() == 2) {
+    const nlohmann::json& ci = j["p90_ci"];
+    if (ci[0].is_number()) d.p90_low = ci[0].get<double>();
+    if (ci[1].is_number()) d.p90_high = ci[1].get<double>();
+  }
+  return d;
 }
 
 // The measured summary of (config, rate) in an earlier validate's JSON:
@@ -860,13 +916,15 @@ absl::Status RunValidate() {
           decode_step_runs.push_back(after.decode_s - before.decode_s);
           decode_prefill_runs.push_back(after.decode_prefills - before.decode_prefills);
           runs.push_back(Summarize(measured.records, spec.OptionsFor(measured.records)));
-          PD_RETURN_IF_ERROR(WriteRunRecords(shape.Name(), level,
-                                             k == 1 ? "measured" : absl::StrCat("measured-", k),
-                                             measured.records));
+          PD_RETURN_IF_ERROR(
+              WriteRunRecords(shape.Name(), level, MeasuredKind(k), measured.records));
         }
       } else {
-        PD_ASSIGN_OR_RETURN(runs, EarlierMeasurement(earlier, shape.Name(), rate,
-                                                     level.concurrency));
+        PD_ASSIGN_OR_RETURN(runs, EarlierRecords(shape.Name(), level, spec));
+        if (runs.empty()) {
+          PD_ASSIGN_OR_RETURN(runs, EarlierMeasurement(earlier, shape.Name(), rate,
+                                                       level.concurrency));
+        }
         EarlierEngineWork(earlier, shape.Name(), rate, level.concurrency, prefill_step_runs,
                           decode_step_runs, decode_prefill_runs);
       }
@@ -890,15 +948,22 @@ absl::Status RunValidate() {
           low = std::min(low, run[i].measured);
           high = std::max(high, run[i].measured);
         }
-        const std::string measured =
+        std::string measured =
             runs.size() > 1 ? absl::StrFormat("%.3g (%.3g-%.3g)", c.measured, low, high)
                             : absl::StrFormat("%.3g", c.measured);
+        if (!std::isnan(c.measured_low) || !std::isnan(c.measured_high)) {
+          absl::StrAppendFormat(&measured, ", 90%% CI %s-%s", IntervalBound(c.measured_low),
+                                IntervalBound(c.measured_high));
+        }
         std::cout << absl::StrFormat("| %s | %s | %.3g | %s | %s%s |\n", level.Name(), c.figure,
                                      c.predicted, measured, error,
                                      c.passed ? "" : " **over the bound**");
         figures.push_back({{"figure", c.figure}, {"predicted", c.predicted},
                            {"measured", c.measured}, {"measured_low", low},
-                           {"measured_high", high}, {"error", c.error},
+                           {"measured_high", high},
+                           {"measured_ci", {JsonNumber(c.measured_low),
+                                            JsonNumber(c.measured_high)}},
+                           {"error", c.error},
                            {"checked", c.checked}, {"passed", c.passed}});
       }
       // The engines' step time, predicted and measured: how far the step

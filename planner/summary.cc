@@ -108,6 +108,7 @@ json ToJson(const Distribution& d) {
               {"mean", Number(d.mean)},
               {"p50", Number(d.p50)},
               {"p90", Number(d.p90)},
+              {"p90_ci", json::array({Number(d.p90_low), Number(d.p90_high)})},
               {"p99", Number(d.p99)}};
 }
 
@@ -212,6 +213,33 @@ double Percentile(std::vector<double> values, double q) {
   return values[i] + (values[i + 1] - values[i]) * (rank - i);
 }
 
+std::pair<int64_t, int64_t> QuantileIntervalRanks(int64_t n, double q, double confidence) {
+  const double a = (1 - confidence) / 2;
+  // P(B = k) for B ~ Binomial(n, q), in logs: n reaches the ITL's counts.
+  auto pmf = [&](int64_t k) {
+    return std::exp(std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0) +
+                    k * std::log(q) + (n - k) * std::log1p(-q));
+  };
+  int64_t low = n;  // Reached by the loop: P(B <= n) = 1.
+  double below = 0;  // P(B <= k)
+  for (int64_t k = 0; k <= n; ++k) {
+    below += pmf(k);
+    if (below >= a) {
+      low = k;
+      break;
+    }
+  }
+  // The upper tail summed from the top, where its terms are: P(B > k).
+  int64_t high = n;
+  double above = 0;
+  for (int64_t k = n - 1; k >= 0; --k) {
+    above += pmf(k + 1);
+    if (above > a) break;
+    high = k;
+  }
+  return {low - 1, high};
+}
+
 Distribution Describe(std::vector<double> values) {
   Distribution d;
   d.count = static_cast<int64_t>(values.size());
@@ -222,6 +250,9 @@ Distribution Describe(std::vector<double> values) {
   d.p50 = Percentile(values, 50);
   d.p90 = Percentile(values, 90);
   d.p99 = Percentile(values, 99);
+  const auto [low, high] = QuantileIntervalRanks(d.count, 0.9, 0.9);
+  if (low >= 0) d.p90_low = values[low];
+  if (high < d.count) d.p90_high = values[high];
   return d;
 }
 
@@ -279,6 +310,9 @@ Summary MedianSummary(std::span<const Summary> runs) {
   auto median = [&](auto figure) {
     std::vector<double> values;
     for (const Summary& run : runs) values.push_back(static_cast<double>(figure(run)));
+    // An interval bound a run does not have, none of the median either.
+    if (std::ranges::any_of(values, [](double v) { return std::isnan(v); }))
+      return std::numeric_limits<double>::quiet_NaN();
     return Percentile(std::move(values), 50);
   };
   auto distribution = [&](Distribution Summary::*field) {
@@ -287,6 +321,8 @@ Summary MedianSummary(std::span<const Summary> runs) {
     d.mean = median([&](const Summary& s) { return (s.*field).mean; });
     d.p50 = median([&](const Summary& s) { return (s.*field).p50; });
     d.p90 = median([&](const Summary& s) { return (s.*field).p90; });
+    d.p90_low = median([&](const Summary& s) { return (s.*field).p90_low; });
+    d.p90_high = median([&](const Summary& s) { return (s.*field).p90_high; });
     d.p99 = median([&](const Summary& s) { return (s.*field).p99; });
     return d;
   };

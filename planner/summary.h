@@ -13,6 +13,15 @@
 //   Percentiles: linear interpolation between closest ranks (numpy's
 //   default): p(q) of sorted x[0..n-1] is x[i] + (x[i+1] - x[i]) * f
 //   with i + f = q / 100 * (n - 1).
+//   P90's confidence interval: how well n requests pin the population's
+//   90th percentile. The distribution-free interval of order statistics
+//   (SciPy's quantile_test(...).confidence_interval, two-sided, 90%): with
+//   B ~ Binomial(n, 0.9) and a = 0.05, from x[l - 1] for the smallest l
+//   with P(B <= l) >= a to x[h] for the smallest h with P(B > h) <= a; a
+//   bound past either end is NaN (under 29 samples there is no upper
+//   one). It treats the requests as independent draws; requests queued
+//   behind one another are not, so it is the least the P90 is uncertain
+//   by. With 100 requests it runs from x[84] to x[95].
 //   Window: only requests sent in [window_begin_s, window_end_s) count
 //   (warm-up before, cool-down after); duration = the latest end of a
 //   counted request - the earliest send of one; throughputs are counted
@@ -35,6 +44,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -79,11 +89,20 @@ struct SloTargets {
 struct Distribution {
   int64_t count = 0;
   double mean = 0, p50 = 0, p90 = 0, p99 = 0;
+  // P90's 90% confidence interval (above); NaN where it has no bound.
+  double p90_low = std::numeric_limits<double>::quiet_NaN();
+  double p90_high = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Linear-interpolation percentile (see above) of unsorted values; q in
 // [0, 100]. 0 for no values.
 double Percentile(std::vector<double> values, double q);
+
+// The 0-based ranks, among n sorted samples, of the two order statistics
+// that bound the two-sided `confidence` interval of the population's
+// quantile `q` (in (0, 1)), as above: -1 for no lower bound, n for no
+// upper one.
+std::pair<int64_t, int64_t> QuantileIntervalRanks(int64_t n, double q, double confidence);
 Distribution Describe(std::vector<double> values);
 
 struct SummaryOptions {
@@ -112,8 +131,8 @@ struct Summary {
 Summary Summarize(std::span<const RequestRecord> records, const SummaryOptions& options);
 
 // Several runs of one load as one, figure by figure: every count,
-// throughput, distribution statistic (mean, p50, p90, p99) and the
-// attainment is the median of the runs' (with an even count, the mean of
+// throughput, distribution statistic (mean, p50, p90, p99, P90's interval
+// bounds) and the attainment is the median of the runs' (with an even count, the mean of
 // the middle two), so its figures may come from different runs; the
 // failures and SLO are the first run's. One run gives itself; none, an
 // empty summary.

@@ -2,7 +2,8 @@
 """Markdown report of a `pd-plan validate --summary_json` run, with the
 `pd-plan search --summary_json` of the same workload: per configuration and
 rate, predicted next to measured TTFT p50/p90, TPOT p50/p90 and attainment
-with their errors; the goodput of every configuration, predicted and
+with their errors, and how well each point's requests pin its measured
+P90s (their confidence intervals); the goodput of every configuration, predicted and
 measured (from the sweep); how far search's pick lands from the best
 measured goodput per worker; and the error statistics against the targets
 (P90 TTFT and TPOT within 10%, attainment within 3 points); and, where
@@ -99,6 +100,34 @@ def step_report(rows, ttft_err, tpot_err):
     print(line)
 
 
+def interval_report(rows):
+    """How well each point's requests pin its measured P90s (the 90%
+    confidence interval of summary.h, validations that recorded it): the
+    interval's half-width relative to the P90, and at how many points the
+    prediction falls inside it, next to how many are within 10%."""
+    lines = []
+    for figure, key in (("P90 TTFT", "ttft_s"), ("P90 TPOT", "tpot_s")):
+        widths, inside, within, n = [], 0, 0, 0
+        for r in rows:
+            m = r["measured"][key]
+            ci = m.get("p90_ci")
+            if not ci or ci[0] is None or ci[1] is None or not m["p90"]:
+                continue
+            n += 1
+            widths.append((ci[1] - ci[0]) / 2 / m["p90"])
+            predicted = r["predicted"][key]["p90"]
+            inside += ci[0] <= predicted <= ci[1]
+            within += abs(err(predicted, m["p90"])) <= 0.1
+        if n:
+            lines.append(f"{figure}: half-width median {statistics.median(widths)*100:.0f}% "
+                         f"(from {min(widths)*100:.0f}% to {max(widths)*100:.0f}%), the "
+                         f"prediction inside it at {inside} of {n} points (within 10%: {within})")
+    if lines:
+        print()
+        print("The measured P90's 90% confidence interval from each point's requests "
+              "(order statistics, summary.h): " + "; ".join(lines) + ".")
+
+
 def sensitivity_report(rows, scaled, scale):
     """Per P90 figure, the points where predicting with every CPU cost
     times `scale` moves the prediction of `rows` by more than 10%."""
@@ -160,6 +189,7 @@ def main():
           f"{sum(e <= 0.1 for e in tpot_err)} of {n}; attainment median "
           f"{statistics.median(att_err)*100:.0f} points, within 3 points in "
           f"{sum(e <= 0.03 + 1e-9 for e in att_err)} of {n}.")
+    interval_report(rows)
     drift_report(rows, configs)
     step_report(rows, ttft_err, tpot_err)
     if args.scaled_json:

@@ -63,6 +63,57 @@ TEST(DescribeTest, CountMeanAndPercentiles) {
   EXPECT_EQ(empty.p99, 0);
 }
 
+// SciPy's order-statistic interval of a quantile, for samples 0..n-1:
+// tests/planner/quantile_ci_reference.py prints these ({n, q, confidence,
+// lower bound's rank, upper's}; -1 where SciPy has none).
+struct IntervalCase {
+  int64_t n;
+  double q, confidence;
+  int64_t low, high;
+};
+constexpr IntervalCase kScipyIntervals[] = {
+    {5, 0.9, 0.9, 2, -1},
+    {10, 0.9, 0.9, 6, -1},
+    {22, 0.9, 0.9, 16, -1},
+    {29, 0.9, 0.9, 22, 28},
+    {30, 0.9, 0.9, 23, 29},
+    {50, 0.9, 0.9, 40, 48},
+    {100, 0.9, 0.9, 84, 95},
+    {100, 0.5, 0.95, 39, 60},
+    {100, 0.99, 0.9, 96, -1},
+    {1000, 0.9, 0.9, 883, 915},
+    {5424, 0.9, 0.9, 4844, 4918},
+    {7, 0.5, 0.9, 0, 6},
+};
+
+TEST(QuantileIntervalTest, MatchesScipyQuantileTest) {
+  for (const IntervalCase& c : kScipyIntervals) {
+    SCOPED_TRACE(testing::Message() << "n " << c.n << " q " << c.q << " confidence "
+                                    << c.confidence);
+    const auto [low, high] = QuantileIntervalRanks(c.n, c.q, c.confidence);
+    EXPECT_EQ(low, c.low);
+    // SciPy's "none" above is rank n here.
+    EXPECT_EQ(high, c.high < 0 ? c.n : c.high);
+  }
+}
+
+TEST(DescribeTest, P90IntervalIsTheOrderStatistics) {
+  // 100 values, 1000 down to 10: sorted, rank r holds 10 (r + 1); the
+  // interval of 100 samples is ranks 84 to 95.
+  std::vector<double> values;
+  for (int i = 100; i >= 1; --i) values.push_back(10.0 * i);
+  const Distribution d = Describe(values);
+  EXPECT_DOUBLE_EQ(d.p90_low, 850);
+  EXPECT_DOUBLE_EQ(d.p90_high, 960);
+  EXPECT_LE(d.p90_low, d.p90);
+  EXPECT_GE(d.p90_high, d.p90);
+  // Under 29 samples the upper bound is past the largest: none.
+  const Distribution few = Describe({5, 1, 4, 2, 3, 6, 7, 8, 9, 10});
+  EXPECT_DOUBLE_EQ(few.p90_low, 7);  // rank 6
+  EXPECT_TRUE(std::isnan(few.p90_high));
+  EXPECT_TRUE(std::isnan(Describe({}).p90_low));
+}
+
 RequestRecord Record(int64_t index, double send_s, std::vector<double> token_s,
                      double end_s, int32_t input_tokens,
                      std::string outcome = "OK") {
@@ -246,6 +297,19 @@ TEST(MedianSummaryTest, EachFigureIsTheMedianOfTheRuns) {
   EXPECT_EQ(MedianSummary({}).requests, 0);
 }
 
+TEST(MedianSummaryTest, IntervalBoundsTooAndNoneWhereARunHasNone) {
+  Summary a, b, c;
+  a.ttft_s.p90_low = 0.3, b.ttft_s.p90_low = 0.1, c.ttft_s.p90_low = 0.2;
+  a.ttft_s.p90_high = 0.9, b.ttft_s.p90_high = 0.7, c.ttft_s.p90_high = 0.8;
+  const std::vector<Summary> runs = {a, b, c};
+  EXPECT_DOUBLE_EQ(MedianSummary(runs).ttft_s.p90_low, 0.2);
+  EXPECT_DOUBLE_EQ(MedianSummary(runs).ttft_s.p90_high, 0.8);
+  b.ttft_s.p90_high = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<Summary> without = {a, b, c};
+  EXPECT_TRUE(std::isnan(MedianSummary(without).ttft_s.p90_high));
+  EXPECT_DOUBLE_EQ(MedianSummary(without).ttft_s.p90_low, 0.2);
+}
+
 TEST(GoodputTest, HighestRateWithEveryLowerRateMeeting) {
   // 16 meets but 8 does not: 4 is the goodput. 4 meets exactly (>=).
   const std::vector<SweepPoint> points = {Point(1, 0.99), Point(2, 0.95),
@@ -420,6 +484,11 @@ TEST(SweepTest, JsonHasEveryPointAndGoodput) {
   EXPECT_EQ(json["points"][0]["requests"], 4);
   EXPECT_EQ(json["points"][0]["failures"]["UNAVAILABLE"], 1);
   EXPECT_NEAR(json["points"][0]["ttft_s"]["p90"].get<double>(), 0.48, 1e-12);
+  // Three TTFTs (0.3, 0.4, 0.5): P(B <= 2) = 0.271 is the first >= 0.05,
+  // so rank 1; no upper bound, null in JSON.
+  const nlohmann::json& ci = json["points"][0]["ttft_s"]["p90_ci"];
+  EXPECT_NEAR(ci[0].get<double>(), 0.4, 1e-12);
+  EXPECT_TRUE(ci[1].is_null());
   EXPECT_NEAR(json["points"][0]["slo_attainment"].get<double>(), 0.25, 1e-12);
   EXPECT_EQ(json["points"][1]["rate"], 2.0);
 }
