@@ -1,6 +1,7 @@
 #include "engine/engine_loop.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "common/log.h"
@@ -142,6 +143,8 @@ void EngineLoop::Run() {
   std::vector<Command> commands;
   std::vector<GenerationEvent> events;
   absl::Time next_tick = absl::Now();
+  // When the last step ended, while the engine still had work after it.
+  std::optional<absl::Time> busy_since_step;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -167,11 +170,14 @@ void EngineLoop::Run() {
       const int64_t computed = generator_->computed_prompt_tokens();
       const absl::Time step_start = absl::Now();
       const absl::Status s = generator_->Step(events);
+      const absl::Time step_end = absl::Now();
       if (options_.on_step) {
         EngineStepStats stats{
-            .duration = absl::Now() - step_start,
+            .duration = step_end - step_start,
             .running = running,
-            .prompt_tokens = generator_->computed_prompt_tokens() - computed};
+            .prompt_tokens = generator_->computed_prompt_tokens() - computed,
+            .gap = busy_since_step ? step_start - *busy_since_step : absl::ZeroDuration(),
+            .back_to_back = busy_since_step.has_value()};
         for (const GenerationEvent& e : events) {
           stats.generated_tokens += e.has_token ? 1 : 0;
         }
@@ -184,6 +190,8 @@ void EngineLoop::Run() {
         PD_LOG(ERROR) << "engine step failed, cancelling every request: " << s;
         for (auto& [id, sink] : sinks_) generator_->Cancel(id);
       }
+      busy_since_step.reset();
+      if (generator_->HasWork()) busy_since_step = step_end;
       for (const GenerationEvent& e : events) Dispatch(e);
     }
     PublishLoad();

@@ -56,6 +56,13 @@ struct EngineStepStats {
   int32_t generated_tokens = 0;
   // Prompt tokens the step ran through the forward pass.
   int64_t prompt_tokens = 0;
+  // Wall time from the end of the previous step to this one's start when
+  // the engine had work all along (back to back): the loop's own work
+  // between steps (handing the events to their sinks, commands, load
+  // reports) and any time the thread waited for a CPU. Zero and false
+  // after the loop slept for lack of work.
+  absl::Duration gap = absl::ZeroDuration();
+  bool back_to_back = false;
 };
 
 // What a worker's engine is built from; pd-prefill and pd-decode share it.

@@ -17,6 +17,13 @@ EngineMetrics::EngineMetrics(MetricsRegistry* registry,
                        step == "batch" ? "a prefill batch" : "a decode step",
                        ": one forward pass over the running batch)."),
           ExponentialBuckets(0.0005, 2, 16))),
+      step_gap_seconds_(registry->AddHistogram(
+          absl::StrCat(prefix, "_", step, "_gap_seconds"),
+          "Wall time from one engine step's end to the next one's start while "
+          "the engine had work all along: the loop's own work between steps "
+          "(handing tokens to their streams, commands, load reports) and any "
+          "wait for a CPU.",
+          ExponentialBuckets(0.00001, 2, 16))),
       batch_size_(registry->AddHistogram(
           absl::StrCat(prefix, "_batch_size"),
           "Sequences in one engine step's batch.",
@@ -32,6 +39,7 @@ EngineMetrics::EngineMetrics(MetricsRegistry* registry,
 
 void EngineMetrics::OnStep(const EngineStepStats& stats) {
   step_seconds_->ObserveDuration(stats.duration);
+  if (stats.back_to_back) step_gap_seconds_->ObserveDuration(stats.gap);
   batch_size_->Observe(stats.running);
   generated_tokens_->Increment(stats.generated_tokens);
   computed_prompt_tokens_->Increment(stats.prompt_tokens);

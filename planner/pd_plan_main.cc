@@ -709,6 +709,9 @@ absl::StatusOr<std::vector<Summary>> EarlierMeasurement(const nlohmann::json& ea
 struct EngineWork {
   double prefill_s = 0;
   double decode_s = 0;
+  // The decode workers' wall time between back-to-back steps (not in the
+  // simulator: its decode step overheads stand for it).
+  double decode_gap_s = 0;
   double decode_prefills = 0;
 };
 
@@ -733,6 +736,9 @@ absl::StatusOr<EngineWork> MeasuredEngineWork(const ClusterLauncher& cluster,
     PD_ASSIGN_OR_RETURN(const double s, cluster.MetricSum(absl::StrCat("decode-", i),
                                                           "pdserve_decode_step_seconds_sum"));
     t.decode_s += s;
+    PD_ASSIGN_OR_RETURN(const double gap, cluster.MetricSum(absl::StrCat("decode-", i),
+                                                            "pdserve_decode_step_gap_seconds_sum"));
+    t.decode_gap_s += gap;
   }
   return t;
 }
@@ -796,7 +802,8 @@ absl::StatusOr<double> DriftNow(const Profile& profile, const ClusterShape& shap
 // (files from before it was measured do not).
 void EarlierEngineWork(const nlohmann::json& earlier, const std::string& config, double rate,
                        int32_t concurrency, std::vector<double>& prefill_s,
-                       std::vector<double>& decode_s, std::vector<double>& decode_prefills) {
+                       std::vector<double>& decode_s, std::vector<double>& decode_gap_s,
+                       std::vector<double>& decode_prefills) {
   const nlohmann::json* row = EarlierPoint(earlier, config, rate, concurrency);
   if (row == nullptr || !row->contains("engine_work") || !(*row)["engine_work"].is_object()) {
     return;
@@ -804,7 +811,7 @@ void EarlierEngineWork(const nlohmann::json& earlier, const std::string& config,
   const nlohmann::json& work = (*row)["engine_work"];
   for (auto [figure, out] :
        {std::pair{"prefill_step_s", &prefill_s}, std::pair{"decode_step_s", &decode_s},
-        std::pair{"decode_prefills", &decode_prefills}}) {
+        std::pair{"decode_gap_s", &decode_gap_s}, std::pair{"decode_prefills", &decode_prefills}}) {
     if (!work.contains(figure) || !work[figure].is_object() ||
         !work[figure].contains("measured_runs") || !work[figure]["measured_runs"].is_array()) {
       continue;
@@ -895,7 +902,8 @@ absl::Status RunValidate() {
       std::vector<Summary> runs;
       // Each run's engine step time, prefill and decode workers', and its
       // prompts prefilled on a decode worker.
-      std::vector<double> prefill_step_runs, decode_step_runs, decode_prefill_runs;
+      std::vector<double> prefill_step_runs, decode_step_runs, decode_gap_runs,
+          decode_prefill_runs;
       if (load_target != nullptr) {
         for (int32_t k = 1; k <= absl::GetFlag(FLAGS_repeats); ++k) {
           PD_ASSIGN_OR_RETURN(const EngineWork before, MeasuredEngineWork(*cluster, shape));
@@ -914,6 +922,7 @@ absl::Status RunValidate() {
           PD_ASSIGN_OR_RETURN(const EngineWork after, MeasuredEngineWork(*cluster, shape));
           prefill_step_runs.push_back(after.prefill_s - before.prefill_s);
           decode_step_runs.push_back(after.decode_s - before.decode_s);
+          decode_gap_runs.push_back(after.decode_gap_s - before.decode_gap_s);
           decode_prefill_runs.push_back(after.decode_prefills - before.decode_prefills);
           runs.push_back(Summarize(measured.records, spec.OptionsFor(measured.records)));
           PD_RETURN_IF_ERROR(
@@ -926,7 +935,7 @@ absl::Status RunValidate() {
                                                        level.concurrency));
         }
         EarlierEngineWork(earlier, shape.Name(), rate, level.concurrency, prefill_step_runs,
-                          decode_step_runs, decode_prefill_runs);
+                          decode_step_runs, decode_gap_runs, decode_prefill_runs);
       }
       const Summary m = MedianSummary(runs);
       measured_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = m});
@@ -969,12 +978,13 @@ absl::Status RunValidate() {
       // The engines' step time, predicted and measured: how far the step
       // model (and the machine's speed) held during the runs, apart from
       // the queueing that the figures above add to it; and the prompts the
-      // router had decode workers prefill. Not checked.
+      // router had decode workers prefill; and the decode engines' time
+      // between back-to-back steps, measured only. Not checked.
       nlohmann::json engine_work = nlohmann::json::object();
       struct Work {
         const char* figure;
         const char* label;
-        double predicted;
+        double predicted;  // NaN: not modelled.
         const std::vector<double>* measured_runs;
       };
       const bool disaggregated = shape.prefill > 0;
@@ -985,6 +995,8 @@ absl::Status RunValidate() {
       }
       work.push_back({"decode_step_s", "decode engine step time (s)", simulation.decode_step_s,
                       &decode_step_runs});
+      work.push_back({"decode_gap_s", "decode engine time between back-to-back steps (s)",
+                      std::numeric_limits<double>::quiet_NaN(), &decode_gap_runs});
       if (disaggregated) {
         work.push_back({"decode_prefills", "prompts prefilled on a decode worker",
                         static_cast<double>(simulation.decode_prefills), &decode_prefill_runs});
@@ -992,11 +1004,15 @@ absl::Status RunValidate() {
       for (const Work& w : work) {
         if (w.measured_runs->empty()) continue;
         const double measured = Percentile(*w.measured_runs, 50);
+        const bool modelled = !std::isnan(w.predicted);
         std::cout << absl::StrFormat(
-            "| %s | %s | %.3g | %.3g | %s |\n", level.Name(), w.label, w.predicted, measured,
-            measured > 0 ? absl::StrFormat("%+.1f%%", (w.predicted / measured - 1) * 100) : "");
-        engine_work[w.figure] = {{"predicted", w.predicted}, {"measured", measured},
-                                 {"measured_runs", *w.measured_runs}};
+            "| %s | %s | %s | %.3g | %s |\n", level.Name(), w.label,
+            modelled ? absl::StrFormat("%.3g", w.predicted) : "-", measured,
+            modelled && measured > 0
+                ? absl::StrFormat("%+.1f%%", (w.predicted / measured - 1) * 100)
+                : "");
+        engine_work[w.figure] = {{"measured", measured}, {"measured_runs", *w.measured_runs}};
+        if (modelled) engine_work[w.figure]["predicted"] = w.predicted;
       }
       nlohmann::json measured_runs = nlohmann::json::array();
       for (const Summary& run : runs) measured_runs.push_back(ToJson(run));

@@ -58,15 +58,16 @@ def drift_report(rows, configs):
 
 def step_report(rows, ttft_err, tpot_err):
     """The engines' step time per point, predicted and measured, and the
-    prompts prefilled on decode workers (validate runs that recorded them);
+    prompts prefilled on decode workers and the decode engines' time between
+    back-to-back steps (validate runs that recorded them);
     then the latency errors where the step time held: what is left there is
     the model's queueing, routing and serving, not the machine's speed
     during the run."""
     if not any(r.get("engine_work") for r in rows):
         return
     print()
-    print("| xPyD | req/s | prefill step time pred / meas (s) | error | decode step time pred / meas (s) | error | prefilled on D pred / meas |")
-    print("|---|---:|---|---:|---|---:|---|")
+    print("| xPyD | req/s | prefill step time pred / meas (s) | error | decode step time pred / meas (s) | error | decode time between busy steps, meas (s) | prefilled on D pred / meas |")
+    print("|---|---:|---|---:|---|---:|---|---|")
     step_err = {"prefill": [], "decode": []}
     held = []  # Indices of points whose every role's step time is within 5%.
     for i, r in enumerate(rows):
@@ -81,6 +82,8 @@ def step_report(rows, ttft_err, tpot_err):
             step_err[role].append(abs(e))
             worst = max(worst, abs(e))
             cells.append(f"{s['predicted']:.3g} / {s['measured']:.3g} | {e*100:+.0f}%")
+        gap = work.get("decode_gap_s")
+        cells.append(f"{gap['measured']:.3g}" if gap else "-")
         local = work.get("decode_prefills")
         cells.append(f"{local['predicted']:.0f} / {local['measured']:.0f}" if local else "-")
         if work and worst <= 0.05:

@@ -113,6 +113,52 @@ TEST(EngineLoopTest, DestructionCancelsSubscribedRequests) {
   EXPECT_TRUE(cancelled);
 }
 
+// The gap between back-to-back steps holds what the loop does between
+// them: here each token's sink sleeps 5 ms (sinks run on the loop thread).
+// A request that finds the loop idle starts a step that is not back to
+// back.
+TEST(EngineLoopTest, StepGapCountsTheLoopsWorkBetweenBackToBackSteps) {
+  auto model = MakeTinyModel();
+  ASSERT_TRUE(model.ok());
+  auto runner = CreateModelRunner(*model, {.num_kv_blocks = 64, .num_threads = 1});
+  ASSERT_TRUE(runner.ok());
+  std::vector<EngineStepStats> steps;  // Loop thread until the last sink.
+  auto loop = EngineLoop::Create(
+      *std::move(runner),
+      {.on_step = [&](const EngineStepStats& stats) { steps.push_back(stats); }});
+  ASSERT_TRUE(loop.ok());
+  constexpr absl::Duration kSinkTime = absl::Milliseconds(5);
+  for (int64_t id : {1, 2}) {
+    absl::Notification done;
+    (*loop)->Post([&](Generator& g) {
+      SamplingParams sp{.temperature = 0.0f, .max_tokens = 4, .ignore_eos = true};
+      ASSERT_TRUE(g.Add({RequestId(id), {256, 1, 2, 3}, sp}).ok());
+      (*loop)->Subscribe(RequestId(id), [&](const GenerationEvent& e) {
+        absl::SleepFor(kSinkTime);
+        if (e.finish == FinishReason::kNone) return false;
+        done.Notify();
+        return true;
+      });
+    });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    // Idle between the two requests.
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  // Each request: a prefill step and three decode steps, 4 tokens.
+  ASSERT_EQ(steps.size(), 8u);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SCOPED_TRACE(i);
+    const bool first_of_request = i % 4 == 0;
+    EXPECT_EQ(steps[i].back_to_back, !first_of_request);
+    if (first_of_request) {
+      EXPECT_EQ(steps[i].gap, absl::ZeroDuration());
+    } else {
+      EXPECT_GE(steps[i].gap, kSinkTime);
+      EXPECT_LT(steps[i].gap, absl::Seconds(1));
+    }
+  }
+}
+
 // A host pool is registered as it is with any transport of host memory,
 // never staged, and refused to a transport of device memory only. (The
 // staging of a device pool: CudaBackendTest.KvHostStagingCopiesRangesBothWays
