@@ -129,8 +129,9 @@ struct Profile {
   //  - decode_step_overhead_s + decode_sequence_overhead_s * sequences:
   //    what each step of a serving worker takes beyond Generator::Step
   //    (its loop, and streaming each token through gRPC, which under a
-  //    CPU share spends the same quota), fitted to the inter-token gaps of
-  //    closed-loop batches.
+  //    CPU share spends the same quota): the decode worker's own time
+  //    between back-to-back steps (pdserve_decode_step_gap_seconds) under
+  //    closed-loop batches, per step.
   double colocated_first_token_s = 0;
   double disaggregated_first_token_s = 0;
   double token_delivery_s = 0;
@@ -153,8 +154,7 @@ struct Profile {
   // computed its KV does, so the simulator adds its cost to that step; the
   // cost per request is paid by the next step or by idle time (simulator.h).
   // (A decode worker's serving threads are in the decode step overheads
-  // above, fitted to token gaps on a cluster that receives KV while it
-  // decodes.)
+  // above, as far as they hold its engine thread between steps.)
   double prefill_cpu_per_request_s = 0;
   double prefill_cpu_per_kv_byte_s = 0;
   // A serving prefill worker's engine CPU per prompt over what the step

@@ -650,20 +650,34 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
                                         progress));
   }
 
-  // Then the decode overheads, on a disaggregated cluster: its decode
-  // worker only decodes, so each gap between a request's consecutive tokens
-  // is one decode step of batch b at its context (on a colocated one the
-  // closed loop's next prompts would be prefilled between them, and their
-  // chunks counted as streaming costs).
+  // Then the decode overheads, on a disaggregated cluster whose decode
+  // worker only decodes: b closed-loop streams at a time, and the worker's
+  // own account of its time between back-to-back steps
+  // (pdserve_decode_step_gap_seconds: handing each token to its stream,
+  // the loop's commands and load reports, and the CPU they wait for under
+  // the share), per step, fitted as a + c * b. Until 2026-11-28 they were
+  // fitted to the streams' median token gap less the step, which the
+  // worker's packing of several tokens into one message (a gap of 0)
+  // pulled to nothing: 0 in runs 14 to 18, where the decode worker of
+  // 2P1D spent 37-40% of its step time between steps
+  // (docs/capacity_planning.md run 18).
   {
     progress("serving costs: decode overheads on a 1P1D cluster");
     PD_ASSIGN_OR_RETURN(ProfiledCluster c, StartCluster(o.launch, 1));
     GenerationClient& client = *c.client;
+    auto gaps_so_far = [&]() -> absl::StatusOr<std::pair<double, double>> {
+      PD_ASSIGN_OR_RETURN(const double sum,
+                          c.cluster->MetricSum("decode-0", "pdserve_decode_step_gap_seconds_sum"));
+      PD_ASSIGN_OR_RETURN(
+          const double count,
+          c.cluster->MetricSum("decode-0", "pdserve_decode_step_gap_seconds_count"));
+      return std::pair{sum, count};
+    };
     std::vector<std::vector<double>> a;
     std::vector<double> y;
     for (int32_t b : o.batches) {
       progress(absl::StrFormat("serving costs: %d concurrent streams", b));
-      std::vector<std::vector<double>> gaps(b);
+      PD_ASSIGN_OR_RETURN(const auto before, gaps_so_far());
       std::vector<std::thread> threads;
       std::vector<absl::Status> status(b);
       std::vector<std::vector<int32_t>> my_prompts;
@@ -678,23 +692,19 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
               status[i] = t.status();
               return;
             }
-            // Gaps in the middle half: every stream is in the batch then.
-            const size_t n = t->tokens.size();
-            for (size_t k = n / 4 + 1; k < 3 * n / 4; ++k) {
-              if (r > 0) gaps[i].push_back(t->tokens[k] - t->tokens[k - 1]);
-            }
           }
         });
       }
       for (std::thread& t : threads) t.join();
       for (const absl::Status& s : status) PD_RETURN_IF_ERROR(s);
-      std::vector<double> all;
-      for (const auto& g : gaps) all.insert(all.end(), g.begin(), g.end());
-      const double gap = Percentile(all, 50);
-      const double context = o.prompt_tokens + o.output_tokens;  // The middle.
-      const double engine = decode_engine(b, context);
+      PD_ASSIGN_OR_RETURN(const auto after, gaps_so_far());
+      const double steps = after.second - before.second;
+      if (steps < 1) {
+        return absl::InternalError(absl::StrFormat(
+            "the decode worker reported no back-to-back steps for %d streams", b));
+      }
       a.push_back({1.0, static_cast<double>(b)});
-      y.push_back(gap - engine);
+      y.push_back((after.first - before.first) / steps);
     }
     const std::vector<double> x = NonNegativeLeastSquares(a, y);
     profile.decode_step_overhead_s = x[0];
