@@ -712,6 +712,10 @@ struct EngineWork {
   // The decode workers' wall time between back-to-back steps (not in the
   // simulator: its decode step overheads stand for it).
   double decode_gap_s = 0;
+  // The decode workers' steps and the sequences in them (their batch-size
+  // histograms' count and sum).
+  double decode_steps = 0;
+  double decode_step_sequences = 0;
   double decode_prefills = 0;
 };
 
@@ -739,6 +743,12 @@ absl::StatusOr<EngineWork> MeasuredEngineWork(const ClusterLauncher& cluster,
     PD_ASSIGN_OR_RETURN(const double gap, cluster.MetricSum(absl::StrCat("decode-", i),
                                                             "pdserve_decode_step_gap_seconds_sum"));
     t.decode_gap_s += gap;
+    PD_ASSIGN_OR_RETURN(const double steps, cluster.MetricSum(absl::StrCat("decode-", i),
+                                                              "pdserve_decode_batch_size_count"));
+    t.decode_steps += steps;
+    PD_ASSIGN_OR_RETURN(const double sequences,
+                        cluster.MetricSum(absl::StrCat("decode-", i), "pdserve_decode_batch_size_sum"));
+    t.decode_step_sequences += sequences;
   }
   return t;
 }
@@ -803,7 +813,7 @@ absl::StatusOr<double> DriftNow(const Profile& profile, const ClusterShape& shap
 void EarlierEngineWork(const nlohmann::json& earlier, const std::string& config, double rate,
                        int32_t concurrency, std::vector<double>& prefill_s,
                        std::vector<double>& decode_s, std::vector<double>& decode_gap_s,
-                       std::vector<double>& decode_prefills) {
+                       std::vector<double>& decode_batch, std::vector<double>& decode_prefills) {
   const nlohmann::json* row = EarlierPoint(earlier, config, rate, concurrency);
   if (row == nullptr || !row->contains("engine_work") || !(*row)["engine_work"].is_object()) {
     return;
@@ -811,7 +821,8 @@ void EarlierEngineWork(const nlohmann::json& earlier, const std::string& config,
   const nlohmann::json& work = (*row)["engine_work"];
   for (auto [figure, out] :
        {std::pair{"prefill_step_s", &prefill_s}, std::pair{"decode_step_s", &decode_s},
-        std::pair{"decode_gap_s", &decode_gap_s}, std::pair{"decode_prefills", &decode_prefills}}) {
+        std::pair{"decode_gap_s", &decode_gap_s}, std::pair{"decode_batch", &decode_batch},
+        std::pair{"decode_prefills", &decode_prefills}}) {
     if (!work.contains(figure) || !work[figure].is_object() ||
         !work[figure].contains("measured_runs") || !work[figure]["measured_runs"].is_array()) {
       continue;
@@ -903,7 +914,7 @@ absl::Status RunValidate() {
       // Each run's engine step time, prefill and decode workers', and its
       // prompts prefilled on a decode worker.
       std::vector<double> prefill_step_runs, decode_step_runs, decode_gap_runs,
-          decode_prefill_runs;
+          decode_batch_runs, decode_prefill_runs;
       if (load_target != nullptr) {
         for (int32_t k = 1; k <= absl::GetFlag(FLAGS_repeats); ++k) {
           PD_ASSIGN_OR_RETURN(const EngineWork before, MeasuredEngineWork(*cluster, shape));
@@ -923,6 +934,10 @@ absl::Status RunValidate() {
           prefill_step_runs.push_back(after.prefill_s - before.prefill_s);
           decode_step_runs.push_back(after.decode_s - before.decode_s);
           decode_gap_runs.push_back(after.decode_gap_s - before.decode_gap_s);
+          const double steps = after.decode_steps - before.decode_steps;
+          decode_batch_runs.push_back(
+              steps > 0 ? (after.decode_step_sequences - before.decode_step_sequences) / steps
+                        : 0);
           decode_prefill_runs.push_back(after.decode_prefills - before.decode_prefills);
           runs.push_back(Summarize(measured.records, spec.OptionsFor(measured.records)));
           PD_RETURN_IF_ERROR(
@@ -935,7 +950,8 @@ absl::Status RunValidate() {
                                                        level.concurrency));
         }
         EarlierEngineWork(earlier, shape.Name(), rate, level.concurrency, prefill_step_runs,
-                          decode_step_runs, decode_gap_runs, decode_prefill_runs);
+                          decode_step_runs, decode_gap_runs, decode_batch_runs,
+                          decode_prefill_runs);
       }
       const Summary m = MedianSummary(runs);
       measured_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = m});
@@ -977,9 +993,10 @@ absl::Status RunValidate() {
       }
       // The engines' step time, predicted and measured: how far the step
       // model (and the machine's speed) held during the runs, apart from
-      // the queueing that the figures above add to it; and the prompts the
-      // router had decode workers prefill; and the decode engines' time
-      // between back-to-back steps, measured only. Not checked.
+      // the queueing that the figures above add to it; the decode steps'
+      // mean batch; the prompts the router had decode workers prefill; and
+      // the decode engines' time between back-to-back steps, measured
+      // only. Not checked.
       nlohmann::json engine_work = nlohmann::json::object();
       struct Work {
         const char* figure;
@@ -997,6 +1014,12 @@ absl::Status RunValidate() {
                       &decode_step_runs});
       work.push_back({"decode_gap_s", "decode engine time between back-to-back steps (s)",
                       std::numeric_limits<double>::quiet_NaN(), &decode_gap_runs});
+      work.push_back({"decode_batch", "decode steps' mean batch (sequences)",
+                      simulation.decode_steps > 0
+                          ? static_cast<double>(simulation.decode_step_sequences) /
+                                simulation.decode_steps
+                          : 0,
+                      &decode_batch_runs});
       if (disaggregated) {
         work.push_back({"decode_prefills", "prompts prefilled on a decode worker",
                         static_cast<double>(simulation.decode_prefills), &decode_prefill_runs});

@@ -473,6 +473,8 @@ class ClusterSimulation {
     } else {
       step *= profile_.decode_engine_scale;
       result_.decode_step_s += step;
+      ++result_.decode_steps;
+      result_.decode_step_sequences += shape.sequences;
     }
     // A serving decode worker also streams its tokens between steps
     // (Profile::decode_step_overhead_s); a prefill worker does not.

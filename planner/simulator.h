@@ -131,6 +131,10 @@ struct Simulation {
   // measured sums tell how far the step model held during it.
   double prefill_step_s = 0;
   double decode_step_s = 0;
+  // The decode workers' steps and the sequences in them, summed over the
+  // steps (pdserve_decode_batch_size's count and sum): their mean batch.
+  int64_t decode_steps = 0;
+  int64_t decode_step_sequences = 0;
   // Requests the router had a decode worker prefill (all of them when
   // colocated): where a routing threshold (kv_aware's
   // prefill_queue_limit_tokens) tips one way or the other.

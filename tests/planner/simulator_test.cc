@@ -233,6 +233,8 @@ TEST(SimulatorTest, SumsEachRolesStepTimes) {
   // streaming overhead comes after the step, not in it.
   EXPECT_NEAR(disaggregated->prefill_step_s, 3 * 1.0 + 40 * 0.01 + 40000 * 1e-5, 1e-9);
   EXPECT_NEAR(disaggregated->decode_step_s, 2 * (1.0 + 0.01), 1e-9);
+  EXPECT_EQ(disaggregated->decode_steps, 2);
+  EXPECT_EQ(disaggregated->decode_step_sequences, 2);  // One sequence each.
   EXPECT_NEAR(disaggregated->records[0].token_s.back() - disaggregated->records[0].token_s[0],
               2 * (1.0 + 0.01 + 0.5), 1e-9);
   absl::StatusOr<Simulation> colocated = Simulate(p, Shape(0, 1), w);
@@ -240,6 +242,8 @@ TEST(SimulatorTest, SumsEachRolesStepTimes) {
   // The decode worker prefills too (no push), then decodes the same two.
   EXPECT_EQ(colocated->prefill_step_s, 0);
   EXPECT_NEAR(colocated->decode_step_s, 3 * 1.0 + 40 * 0.01 + 2 * (1.0 + 0.01), 1e-9);
+  EXPECT_EQ(colocated->decode_steps, 5);
+  EXPECT_EQ(colocated->decode_step_sequences, 5);
 
   // A busy prefill worker's engine runs 1.5x its step model: its steps
   // cost that much (not their push), and the first token comes that much
