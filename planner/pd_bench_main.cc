@@ -250,18 +250,14 @@ int Main() {
     point.summary = Summarize(result->records, options);
     points.push_back(point);
 
-    // JSON has no infinity: null, as in SweepToJson.
-    auto number = [](double v) {
-      return std::isfinite(v) ? json(v) : json(nullptr);
-    };
     json run_json = {{"label", label},
-                     {"rate", number(offered_rate)},
+                     {"rate", JsonNumber(offered_rate)},
                      {"concurrency", level.concurrency},
                      {"requests_sent", result->records.size()},
                      {"wall_s", result->wall_s},
                      {"max_send_lateness_s", result->max_send_lateness_s},
-                     {"window_begin_s", number(options.window_begin_s)},
-                     {"window_end_s", number(options.window_end_s)}};
+                     {"window_begin_s", JsonNumber(options.window_begin_s)},
+                     {"window_end_s", JsonNumber(options.window_end_s)}};
     if (write_records) {
       const std::string path = RecordsPath(records_flag, plot_dir, FileTag(level));
       if (absl::Status s = WriteRecords(path, result->records); !s.ok())

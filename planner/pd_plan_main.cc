@@ -637,11 +637,6 @@ std::string IntervalBound(double value) {
   return std::isnan(value) ? "?" : absl::StrFormat("%.3g", value);
 }
 
-// JSON has no NaN: null.
-nlohmann::json JsonNumber(double value) {
-  return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
-}
-
 Distribution DistributionFromJson(const nlohmann::json& j) {
   auto number = [&](const char* key) {
     return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;

@@ -21,12 +21,6 @@ namespace {
 
 using nlohmann::json;
 
-// JSON has no infinity (nlohmann would write null silently): say so.
-json Number(double value) {
-  if (std::isfinite(value)) return value;
-  return nullptr;
-}
-
 absl::Status FieldError(const char* name, const char* what) {
   return absl::InvalidArgumentError(
       absl::StrCat("record field '", name, "' ", what));
@@ -105,14 +99,19 @@ bool MeetsSlo(const RequestRecord& record, const RequestLatencies& latencies,
 
 json ToJson(const Distribution& d) {
   return json{{"count", d.count},
-              {"mean", Number(d.mean)},
-              {"p50", Number(d.p50)},
-              {"p90", Number(d.p90)},
-              {"p90_ci", json::array({Number(d.p90_low), Number(d.p90_high)})},
-              {"p99", Number(d.p99)}};
+              {"mean", JsonNumber(d.mean)},
+              {"p50", JsonNumber(d.p50)},
+              {"p90", JsonNumber(d.p90)},
+              {"p90_ci", json::array({JsonNumber(d.p90_low), JsonNumber(d.p90_high)})},
+              {"p99", JsonNumber(d.p99)}};
 }
 
 }  // namespace
+
+json JsonNumber(double value) {
+  if (std::isfinite(value)) return value;
+  return nullptr;
+}
 
 json ToJson(const RequestRecord& record) {
   return json{{"index", record.index},
@@ -367,30 +366,30 @@ json ToJson(const Summary& summary) {
       {"requests", summary.requests},
       {"completed", summary.completed},
       {"failures", failures},
-      {"duration_s", Number(summary.duration_s)},
-      {"request_throughput", Number(summary.request_throughput)},
-      {"input_token_throughput", Number(summary.input_token_throughput)},
-      {"output_token_throughput", Number(summary.output_token_throughput)},
+      {"duration_s", JsonNumber(summary.duration_s)},
+      {"request_throughput", JsonNumber(summary.request_throughput)},
+      {"input_token_throughput", JsonNumber(summary.input_token_throughput)},
+      {"output_token_throughput", JsonNumber(summary.output_token_throughput)},
       {"ttft_s", ToJson(summary.ttft_s)},
       {"tpot_s", ToJson(summary.tpot_s)},
       {"itl_s", ToJson(summary.itl_s)},
       {"e2e_s", ToJson(summary.e2e_s)},
-      {"slo_attainment", Number(summary.slo_attainment)},
-      {"slo", json{{"ttft_s", Number(summary.slo.ttft_s)},
-                   {"tpot_s", Number(summary.slo.tpot_s)}}}};
+      {"slo_attainment", JsonNumber(summary.slo_attainment)},
+      {"slo", json{{"ttft_s", JsonNumber(summary.slo.ttft_s)},
+                   {"tpot_s", JsonNumber(summary.slo.tpot_s)}}}};
 }
 
 json SweepToJson(std::span<const SweepPoint> points, double attainment_target) {
   json out = json::array();
   for (const SweepPoint& point : points) {
     json object = ToJson(point.summary);
-    object["rate"] = Number(point.rate);
+    object["rate"] = JsonNumber(point.rate);
     object["concurrency"] = point.concurrency;
     out.push_back(std::move(object));
   }
   return json{{"points", std::move(out)},
               {"attainment_target", attainment_target},
-              {"goodput", Number(Goodput(points, attainment_target))}};
+              {"goodput", JsonNumber(Goodput(points, attainment_target))}};
 }
 
 namespace {

@@ -154,6 +154,9 @@ double Goodput(std::span<const SweepPoint> points, double attainment_target);
 // p99 in ms, attainment) and the goodput line. JSON has no infinity: an
 // infinite rate, target or goodput is written as null.
 nlohmann::json ToJson(const Summary& summary);
+// `value`, or null where it is not finite (JSON has neither infinity nor
+// NaN, and nlohmann would write null silently).
+nlohmann::json JsonNumber(double value);
 nlohmann::json SweepToJson(std::span<const SweepPoint> points, double attainment_target);
 std::string SweepTable(std::span<const SweepPoint> points, double attainment_target);
 
