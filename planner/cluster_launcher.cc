@@ -133,6 +133,13 @@ absl::StatusOr<int> ClusterLauncher::Pid(const std::string& process) const {
 absl::StatusOr<double> ClusterLauncher::MetricSum(const std::string& process,
                                                   const std::string& metric,
                                                   const std::string& label) const {
+  PD_ASSIGN_OR_RETURN(const std::vector<double> sums, MetricSums(process, {metric}, label));
+  return sums.front();
+}
+
+absl::StatusOr<std::vector<double>> ClusterLauncher::MetricSums(
+    const std::string& process, const std::vector<std::string>& metrics,
+    const std::string& label) const {
   PD_RETURN_IF_ERROR(Pid(process).status());
   int port = 0;
   const std::string port_file = absl::StrCat(dir_, "/", process, ".metrics_port");
@@ -140,11 +147,16 @@ absl::StatusOr<double> ClusterLauncher::MetricSum(const std::string& process,
     return absl::NotFoundError(absl::StrCat("no metrics port in ", port_file));
   }
   PD_ASSIGN_OR_RETURN(const std::string page, LocalHttpGet(port, "/metrics"));
-  absl::StatusOr<std::optional<double>> sum = SumOfSamples(page, metric, label);
-  if (!sum.ok()) {
-    return absl::UnavailableError(absl::StrCat(process, "'s /metrics has ", sum.status().message()));
+  std::vector<double> sums;
+  for (const std::string& metric : metrics) {
+    absl::StatusOr<std::optional<double>> sum = SumOfSamples(page, metric, label);
+    if (!sum.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(process, "'s /metrics has ", sum.status().message()));
+    }
+    sums.push_back(sum->value_or(0));
   }
-  return sum->value_or(0);
+  return sums;
 }
 
 ClusterLauncher::~ClusterLauncher() {

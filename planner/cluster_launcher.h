@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -67,6 +68,10 @@ class ClusterLauncher {
   // at most).
   absl::StatusOr<double> MetricSum(const std::string& process, const std::string& metric,
                                    const std::string& label = "") const;
+  // MetricSum of each of `metrics`, in order, from one read of the page.
+  absl::StatusOr<std::vector<double>> MetricSums(const std::string& process,
+                                                 const std::vector<std::string>& metrics,
+                                                 const std::string& label = "") const;
 
  private:
   ClusterLauncher(std::string launcher, std::string dir) : launcher_(launcher), dir_(dir) {}

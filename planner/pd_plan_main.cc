@@ -732,18 +732,16 @@ absl::StatusOr<EngineWork> MeasuredEngineWork(const ClusterLauncher& cluster,
     t.prefill_s += s;
   }
   for (int32_t i = 0; i < shape.decode; ++i) {
-    PD_ASSIGN_OR_RETURN(const double s, cluster.MetricSum(absl::StrCat("decode-", i),
-                                                          "pdserve_decode_step_seconds_sum"));
-    t.decode_s += s;
-    PD_ASSIGN_OR_RETURN(const double gap, cluster.MetricSum(absl::StrCat("decode-", i),
-                                                            "pdserve_decode_step_gap_seconds_sum"));
-    t.decode_gap_s += gap;
-    PD_ASSIGN_OR_RETURN(const double steps, cluster.MetricSum(absl::StrCat("decode-", i),
-                                                              "pdserve_decode_batch_size_count"));
-    t.decode_steps += steps;
-    PD_ASSIGN_OR_RETURN(const double sequences,
-                        cluster.MetricSum(absl::StrCat("decode-", i), "pdserve_decode_batch_size_sum"));
-    t.decode_step_sequences += sequences;
+    PD_ASSIGN_OR_RETURN(const std::vector<double> sums,
+                        cluster.MetricSums(absl::StrCat("decode-", i),
+                                           {"pdserve_decode_step_seconds_sum",
+                                            "pdserve_decode_step_gap_seconds_sum",
+                                            "pdserve_decode_batch_size_count",
+                                            "pdserve_decode_batch_size_sum"}));
+    t.decode_s += sums[0];
+    t.decode_gap_s += sums[1];
+    t.decode_steps += sums[2];
+    t.decode_step_sequences += sums[3];
   }
   return t;
 }

@@ -665,13 +665,10 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     progress("serving costs: decode overheads on a 1P1D cluster");
     PD_ASSIGN_OR_RETURN(ProfiledCluster c, StartCluster(o.launch, 1));
     GenerationClient& client = *c.client;
-    auto gaps_so_far = [&]() -> absl::StatusOr<std::pair<double, double>> {
-      PD_ASSIGN_OR_RETURN(const double sum,
-                          c.cluster->MetricSum("decode-0", "pdserve_decode_step_gap_seconds_sum"));
-      PD_ASSIGN_OR_RETURN(
-          const double count,
-          c.cluster->MetricSum("decode-0", "pdserve_decode_step_gap_seconds_count"));
-      return std::pair{sum, count};
+    // {sum, count} of the gap histogram.
+    auto gaps_so_far = [&] {
+      return c.cluster->MetricSums("decode-0", {"pdserve_decode_step_gap_seconds_sum",
+                                                "pdserve_decode_step_gap_seconds_count"});
     };
     std::vector<std::vector<double>> a;
     std::vector<double> y;
@@ -698,13 +695,13 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       for (std::thread& t : threads) t.join();
       for (const absl::Status& s : status) PD_RETURN_IF_ERROR(s);
       PD_ASSIGN_OR_RETURN(const auto after, gaps_so_far());
-      const double steps = after.second - before.second;
+      const double steps = after[1] - before[1];
       if (steps < 1) {
         return absl::InternalError(absl::StrFormat(
             "the decode worker reported no back-to-back steps for %d streams", b));
       }
       a.push_back({1.0, static_cast<double>(b)});
-      y.push_back((after.first - before.first) / steps);
+      y.push_back((after[0] - before[0]) / steps);
     }
     const std::vector<double> x = NonNegativeLeastSquares(a, y);
     profile.decode_step_overhead_s = x[0];
