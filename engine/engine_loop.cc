@@ -176,8 +176,8 @@ void EngineLoop::Run() {
             .duration = step_end - step_start,
             .running = running,
             .prompt_tokens = generator_->computed_prompt_tokens() - computed,
-            .gap = busy_since_step ? step_start - *busy_since_step : absl::ZeroDuration(),
-            .back_to_back = busy_since_step.has_value()};
+            .gap = busy_since_step ? std::optional(step_start - *busy_since_step)
+                                   : std::nullopt};
         for (const GenerationEvent& e : events) {
           stats.generated_tokens += e.has_token ? 1 : 0;
         }

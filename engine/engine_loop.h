@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,10 +60,9 @@ struct EngineStepStats {
   // Wall time from the end of the previous step to this one's start when
   // the engine had work all along (back to back): the loop's own work
   // between steps (handing the events to their sinks, commands, load
-  // reports) and any time the thread waited for a CPU. Zero and false
-  // after the loop slept for lack of work.
-  absl::Duration gap = absl::ZeroDuration();
-  bool back_to_back = false;
+  // reports) and any time the thread waited for a CPU. None after the loop
+  // slept for lack of work.
+  std::optional<absl::Duration> gap;
 };
 
 // What a worker's engine is built from; pd-prefill and pd-decode share it.

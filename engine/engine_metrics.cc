@@ -39,7 +39,7 @@ EngineMetrics::EngineMetrics(MetricsRegistry* registry,
 
 void EngineMetrics::OnStep(const EngineStepStats& stats) {
   step_seconds_->ObserveDuration(stats.duration);
-  if (stats.back_to_back) step_gap_seconds_->ObserveDuration(stats.gap);
+  if (stats.gap) step_gap_seconds_->ObserveDuration(*stats.gap);
   batch_size_->Observe(stats.running);
   generated_tokens_->Increment(stats.generated_tokens);
   computed_prompt_tokens_->Increment(stats.prompt_tokens);
