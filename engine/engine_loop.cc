@@ -192,9 +192,15 @@ void EngineLoop::Run() {
       }
       busy_since_step.reset();
       if (generator_->HasWork()) busy_since_step = step_end;
+      // The load first: whoever has seen one of the step's tokens then
+      // reads a load report no older than the step (a client that cancels
+      // on its first token and asks for the load does not find the one
+      // from before its request started).
+      PublishLoad();
       for (const GenerationEvent& e : events) Dispatch(e);
+    } else {
+      PublishLoad();
     }
-    PublishLoad();
   }
 }
 

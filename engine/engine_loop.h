@@ -144,13 +144,14 @@ class EngineLoop {
   // Loop thread only: drops `id`'s sink without calling it again.
   void Unsubscribe(RequestId id);
 
-  // The load as of the end of the loop's last pass, or of the last
-  // PublishLoad().
+  // The load as of the loop's last pass (its step, before the step's events
+  // reach their sinks: a sink's event is never newer than load()), or of
+  // the last PublishLoad().
   EngineLoad load() const;
   // Loop thread only (inside a command): publishes the load now, so that a
   // command that changed it (a reservation made or released) answers its
-  // caller only once load() shows the change. The loop also publishes at
-  // the end of every pass.
+  // caller only once load() shows the change. The loop also publishes once
+  // every pass.
   void PublishLoad();
 
   // The pool's prefix-cache events, published with the load: what a
