@@ -362,12 +362,13 @@ absl::Status RunProfile() {
       "| later tokens, from their step's end | colocated +%.2f ms, disaggregated +%.2f ms |\n"
       "| decode step overhead | %.1f us + %.1f us per sequence |\n"
       "| prefill worker's serving threads | %.1f us per request + %.1f us per KV MiB |\n"
+      "| decode worker's serving threads | %.1f us per token streamed |\n"
       "| engine when busy, prefill / decode worker | x %.3f / x %.3f the step model |\n",
       p.colocated_first_token_s * 1e3, p.disaggregated_first_token_s * 1e3,
       p.token_delivery_s * 1e3, p.disaggregated_token_delivery_s * 1e3,
       p.decode_step_overhead_s * 1e6, p.decode_sequence_overhead_s * 1e6,
       p.prefill_cpu_per_request_s * 1e6, p.prefill_cpu_per_kv_byte_s * 1e6 * (1 << 20),
-      p.prefill_engine_scale, p.decode_engine_scale);
+      p.decode_cpu_per_token_s * 1e6, p.prefill_engine_scale, p.decode_engine_scale);
   if (const std::string warning = ProfileSpeedWarning(p); !warning.empty()) {
     std::cout << "\nWarning: " << warning << "\n";
   }

@@ -108,6 +108,7 @@ Profile WithDrift(Profile p, double prefill, double decode) {
   p.decode_engine_scale *= decode;
   p.decode_step_overhead_s *= decode;
   p.decode_sequence_overhead_s *= decode;
+  p.decode_cpu_per_token_s *= decode;
   return p;
 }
 
@@ -154,6 +155,7 @@ absl::Status ValidateProfile(const Profile& p) {
       {"decode_sequence_overhead_s", p.decode_sequence_overhead_s},
       {"prefill_cpu_per_request_s", p.prefill_cpu_per_request_s},
       {"prefill_cpu_per_kv_byte_s", p.prefill_cpu_per_kv_byte_s},
+      {"decode_cpu_per_token_s", p.decode_cpu_per_token_s},
       {"worker_cpus", p.worker_cpus},
   };
   for (const auto& [name, value] : costs) {
@@ -239,6 +241,7 @@ nlohmann::json ToJson(const Profile& p) {
       {"decode_sequence_overhead_s", p.decode_sequence_overhead_s},
       {"prefill_cpu_per_request_s", p.prefill_cpu_per_request_s},
       {"prefill_cpu_per_kv_byte_s", p.prefill_cpu_per_kv_byte_s},
+      {"decode_cpu_per_token_s", p.decode_cpu_per_token_s},
       {"prefill_engine_scale", p.prefill_engine_scale},
       {"decode_engine_scale", p.decode_engine_scale},
       {"poll_interval_s", p.poll_interval_s},
@@ -301,6 +304,7 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
       ReadDouble(j, "", "prefill_cpu_per_request_s", p.prefill_cpu_per_request_s));
   PD_RETURN_IF_ERROR(
       ReadDouble(j, "", "prefill_cpu_per_kv_byte_s", p.prefill_cpu_per_kv_byte_s));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "decode_cpu_per_token_s", p.decode_cpu_per_token_s));
   PD_RETURN_IF_ERROR(
       ReadDouble(j, "", "prefill_engine_scale", p.prefill_engine_scale));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "decode_engine_scale", p.decode_engine_scale));

@@ -153,10 +153,21 @@ struct Profile {
   // byte pushed; 0 without a share. The push runs while the step that
   // computed its KV does, so the simulator adds its cost to that step; the
   // cost per request is paid by the next step or by idle time (simulator.h).
-  // (A decode worker's serving threads are in the decode step overheads
-  // above, as far as they hold its engine thread between steps.)
   double prefill_cpu_per_request_s = 0;
   double prefill_cpu_per_kv_byte_s = 0;
+  // A decode worker's serving threads' CPU per token it streams (gRPC's
+  // writes of the stream), over worker_cpus; 0 without a share. They run
+  // beside the engine thread on the same quota, so a busy worker's steps
+  // wait for what they spend: 51-60 us of CPU a token on run 19's machine
+  // under load (bench/decode_serving_cpu.sh), 130-150 us of the quota's
+  // time at 0.4 CPU, where the decode step overheads above (the engine
+  // thread's own time between steps) came to 2-77 us a sequence.
+  // MeasureServingCosts takes it from four concurrent streams. The simulator charges it with
+  // each decode step's tokens, paid by the next step or by idle time, as a
+  // prefill worker's serving threads. (Their cost per request, 0.9 ms and
+  // 6 us a prompt token landed there, is left out: charged the same way it
+  // made run 19's predictions no better.)
+  double decode_cpu_per_token_s = 0;
   // A serving prefill worker's engine CPU per prompt over what the step
   // cost gives for it, measured on the 1P1D cluster right after the fit
   // with its prefill worker kept busy (MeasureServingCosts); the simulator
@@ -185,7 +196,8 @@ struct Profile {
 // `profile` with what each role's worker CPU does scaled (pd-plan
 // validate's drift check, --engine_scale): a prefill worker's by `prefill`
 // (prefill_engine_scale, its serving threads' prefill_cpu_per_*), a decode
-// worker's by `decode` (decode_engine_scale, the decode step overheads).
+// worker's by `decode` (decode_engine_scale, the decode step overheads, its
+// serving threads' decode_cpu_per_token_s).
 // The first-token, hand-off and delivery costs and the transfers stay:
 // they are mostly waiting (network, polls), not the CPU the drift check
 // measures.

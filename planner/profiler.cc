@@ -486,6 +486,29 @@ absl::StatusOr<std::vector<Timed>> SingleRequests(GenerationClient& client, int3
   return out;
 }
 
+// `streams` clients at once, each sending `requests_each` requests of
+// fresh prompts (no prefix-cache hit) one after another.
+absl::Status ConcurrentStreams(GenerationClient& client, int32_t streams, int32_t requests_each,
+                               int32_t prompt_tokens, int32_t output_tokens, uint64_t& prompts) {
+  std::vector<std::vector<int32_t>> mine;
+  for (int32_t i = 0; i < streams * requests_each; ++i) {
+    mine.push_back(FreshPrompt(prompt_tokens, prompts));
+  }
+  std::vector<absl::Status> status(streams);
+  std::vector<std::thread> threads;
+  for (int32_t i = 0; i < streams; ++i) {
+    threads.emplace_back([&, i] {
+      for (int32_t r = 0; r < requests_each && status[i].ok(); ++r) {
+        status[i] =
+            TimedRequest(client, std::move(mine[i * requests_each + r]), output_tokens).status();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) PD_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
 // CPU seconds run so far by the threads of process `pid`: its engine's
 // ("pd-engine": EngineLoop, and the compute threads it starts, which take
 // its name) and the others (gRPC's, the KV lanes). From
@@ -514,6 +537,34 @@ absl::StatusOr<ThreadsCpu> ThreadsCpuSeconds(int pid) {
     (name == "pd-engine" ? cpu.engine : cpu.serving) += static_cast<double>(run_ns) * 1e-9;
   }
   return cpu;
+}
+
+// The serving threads' CPU time of a process at one moment.
+struct ServingReading {
+  double cpu = 0;
+  Clock::time_point at;
+};
+
+absl::StatusOr<ServingReading> ReadServing(int pid) {
+  PD_ASSIGN_OR_RETURN(const ThreadsCpu cpu, ThreadsCpuSeconds(pid));
+  return ServingReading{.cpu = cpu.serving, .at = Clock::now()};
+}
+
+// What process `pid`'s serving threads spend a second with nothing to do
+// (answering the router's load polls), over one second.
+absl::StatusOr<double> IdleServingRate(int pid) {
+  PD_ASSIGN_OR_RETURN(const ServingReading start, ReadServing(pid));
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  PD_ASSIGN_OR_RETURN(const ServingReading end, ReadServing(pid));
+  return (end.cpu - start.cpu) / std::chrono::duration<double>(end.at - start.at).count();
+}
+
+// The serving threads' CPU per request from `start` to `end`, less their
+// idle rate.
+double ServingPerRequest(const ServingReading& start, const ServingReading& end,
+                         double idle_rate, int32_t requests) {
+  const double seconds = std::chrono::duration<double>(end.at - start.at).count();
+  return (end.cpu - start.cpu - idle_rate * seconds) / requests;
 }
 
 // The engine CPU per prompt of the worker `pid` that computes the prompts
@@ -621,7 +672,6 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     if (o.progress) o.progress(line);
   };
   uint64_t prompts = 1000;
-  const Clock::time_point t_begin = Clock::now();
   const double prefill = PrefillSeconds(profile, o.prompt_tokens);
   const TransferCost& link = profile.transfers.front();
   const int32_t last_chunk =
@@ -634,9 +684,11 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
   auto decode_engine = [&](int64_t b, double context) {
     return profile.step.Seconds(b, b, 0, b * context) * profile.decode_engine_scale;
   };
+  // With what its serving threads spend streaming the last step's tokens
+  // (a busy worker pays it in its next step).
   auto decode_step = [&](int64_t b, double context) {
     return decode_engine(b, context) + profile.decode_step_overhead_s +
-           profile.decode_sequence_overhead_s * b;
+           (profile.decode_sequence_overhead_s + profile.decode_cpu_per_token_s) * b;
   };
 
   // First, a decode worker's engine kept busy with colocated prompts: every
@@ -675,25 +727,8 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     for (int32_t b : o.batches) {
       progress(absl::StrFormat("serving costs: %d concurrent streams", b));
       PD_ASSIGN_OR_RETURN(const auto before, gaps_so_far());
-      std::vector<std::thread> threads;
-      std::vector<absl::Status> status(b);
-      std::vector<std::vector<int32_t>> my_prompts;
-      for (int32_t i = 0; i < b; ++i) my_prompts.push_back(FreshPrompt(o.prompt_tokens, prompts));
-      for (int32_t i = 0; i < b; ++i) {
-        threads.emplace_back([&, i] {
-          for (int r = 0; r < 3; ++r) {
-            std::vector<int32_t> prompt = my_prompts[i];
-            prompt[0] = 'a' + r;  // No prefix-cache hit.
-            auto t = TimedRequest(client, prompt, o.output_tokens * 2);
-            if (!t.ok()) {
-              status[i] = t.status();
-              return;
-            }
-          }
-        });
-      }
-      for (std::thread& t : threads) t.join();
-      for (const absl::Status& s : status) PD_RETURN_IF_ERROR(s);
+      PD_RETURN_IF_ERROR(
+          ConcurrentStreams(client, b, 3, o.prompt_tokens, o.output_tokens * 2, prompts));
       PD_ASSIGN_OR_RETURN(const auto after, gaps_so_far());
       const double steps = after[1] - before[1];
       if (steps < 1) {
@@ -706,6 +741,34 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     const std::vector<double> x = NonNegativeLeastSquares(a, y);
     profile.decode_step_overhead_s = x[0];
     profile.decode_sequence_overhead_s = x[1];
+
+    // The decode worker's serving threads' CPU per token streamed: the
+    // same streams at two output lengths, their CPU (less the idle rate)
+    // per request apart. Several streams, as a serving worker has them:
+    // single requests on an otherwise idle machine gave 21-41 us a token,
+    // four streams 51 and a serving 2P1D cluster 55-60
+    // (docs/capacity_planning.md run 20). The engine thread's time between
+    // steps above holds only the part of it that lands there.
+    if (profile.worker_cpus > 0) {
+      progress("serving costs: the decode worker's serving threads at two output lengths");
+      PD_ASSIGN_OR_RETURN(const int decode_pid, c.cluster->Pid("decode-0"));
+      PD_ASSIGN_OR_RETURN(const double idle_rate, IdleServingRate(decode_pid));
+      constexpr int32_t kStreams = 4;
+      constexpr int32_t kRequestsEach = 3;
+      const int32_t long_output = 4 * o.output_tokens;
+      PD_ASSIGN_OR_RETURN(const ServingReading start, ReadServing(decode_pid));
+      PD_RETURN_IF_ERROR(ConcurrentStreams(client, kStreams, kRequestsEach, o.prompt_tokens,
+                                           o.output_tokens, prompts));
+      PD_ASSIGN_OR_RETURN(const ServingReading middle, ReadServing(decode_pid));
+      PD_RETURN_IF_ERROR(ConcurrentStreams(client, kStreams, kRequestsEach, o.prompt_tokens,
+                                           long_output, prompts));
+      PD_ASSIGN_OR_RETURN(const ServingReading end, ReadServing(decode_pid));
+      constexpr int32_t kRequests = kStreams * kRequestsEach;
+      const double per_token = (ServingPerRequest(middle, end, idle_rate, kRequests) -
+                                ServingPerRequest(start, middle, idle_rate, kRequests)) /
+                               (long_output - o.output_tokens);
+      profile.decode_cpu_per_token_s = std::max(0.0, per_token) / profile.worker_cpus;
+    }
   }
   {
     progress("serving costs: colocated cluster (0P1D)");
@@ -731,31 +794,20 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     // The prefill worker's serving threads' CPU per request at two prompt
     // lengths, less what they spend idle (answering the router's load
     // polls): a cost per request and one per KV byte pushed.
-    auto serving_cpu = [&]() -> absl::StatusOr<std::pair<double, double>> {
-      PD_ASSIGN_OR_RETURN(const ThreadsCpu cpu, ThreadsCpuSeconds(prefill_pid));
-      return std::pair{cpu.serving, SecondsSince(t_begin)};
-    };
-    PD_ASSIGN_OR_RETURN(const auto idle_start, serving_cpu());
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    PD_ASSIGN_OR_RETURN(const auto idle_end, serving_cpu());
-    const double idle_rate =
-        (idle_end.first - idle_start.first) / (idle_end.second - idle_start.second);
-    auto per_request = [&](std::pair<double, double> a, std::pair<double, double> b) {
-      return (b.first - a.first - idle_rate * (b.second - a.second)) / o.requests;
-    };
-    PD_ASSIGN_OR_RETURN(const auto short_start, serving_cpu());
+    PD_ASSIGN_OR_RETURN(const double idle_rate, IdleServingRate(prefill_pid));
+    PD_ASSIGN_OR_RETURN(const ServingReading short_start, ReadServing(prefill_pid));
     PD_ASSIGN_OR_RETURN(std::vector<Timed> timed,
                         SingleRequests(*c.client, o.requests, o.prompt_tokens, o.output_tokens,
                                        prompts));
-    PD_ASSIGN_OR_RETURN(const auto short_end, serving_cpu());
+    PD_ASSIGN_OR_RETURN(const ServingReading short_end, ReadServing(prefill_pid));
     progress(absl::StrFormat(
         "serving costs: the prefill worker's serving threads at prompts of %d and %d tokens",
         o.prompt_tokens, long_prompt));
     PD_RETURN_IF_ERROR(
         SingleRequests(*c.client, o.requests, long_prompt, o.output_tokens, prompts).status());
-    PD_ASSIGN_OR_RETURN(const auto long_end, serving_cpu());
-    const double cpu_short = per_request(short_start, short_end);
-    const double cpu_long = per_request(short_end, long_end);
+    PD_ASSIGN_OR_RETURN(const ServingReading long_end, ReadServing(prefill_pid));
+    const double cpu_short = ServingPerRequest(short_start, short_end, idle_rate, o.requests);
+    const double cpu_long = ServingPerRequest(short_end, long_end, idle_rate, o.requests);
     const double bytes_short = o.prompt_tokens * profile.kv_bytes_per_token;
     const double bytes_long = long_prompt * profile.kv_bytes_per_token;
     if (profile.worker_cpus > 0 && bytes_long > bytes_short) {

@@ -492,6 +492,10 @@ class ClusterSimulation {
     if (w.is_prefill) PushStep(w);
     step_events_.clear();
     w.generator.EndStep(step_events_);
+    // A decode worker's serving threads stream the step's tokens.
+    if (!w.is_prefill) {
+      ChargeServing(w, profile_.decode_cpu_per_token_s * static_cast<double>(step_events_.size()));
+    }
     for (const SimEvent& ev : step_events_) {
       if (w.is_prefill) {
         // The first token: the push of the prompt ends after this step's

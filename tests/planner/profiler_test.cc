@@ -281,6 +281,7 @@ TEST(WithDriftTest, ScalesEachRolesCpuCostsOnly) {
   p.decode_sequence_overhead_s = 7;
   p.prefill_cpu_per_request_s = 12;
   p.prefill_cpu_per_kv_byte_s = 13;
+  p.decode_cpu_per_token_s = 3;
   p.colocated_first_token_s = 8;
   p.token_delivery_s = 9;
   p.transfers = {{.transport = "tcp", .latency_s = 10, .bytes_per_s = 11}};
@@ -291,6 +292,7 @@ TEST(WithDriftTest, ScalesEachRolesCpuCostsOnly) {
   EXPECT_DOUBLE_EQ(q.decode_engine_scale, 1.8);
   EXPECT_DOUBLE_EQ(q.decode_step_overhead_s, 12);
   EXPECT_DOUBLE_EQ(q.decode_sequence_overhead_s, 14);
+  EXPECT_DOUBLE_EQ(q.decode_cpu_per_token_s, 6);
   // The step model is both roles': their scales carry the drift.
   EXPECT_DOUBLE_EQ(q.step.base_s, 1);
   EXPECT_DOUBLE_EQ(q.step.per_token_s, 2);

@@ -212,6 +212,38 @@ TEST(SimulatorTest, ServingThreadsTakeEngineTime) {
   }
 }
 
+TEST(SimulatorTest, DecodeServingThreadsTakeEngineTimePerToken) {
+  // 0P1D, one request of 16 prompt tokens and 4 output tokens, steps
+  // costing 1 s; the decode worker's serving threads take 0.25 s a token
+  // streamed. Each step after the first pays for the tokens of the one
+  // before it (one each); the time after the last is paid by idle time.
+  Profile p = TestProfile();
+  p.max_batch_tokens = 16;
+  p.max_running = 4;
+  p.step = {.base_s = 1.0};
+  p.decode_cpu_per_token_s = 0.25;
+  const std::vector<RequestRecord> records =
+      SimulateOk(p, Shape(0, 1), MakeWorkload({Req(0, 16, 4), Req(100, 16, 4)}));
+  ASSERT_EQ(records.size(), 2u);
+  for (const RequestRecord& r : records) {
+    ASSERT_TRUE(r.ok()) << r.error;
+    ASSERT_EQ(r.token_s.size(), 4u);
+    // The prefill step, then three decode steps of 1 + 0.25 s.
+    EXPECT_NEAR(r.token_s[0] - r.send_s, 1.0, 1e-9);
+    for (int i = 1; i < 4; ++i) EXPECT_NEAR(r.token_s[i] - r.token_s[i - 1], 1.25, 1e-9);
+  }
+  // Two sequences in one batch: each step pays for both of the last one's
+  // tokens.
+  const std::vector<RequestRecord> batched =
+      SimulateOk(p, Shape(0, 1), MakeWorkload({Req(0, 8, 4), Req(0, 8, 4)}));
+  ASSERT_EQ(batched.size(), 2u);
+  for (const RequestRecord& r : batched) {
+    ASSERT_TRUE(r.ok()) << r.error;
+    ASSERT_EQ(r.token_s.size(), 4u);
+    for (int i = 2; i < 4; ++i) EXPECT_NEAR(r.token_s[i] - r.token_s[i - 1], 1.5, 1e-9);
+  }
+}
+
 TEST(SimulatorTest, SumsEachRolesStepTimes) {
   // 1P1D and 0P1D: one request of 40 prompt tokens (chunks of 16, 16, 8)
   // and 3 output tokens, steps costing 1 s + 0.01 s a token, a decode
@@ -613,6 +645,7 @@ Profile FullProfile() {
   p.token_delivery_s = 0.0003;
   p.prefill_cpu_per_request_s = 0.0004;
   p.prefill_cpu_per_kv_byte_s = 2e-9;
+  p.decode_cpu_per_token_s = 1.4e-4;
   p.prefill_engine_scale = 1.08;
   p.decode_engine_scale = 1.04;
   p.poll_interval_s = 0.05;
@@ -723,6 +756,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
       {"/decode_engine_scale", -1, "'decode_engine_scale' must be a positive number"},
       {"/prefill_cpu_per_kv_byte_s", -1e-9,
        "'prefill_cpu_per_kv_byte_s' must be a non-negative number"},
+      {"/decode_cpu_per_token_s", -1e-9, "'decode_cpu_per_token_s' must be a non-negative number"},
       {"/disaggregated_token_delivery_s", -0.001,
        "'disaggregated_token_delivery_s' must be a non-negative number"},
       {"/model", 7, "'model' must be a string"},
@@ -736,7 +770,8 @@ TEST(ProfileTest, BadFieldsAreNamed) {
     EXPECT_NE(p.status().message().find(c.field), std::string::npos) << p.status();
   }
   for (const char* field : {"token_delivery_s", "machine", "transfers", "probe_ratio",
-                            "prefill_cpu_per_request_s", "disaggregated_token_delivery_s",
+                            "prefill_cpu_per_request_s", "decode_cpu_per_token_s",
+                            "disaggregated_token_delivery_s",
                             "prefill_engine_scale", "decode_engine_scale"}) {
     nlohmann::json j = ToJson(FullProfile());
     j.erase(field);
