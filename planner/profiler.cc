@@ -581,28 +581,9 @@ absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid, const 
   constexpr int32_t kPromptsEach = kBusyPrompts / kBusyClients;
   progress(absl::StrFormat("serving costs: an engine busy with %d prompts of %d tokens",
                            kBusyPrompts, prompt_tokens));
-  std::vector<std::vector<std::vector<int32_t>>> mine(kBusyClients);
-  for (auto& m : mine) {
-    for (int32_t r = 0; r < kPromptsEach; ++r) m.push_back(FreshPrompt(prompt_tokens, prompts));
-  }
   PD_ASSIGN_OR_RETURN(const ThreadsCpu start, ThreadsCpuSeconds(pid));
-  std::vector<absl::Status> status(kBusyClients);
-  {
-    std::vector<std::thread> threads;
-    for (int32_t i = 0; i < kBusyClients; ++i) {
-      threads.emplace_back([&, i] {
-        for (std::vector<int32_t>& prompt : mine[i]) {
-          absl::StatusOr<Timed> t = TimedRequest(client, std::move(prompt), kBusyOutputTokens);
-          if (!t.ok()) {
-            status[i] = t.status();
-            return;
-          }
-        }
-      });
-    }
-    for (std::thread& t : threads) t.join();
-  }
-  for (const absl::Status& s : status) PD_RETURN_IF_ERROR(s);
+  PD_RETURN_IF_ERROR(ConcurrentStreams(client, kBusyClients, kPromptsEach, prompt_tokens,
+                                       kBusyOutputTokens, prompts));
   PD_ASSIGN_OR_RETURN(const ThreadsCpu end, ThreadsCpuSeconds(pid));
   const double predicted =
       kBusyPrompts * PrefillSeconds(profile, prompt_tokens) * profile.worker_cpus;
