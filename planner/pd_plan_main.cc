@@ -705,8 +705,8 @@ absl::StatusOr<std::vector<Summary>> EarlierMeasurement(const nlohmann::json& ea
 struct EngineWork {
   double prefill_s = 0;
   double decode_s = 0;
-  // The decode workers' wall time between back-to-back steps (not in the
-  // simulator: its decode step overheads stand for it).
+  // The decode workers' wall time between back-to-back steps
+  // (Simulation::decode_gap_s).
   double decode_gap_s = 0;
   // The decode workers' steps and the sequences in them (their batch-size
   // histograms' count and sum).
@@ -807,7 +807,8 @@ absl::StatusOr<double> DriftNow(const Profile& profile, const ClusterShape& shap
 void EarlierEngineWork(const nlohmann::json& earlier, const std::string& config, double rate,
                        int32_t concurrency, std::vector<double>& prefill_s,
                        std::vector<double>& decode_s, std::vector<double>& decode_gap_s,
-                       std::vector<double>& decode_batch, std::vector<double>& decode_prefills) {
+                       std::vector<double>& decode_steps, std::vector<double>& decode_batch,
+                       std::vector<double>& decode_prefills) {
   const nlohmann::json* row = EarlierPoint(earlier, config, rate, concurrency);
   if (row == nullptr || !row->contains("engine_work") || !(*row)["engine_work"].is_object()) {
     return;
@@ -815,7 +816,8 @@ void EarlierEngineWork(const nlohmann::json& earlier, const std::string& config,
   const nlohmann::json& work = (*row)["engine_work"];
   for (auto [figure, out] :
        {std::pair{"prefill_step_s", &prefill_s}, std::pair{"decode_step_s", &decode_s},
-        std::pair{"decode_gap_s", &decode_gap_s}, std::pair{"decode_batch", &decode_batch},
+        std::pair{"decode_gap_s", &decode_gap_s}, std::pair{"decode_steps", &decode_steps},
+        std::pair{"decode_batch", &decode_batch},
         std::pair{"decode_prefills", &decode_prefills}}) {
     if (!work.contains(figure) || !work[figure].is_object() ||
         !work[figure].contains("measured_runs") || !work[figure]["measured_runs"].is_array()) {
@@ -908,7 +910,7 @@ absl::Status RunValidate() {
       // Each run's engine step time, prefill and decode workers', and its
       // prompts prefilled on a decode worker.
       std::vector<double> prefill_step_runs, decode_step_runs, decode_gap_runs,
-          decode_batch_runs, decode_prefill_runs;
+          decode_steps_runs, decode_batch_runs, decode_prefill_runs;
       if (load_target != nullptr) {
         for (int32_t k = 1; k <= absl::GetFlag(FLAGS_repeats); ++k) {
           PD_ASSIGN_OR_RETURN(const EngineWork before, MeasuredEngineWork(*cluster, shape));
@@ -929,6 +931,7 @@ absl::Status RunValidate() {
           decode_step_runs.push_back(after.decode_s - before.decode_s);
           decode_gap_runs.push_back(after.decode_gap_s - before.decode_gap_s);
           const double steps = after.decode_steps - before.decode_steps;
+          decode_steps_runs.push_back(steps);
           decode_batch_runs.push_back(
               steps > 0 ? (after.decode_step_sequences - before.decode_step_sequences) / steps
                         : 0);
@@ -944,7 +947,7 @@ absl::Status RunValidate() {
                                                        level.concurrency));
         }
         EarlierEngineWork(earlier, shape.Name(), rate, level.concurrency, prefill_step_runs,
-                          decode_step_runs, decode_gap_runs, decode_batch_runs,
+                          decode_step_runs, decode_gap_runs, decode_steps_runs, decode_batch_runs,
                           decode_prefill_runs);
       }
       const Summary m = MedianSummary(runs);
@@ -989,13 +992,12 @@ absl::Status RunValidate() {
       // model (and the machine's speed) held during the runs, apart from
       // the queueing that the figures above add to it; the decode steps'
       // mean batch; the prompts the router had decode workers prefill; and
-      // the decode engines' time between back-to-back steps, measured
-      // only. Not checked.
+      // the decode engines' time between back-to-back steps. Not checked.
       nlohmann::json engine_work = nlohmann::json::object();
       struct Work {
         const char* figure;
         const char* label;
-        double predicted;  // NaN: not modelled.
+        double predicted;
         const std::vector<double>* measured_runs;
       };
       const bool disaggregated = shape.prefill > 0;
@@ -1007,7 +1009,9 @@ absl::Status RunValidate() {
       work.push_back({"decode_step_s", "decode engine step time (s)", simulation.decode_step_s,
                       &decode_step_runs});
       work.push_back({"decode_gap_s", "decode engine time between back-to-back steps (s)",
-                      std::numeric_limits<double>::quiet_NaN(), &decode_gap_runs});
+                      simulation.decode_gap_s, &decode_gap_runs});
+      work.push_back({"decode_steps", "decode steps", static_cast<double>(simulation.decode_steps),
+                      &decode_steps_runs});
       work.push_back({"decode_batch", "decode steps' mean batch (sequences)",
                       simulation.decode_steps > 0
                           ? static_cast<double>(simulation.decode_step_sequences) /
@@ -1019,17 +1023,14 @@ absl::Status RunValidate() {
                         static_cast<double>(simulation.decode_prefills), &decode_prefill_runs});
       }
       for (const Work& w : work) {
-        if (w.measured_runs->empty()) continue;
+        engine_work[w.figure] = {{"predicted", w.predicted}};
+        if (w.measured_runs->empty()) continue;  // An earlier validation's, which had none.
         const double measured = Percentile(*w.measured_runs, 50);
-        const bool modelled = !std::isnan(w.predicted);
         std::cout << absl::StrFormat(
-            "| %s | %s | %s | %.3g | %s |\n", level.Name(), w.label,
-            modelled ? absl::StrFormat("%.3g", w.predicted) : "-", measured,
-            modelled && measured > 0
-                ? absl::StrFormat("%+.1f%%", (w.predicted / measured - 1) * 100)
-                : "");
-        engine_work[w.figure] = {{"measured", measured}, {"measured_runs", *w.measured_runs}};
-        if (modelled) engine_work[w.figure]["predicted"] = w.predicted;
+            "| %s | %s | %.3g | %.3g | %s |\n", level.Name(), w.label, w.predicted, measured,
+            measured > 0 ? absl::StrFormat("%+.1f%%", (w.predicted / measured - 1) * 100) : "");
+        engine_work[w.figure]["measured"] = measured;
+        engine_work[w.figure]["measured_runs"] = *w.measured_runs;
       }
       nlohmann::json measured_runs = nlohmann::json::array();
       for (const Summary& run : runs) measured_runs.push_back(ToJson(run));

@@ -105,6 +105,9 @@ struct Worker {
   // what is left.
   double serving_debt_s = 0;
   double serving_debt_at_s = 0;
+  // When its last step ended (-1: none yet); a step that starts then
+  // follows it without idling.
+  double last_step_end_s = -1;
 };
 
 struct RequestState {
@@ -482,6 +485,9 @@ class ClusterSimulation {
         w.is_prefill ? 0
                      : profile_.decode_step_overhead_s +
                            profile_.decode_sequence_overhead_s * shape.sequences;
+    if (!w.is_prefill && w.last_step_end_s == now_) {
+      result_.decode_gap_s += streaming + serving;
+    }
     const double seconds = step + streaming + serving;
     Schedule(now_ + seconds, EventKind::kStepEnd, w.index);
   }
@@ -489,6 +495,7 @@ class ClusterSimulation {
   void StepEnd(Worker& w) {
     SettleServingDebt(w);
     w.stepping = false;
+    w.last_step_end_s = now_;
     if (w.is_prefill) PushStep(w);
     step_events_.clear();
     w.generator.EndStep(step_events_);

@@ -135,6 +135,11 @@ struct Simulation {
   // steps (pdserve_decode_batch_size's count and sum): their mean batch.
   int64_t decode_steps = 0;
   int64_t decode_step_sequences = 0;
+  // The decode workers' time outside the forward pass, summed over the
+  // steps that followed one without idling: each one's streaming overheads
+  // and the serving threads' CPU it waited for. The model's counterpart of
+  // pdserve_decode_step_gap_seconds (the time between back-to-back steps).
+  double decode_gap_s = 0;
   // Requests the router had a decode worker prefill (all of them when
   // colocated): where a routing threshold (kv_aware's
   // prefill_queue_limit_tokens) tips one way or the other.

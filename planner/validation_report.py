@@ -57,16 +57,21 @@ def drift_report(rows, configs):
 
 
 def step_report(rows, ttft_err, tpot_err):
-    """The engines' step time per point, predicted and measured, and the
-    prompts prefilled on decode workers and the decode engines' time between
-    back-to-back steps (validate runs that recorded them);
+    """The engines' step time per point, predicted and measured, the
+    decode engines' time between back-to-back steps and the prompts
+    prefilled on decode workers (validate runs that recorded them);
     then the latency errors where the step time held: what is left there is
     the model's queueing, routing and serving, not the machine's speed
     during the run."""
-    if not any(r.get("engine_work") for r in rows):
+    def measured(work, figure):
+        """The figure's entry where validate measured it, else None."""
+        entry = work.get(figure)
+        return entry if entry and "measured" in entry else None
+
+    if not any(measured(r.get("engine_work", {}), "decode_step_s") for r in rows):
         return
     print()
-    print("| xPyD | req/s | prefill step time pred / meas (s) | error | decode step time pred / meas (s) | error | decode time between busy steps, meas (s) | prefilled on D pred / meas |")
+    print("| xPyD | req/s | prefill step time pred / meas (s) | error | decode step time pred / meas (s) | error | decode time between busy steps pred / meas (s) | prefilled on D pred / meas |")
     print("|---|---:|---|---:|---|---:|---|---|")
     step_err = {"prefill": [], "decode": []}
     held = []  # Indices of points whose every role's step time is within 5%.
@@ -74,7 +79,7 @@ def step_report(rows, ttft_err, tpot_err):
         work = r.get("engine_work", {})
         cells, worst = [], 0.0
         for role in ("prefill", "decode"):
-            s = work.get(f"{role}_step_s")
+            s = measured(work, f"{role}_step_s")
             if s is None:
                 cells.append("- | -")
                 continue
@@ -82,11 +87,14 @@ def step_report(rows, ttft_err, tpot_err):
             step_err[role].append(abs(e))
             worst = max(worst, abs(e))
             cells.append(f"{s['predicted']:.3g} / {s['measured']:.3g} | {e*100:+.0f}%")
-        gap = work.get("decode_gap_s")
-        cells.append(f"{gap['measured']:.3g}" if gap else "-")
-        local = work.get("decode_prefills")
+        gap = measured(work, "decode_gap_s")
+        if gap and "predicted" in gap:  # Validations before 2026-11-28 measured it only.
+            cells.append(f"{gap['predicted']:.3g} / {gap['measured']:.3g}")
+        else:
+            cells.append(f"- / {gap['measured']:.3g}" if gap else "-")
+        local = measured(work, "decode_prefills")
         cells.append(f"{local['predicted']:.0f} / {local['measured']:.0f}" if local else "-")
-        if work and worst <= 0.05:
+        if measured(work, "decode_step_s") and worst <= 0.05:
             held.append(i)
         print(f"| {r['config']} | {r['rate']:g} | " + " | ".join(cells) + " |")
     print()

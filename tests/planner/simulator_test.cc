@@ -269,6 +269,10 @@ TEST(SimulatorTest, SumsEachRolesStepTimes) {
   EXPECT_EQ(disaggregated->decode_step_sequences, 2);  // One sequence each.
   EXPECT_NEAR(disaggregated->records[0].token_s.back() - disaggregated->records[0].token_s[0],
               2 * (1.0 + 0.01 + 0.5), 1e-9);
+  // The second decode step follows the first with nothing else to do: the
+  // first's streaming is the time between them (the first follows the KV's
+  // landing, not a step).
+  EXPECT_NEAR(disaggregated->decode_gap_s, 0.5, 1e-9);
   absl::StatusOr<Simulation> colocated = Simulate(p, Shape(0, 1), w);
   ASSERT_TRUE(colocated.ok()) << colocated.status();
   // The decode worker prefills too (no push), then decodes the same two.
@@ -276,6 +280,8 @@ TEST(SimulatorTest, SumsEachRolesStepTimes) {
   EXPECT_NEAR(colocated->decode_step_s, 3 * 1.0 + 40 * 0.01 + 2 * (1.0 + 0.01), 1e-9);
   EXPECT_EQ(colocated->decode_steps, 5);
   EXPECT_EQ(colocated->decode_step_sequences, 5);
+  // Five steps back to back: four gaps of its streaming.
+  EXPECT_NEAR(colocated->decode_gap_s, 4 * 0.5, 1e-9);
 
   // A busy prefill worker's engine runs 1.5x its step model: its steps
   // cost that much (not their push), and the first token comes that much

@@ -64,7 +64,9 @@ attempt() {  # attempt N: profile into $work/N, then validate.
 # 2x of the measurement, or up to 2 / share over it under a CPU share (a
 # wrong metric or unit is 1000x off; the real error is in the table); and
 # on 1P1D the count of prompts prefilled on the decode worker, a whole
-# number no larger than the run's requests. Why 2 / share: the model's
+# number no larger than the run's requests; the decode steps a positive
+# whole number and the time between them predicted (not negative) and
+# measured. Why 2 / share: the model's
 # steps take their CPU over the share (docs/capacity_planning.md, "The
 # share as a slower CPU"), while a lightly loaded worker's short steps run
 # at full speed within its quota, up to 1 / share faster. A CI run on
@@ -83,6 +85,12 @@ for point in json.load(open(sys.argv[1])):
         s = work.get(f"{role}_step_s")
         if s is None or not s["measured"] > 0 or not 0.5 < s["predicted"] / s["measured"] < over:
             sys.exit(f"{where} {role} step time {s}")
+    steps = work.get("decode_steps", {}).get("measured_runs", [None])[0]
+    if steps is None or steps != int(steps) or not steps > 0:
+        sys.exit(f"{where} decode steps: {steps}")
+    gap = work.get("decode_gap_s", {})
+    if not (gap.get("predicted", -1) >= 0 and gap.get("measured", -1) >= 0):
+        sys.exit(f"{where} decode time between steps: {gap}")
     if not point["config"].startswith("0P"):
         n = work.get("decode_prefills", {}).get("measured_runs", [None])[0]
         if n is None or n != int(n) or not 0 <= n <= 60:
