@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/pdserve_client.h"
 #include "common/status_macros.h"
 #include "engine/generator.h"
@@ -579,21 +580,32 @@ absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid, const 
                                        const std::function<void(const std::string&)>& progress) {
   static_assert(kBusyPrompts % kBusyClients == 0);
   constexpr int32_t kPromptsEach = kBusyPrompts / kBusyClients;
-  progress(absl::StrFormat("serving costs: an engine busy with %d prompts of %d tokens",
-                           kBusyPrompts, prompt_tokens));
-  PD_ASSIGN_OR_RETURN(const ThreadsCpu start, ThreadsCpuSeconds(pid));
-  PD_RETURN_IF_ERROR(ConcurrentStreams(client, kBusyClients, kPromptsEach, prompt_tokens,
-                                       kBusyOutputTokens, prompts));
-  PD_ASSIGN_OR_RETURN(const ThreadsCpu end, ThreadsCpuSeconds(pid));
   const double predicted =
       kBusyPrompts * PrefillSeconds(profile, prompt_tokens) * profile.worker_cpus;
-  const double measured = end.engine - start.engine;
-  if (!(predicted > 0 && measured > 0)) {
-    return absl::InternalError(absl::StrFormat(
-        "the busy worker's engine ran %.3f CPU s where the step model gives %.3f",
-        measured, predicted));
+  std::vector<double> scales;
+  for (int32_t round = 1; round <= kBusyRounds; ++round) {
+    progress(absl::StrFormat("serving costs: an engine busy with %d prompts of %d tokens (%d of %d)",
+                             kBusyPrompts, prompt_tokens, round, kBusyRounds));
+    PD_ASSIGN_OR_RETURN(const ThreadsCpu start, ThreadsCpuSeconds(pid));
+    PD_RETURN_IF_ERROR(ConcurrentStreams(client, kBusyClients, kPromptsEach, prompt_tokens,
+                                         kBusyOutputTokens, prompts));
+    PD_ASSIGN_OR_RETURN(const ThreadsCpu end, ThreadsCpuSeconds(pid));
+    const double measured = end.engine - start.engine;
+    if (!(predicted > 0 && measured > 0)) {
+      return absl::InternalError(absl::StrFormat(
+          "the busy worker's engine ran %.3f CPU s where the step model gives %.3f",
+          measured, predicted));
+    }
+    scales.push_back(measured / predicted);
   }
-  return measured / predicted;
+  const double median = Percentile(scales, 50);
+  progress(absl::StrFormat("serving costs: engine busy scale x%s, median x%.3f",
+                           absl::StrJoin(scales, ", x",
+                                         [](std::string* out, double v) {
+                                           absl::StrAppendFormat(out, "%.3f", v);
+                                         }),
+                           median));
+  return median;
 }
 
 }  // namespace

@@ -159,10 +159,15 @@ struct ServingCostOptions {
 // kBusyClients clients send kBusyPrompts prompts of BusyPromptTokens
 // tokens (several quota periods each), 2 output tokens each, each client
 // its next prompt as soon as the last is answered. pd-plan validate's
-// drift check sends that load to each worker of the role it checks.
+// drift check sends that load to each worker of the role it checks. The
+// profile's scale is the median of kBusyRounds such loads, new prompts
+// each time: the scale multiplies every step of its role, and one of
+// three loads can be off (a prefill worker's x1.142, x1.006 and x1.010
+// in one profile; docs/capacity_planning.md run 22).
 inline constexpr int32_t kBusyClients = 2;
 inline constexpr int32_t kBusyPrompts = 16;
 inline constexpr int32_t kBusyOutputTokens = 2;
+inline constexpr int32_t kBusyRounds = 3;
 int32_t BusyPromptTokens(const ServingCostOptions& options, const Profile& profile);
 
 // Fills profile's colocated_first_token_s, disaggregated_first_token_s,
