@@ -584,8 +584,9 @@ absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid, const 
       kBusyPrompts * PrefillSeconds(profile, prompt_tokens) * profile.worker_cpus;
   std::vector<double> scales;
   for (int32_t round = 1; round <= kBusyRounds; ++round) {
-    progress(absl::StrFormat("serving costs: an engine busy with %d prompts of %d tokens (%d of %d)",
-                             kBusyPrompts, prompt_tokens, round, kBusyRounds));
+    progress(absl::StrFormat(
+        "serving costs: an engine busy with %d prompts of %d tokens (%d of %d)", kBusyPrompts,
+        prompt_tokens, round, kBusyRounds));
     PD_ASSIGN_OR_RETURN(const ThreadsCpu start, ThreadsCpuSeconds(pid));
     PD_RETURN_IF_ERROR(ConcurrentStreams(client, kBusyClients, kPromptsEach, prompt_tokens,
                                          kBusyOutputTokens, prompts));
