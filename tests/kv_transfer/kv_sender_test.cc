@@ -407,7 +407,7 @@ TEST_F(SenderLanesTest, StalledDestinationDelaysOnlyItsOwnPushes) {
   // Rounds of pushes to the healthy destination, each round once with both
   // destinations running and once with the other stopped while a push to
   // it is under way: a load spike on the machine hits both alike.
-  constexpr int kRounds = 3;
+  constexpr int kRounds = 5;
   constexpr int kPushesPerRound = 10;
   constexpr absl::Duration kIoTimeout = absl::Seconds(4);
   std::unique_ptr<PeerProcess> healthy = StartPeer(), stalled = StartPeer();
@@ -448,9 +448,11 @@ TEST_F(SenderLanesTest, StalledDestinationDelaysOnlyItsOwnPushes) {
   }
   const absl::Duration base_median = Median(baseline);
   const absl::Duration during_median = Median(during);
-  // Within 20%, plus 2 ms for a machine shared with other builds: a stall
-  // shared with the healthy destination costs seconds.
-  EXPECT_LE(during_median, base_median * 1.2 + absl::Milliseconds(2))
+  // A stall shared with the healthy destination costs it up to kIoTimeout
+  // (seconds) a push. The bound leaves room for the other tests ctest -j2
+  // runs beside this one: on a loaded CI machine a 3 ms baseline measured
+  // 8.8 ms during the stall, from load alone.
+  EXPECT_LE(during_median, base_median * 3 + absl::Milliseconds(20))
       << "baseline " << base_median << ", during the stall " << during_median;
   RecordProperty("baseline_median_us",
                  static_cast<int>(absl::ToInt64Microseconds(base_median)));
