@@ -1,5 +1,7 @@
 #include "engine/engine_loop.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -9,6 +11,16 @@
 #include "common/status_macros.h"
 
 namespace pdserve {
+namespace {
+
+// The calling thread's CPU time so far.
+absl::Duration ThreadCpuTime() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return absl::DurationFromTimespec(ts);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(
     const EngineConfig& config, absl::AnyInvocable<void(Generator&)> tick,
@@ -169,11 +181,14 @@ void EngineLoop::Run() {
       const int32_t running = generator_->num_running();
       const int64_t computed = generator_->computed_prompt_tokens();
       const absl::Time step_start = absl::Now();
+      const absl::Duration cpu_start = ThreadCpuTime();
       const absl::Status s = generator_->Step(events);
+      const absl::Duration cpu = ThreadCpuTime() - cpu_start;
       const absl::Time step_end = absl::Now();
       if (options_.on_step) {
         EngineStepStats stats{
             .duration = step_end - step_start,
+            .cpu = cpu,
             .running = running,
             .prompt_tokens = generator_->computed_prompt_tokens() - computed,
             .gap = busy_since_step ? std::optional(step_start - *busy_since_step)

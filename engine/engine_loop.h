@@ -49,6 +49,11 @@ struct EngineLoad {
 struct EngineStepStats {
   // Generator::Step's wall time.
   absl::Duration duration;
+  // The loop thread's CPU time inside Generator::Step
+  // (CLOCK_THREAD_CPUTIME_ID): with one compute thread (--num_threads=1)
+  // the step's whole CPU, with more the loop thread's part only. Under a
+  // CPU share the wall time holds the quota's waits too; this does not.
+  absl::Duration cpu;
   // Sequences in the step's batch: the most of those running before it,
   // after it, and those it sampled a token for (a prefill admitted and
   // finished within one step is counted by its token).

@@ -17,6 +17,13 @@ EngineMetrics::EngineMetrics(MetricsRegistry* registry,
                        step == "batch" ? "a prefill batch" : "a decode step",
                        ": one forward pass over the running batch)."),
           ExponentialBuckets(0.0005, 2, 16))),
+      step_cpu_seconds_(registry->AddHistogram(
+          absl::StrCat(prefix, "_", step, "_cpu_seconds"),
+          "CPU time of the engine's loop thread inside one engine step: with "
+          "--num_threads=1 the step's whole CPU, with more the loop thread's "
+          "part. Under a CPU share the step's wall time also holds the "
+          "quota's waits; this does not.",
+          ExponentialBuckets(0.0005, 2, 16))),
       step_gap_seconds_(registry->AddHistogram(
           absl::StrCat(prefix, "_", step, "_gap_seconds"),
           "Wall time from one engine step's end to the next one's start while "
@@ -39,6 +46,7 @@ EngineMetrics::EngineMetrics(MetricsRegistry* registry,
 
 void EngineMetrics::OnStep(const EngineStepStats& stats) {
   step_seconds_->ObserveDuration(stats.duration);
+  step_cpu_seconds_->ObserveDuration(stats.cpu);
   if (stats.gap) step_gap_seconds_->ObserveDuration(*stats.gap);
   batch_size_->Observe(stats.running);
   generated_tokens_->Increment(stats.generated_tokens);

@@ -25,6 +25,7 @@ class EngineMetrics {
  public:
   // Registers `<prefix>_<step>_seconds` (the step histogram: "step" on
   // decode, "batch" on prefill, where a step is a prefill batch),
+  // `<prefix>_<step>_cpu_seconds` (the loop thread's CPU in each),
   // `<prefix>_<step>_gap_seconds` (between back-to-back steps),
   // `<prefix>_batch_size`, `<prefix>_generated_tokens_total` and
   // `<prefix>_computed_prompt_tokens_total` in `registry`.
@@ -50,6 +51,7 @@ class EngineMetrics {
   MetricsRegistry* const registry_;
   const std::string prefix_;
   Histogram* const step_seconds_;
+  Histogram* const step_cpu_seconds_;
   Histogram* const step_gap_seconds_;
   Histogram* const batch_size_;
   Counter* const generated_tokens_;

@@ -115,6 +115,7 @@ TEST(EngineLoopTest, DestructionCancelsSubscribedRequests) {
 
 // The gap between back-to-back steps holds what the loop does between
 // them: here each token's sink sleeps 5 ms (sinks run on the loop thread).
+// Each step's CPU time is the loop thread's, inside the step.
 // A request that finds the loop idle starts a step that is not back to
 // back.
 TEST(EngineLoopTest, StepGapCountsTheLoopsWorkBetweenBackToBackSteps) {
@@ -149,6 +150,9 @@ TEST(EngineLoopTest, StepGapCountsTheLoopsWorkBetweenBackToBackSteps) {
   for (size_t i = 0; i < steps.size(); ++i) {
     SCOPED_TRACE(i);
     const bool first_of_request = i % 4 == 0;
+    // The loop thread's CPU in the step, read within its wall time.
+    EXPECT_GT(steps[i].cpu, absl::ZeroDuration());
+    EXPECT_LE(steps[i].cpu, steps[i].duration);
     EXPECT_EQ(steps[i].gap.has_value(), !first_of_request);
     if (!first_of_request && steps[i].gap) {
       EXPECT_GE(*steps[i].gap, kSinkTime);
