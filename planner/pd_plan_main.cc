@@ -363,12 +363,14 @@ absl::Status RunProfile() {
       "| decode step overhead | %.1f us + %.1f us per sequence |\n"
       "| prefill worker's serving threads | %.1f us per request + %.1f us per KV MiB |\n"
       "| decode worker's serving threads | %.1f us per token streamed |\n"
-      "| engine when busy, prefill / decode worker | x %.3f / x %.3f the step model |\n",
+      "| engine when busy, prefill / decode worker | x %.3f / x %.3f the step model |\n"
+      "| decode worker's decode batches | x %.3f the step model |\n",
       p.colocated_first_token_s * 1e3, p.disaggregated_first_token_s * 1e3,
       p.token_delivery_s * 1e3, p.disaggregated_token_delivery_s * 1e3,
       p.decode_step_overhead_s * 1e6, p.decode_sequence_overhead_s * 1e6,
       p.prefill_cpu_per_request_s * 1e6, p.prefill_cpu_per_kv_byte_s * 1e6 * (1 << 20),
-      p.decode_cpu_per_token_s * 1e6, p.prefill_engine_scale, p.decode_engine_scale);
+      p.decode_cpu_per_token_s * 1e6, p.prefill_engine_scale, p.decode_engine_scale,
+      p.decode_batch_scale);
   if (const std::string warning = ProfileSpeedWarning(p); !warning.empty()) {
     std::cout << "\nWarning: " << warning << "\n";
   }
@@ -713,6 +715,10 @@ struct EngineWork {
   double decode_steps = 0;
   double decode_step_sequences = 0;
   double decode_prefills = 0;
+  // The decode workers' engine CPU in their steps
+  // (pdserve_decode_step_cpu_seconds): beside decode_s, what the quota's
+  // waits added.
+  double decode_cpu_s = 0;
 };
 
 // The engine step time summed by role (their step-time histograms' sums; a
@@ -738,11 +744,13 @@ absl::StatusOr<EngineWork> MeasuredEngineWork(const ClusterLauncher& cluster,
                                            {"pdserve_decode_step_seconds_sum",
                                             "pdserve_decode_step_gap_seconds_sum",
                                             "pdserve_decode_batch_size_count",
-                                            "pdserve_decode_batch_size_sum"}));
+                                            "pdserve_decode_batch_size_sum",
+                                            "pdserve_decode_step_cpu_seconds_sum"}));
     t.decode_s += sums[0];
     t.decode_gap_s += sums[1];
     t.decode_steps += sums[2];
     t.decode_step_sequences += sums[3];
+    t.decode_cpu_s += sums[4];
   }
   return t;
 }
@@ -808,7 +816,7 @@ void EarlierEngineWork(const nlohmann::json& earlier, const std::string& config,
                        int32_t concurrency, std::vector<double>& prefill_s,
                        std::vector<double>& decode_s, std::vector<double>& decode_gap_s,
                        std::vector<double>& decode_steps, std::vector<double>& decode_batch,
-                       std::vector<double>& decode_prefills) {
+                       std::vector<double>& decode_prefills, std::vector<double>& decode_cpu_s) {
   const nlohmann::json* row = EarlierPoint(earlier, config, rate, concurrency);
   if (row == nullptr || !row->contains("engine_work") || !(*row)["engine_work"].is_object()) {
     return;
@@ -818,7 +826,8 @@ void EarlierEngineWork(const nlohmann::json& earlier, const std::string& config,
        {std::pair{"prefill_step_s", &prefill_s}, std::pair{"decode_step_s", &decode_s},
         std::pair{"decode_gap_s", &decode_gap_s}, std::pair{"decode_steps", &decode_steps},
         std::pair{"decode_batch", &decode_batch},
-        std::pair{"decode_prefills", &decode_prefills}}) {
+        std::pair{"decode_prefills", &decode_prefills},
+        std::pair{"decode_step_cpu_s", &decode_cpu_s}}) {
     if (!work.contains(figure) || !work[figure].is_object() ||
         !work[figure].contains("measured_runs") || !work[figure]["measured_runs"].is_array()) {
       continue;
@@ -910,7 +919,7 @@ absl::Status RunValidate() {
       // Each run's engine step time, prefill and decode workers', and its
       // prompts prefilled on a decode worker.
       std::vector<double> prefill_step_runs, decode_step_runs, decode_gap_runs,
-          decode_steps_runs, decode_batch_runs, decode_prefill_runs;
+          decode_steps_runs, decode_batch_runs, decode_prefill_runs, decode_cpu_runs;
       if (load_target != nullptr) {
         for (int32_t k = 1; k <= absl::GetFlag(FLAGS_repeats); ++k) {
           PD_ASSIGN_OR_RETURN(const EngineWork before, MeasuredEngineWork(*cluster, shape));
@@ -936,6 +945,7 @@ absl::Status RunValidate() {
               steps > 0 ? (after.decode_step_sequences - before.decode_step_sequences) / steps
                         : 0);
           decode_prefill_runs.push_back(after.decode_prefills - before.decode_prefills);
+          decode_cpu_runs.push_back(after.decode_cpu_s - before.decode_cpu_s);
           runs.push_back(Summarize(measured.records, spec.OptionsFor(measured.records)));
           PD_RETURN_IF_ERROR(
               WriteRunRecords(shape.Name(), level, MeasuredKind(k), measured.records));
@@ -948,7 +958,7 @@ absl::Status RunValidate() {
         }
         EarlierEngineWork(earlier, shape.Name(), rate, level.concurrency, prefill_step_runs,
                           decode_step_runs, decode_gap_runs, decode_steps_runs, decode_batch_runs,
-                          decode_prefill_runs);
+                          decode_prefill_runs, decode_cpu_runs);
       }
       const Summary m = MedianSummary(runs);
       measured_points.push_back({.rate = rate, .concurrency = level.concurrency, .summary = m});
@@ -991,8 +1001,10 @@ absl::Status RunValidate() {
       // The engines' step time, predicted and measured: how far the step
       // model (and the machine's speed) held during the runs, apart from
       // the queueing that the figures above add to it; the decode steps'
-      // mean batch; the prompts the router had decode workers prefill; and
-      // the decode engines' time between back-to-back steps. Not checked.
+      // mean batch; the prompts the router had decode workers prefill; the
+      // decode engines' time between back-to-back steps; and their CPU in
+      // their steps, which the step time holds with the quota's waits. Not
+      // checked.
       nlohmann::json engine_work = nlohmann::json::object();
       struct Work {
         const char* figure;
@@ -1008,6 +1020,10 @@ absl::Status RunValidate() {
       }
       work.push_back({"decode_step_s", "decode engine step time (s)", simulation.decode_step_s,
                       &decode_step_runs});
+      // The simulator takes a step's time as its CPU over the share.
+      work.push_back({"decode_step_cpu_s", "decode engine CPU in its steps (s)",
+                      simulation.decode_step_s * (now.worker_cpus > 0 ? now.worker_cpus : 1),
+                      &decode_cpu_runs});
       work.push_back({"decode_gap_s", "decode engine time between back-to-back steps (s)",
                       simulation.decode_gap_s, &decode_gap_runs});
       work.push_back({"decode_steps", "decode steps", static_cast<double>(simulation.decode_steps),

@@ -106,6 +106,7 @@ Profile WithDrift(Profile p, double prefill, double decode) {
   p.prefill_cpu_per_request_s *= prefill;
   p.prefill_cpu_per_kv_byte_s *= prefill;
   p.decode_engine_scale *= decode;
+  p.decode_batch_scale *= decode;
   p.decode_step_overhead_s *= decode;
   p.decode_sequence_overhead_s *= decode;
   p.decode_cpu_per_token_s *= decode;
@@ -180,7 +181,8 @@ absl::Status ValidateProfile(const Profile& p) {
     return FieldError("probe_ratio", "must be a positive number");
   }
   for (const auto& [name, scale] : {std::pair{"prefill_engine_scale", p.prefill_engine_scale},
-                                     std::pair{"decode_engine_scale", p.decode_engine_scale}}) {
+                                     std::pair{"decode_engine_scale", p.decode_engine_scale},
+                                     std::pair{"decode_batch_scale", p.decode_batch_scale}}) {
     if (!(std::isfinite(scale) && scale > 0)) return FieldError(name, "must be a positive number");
   }
   for (size_t i = 0; i < p.transfers.size(); ++i) {
@@ -244,6 +246,7 @@ nlohmann::json ToJson(const Profile& p) {
       {"decode_cpu_per_token_s", p.decode_cpu_per_token_s},
       {"prefill_engine_scale", p.prefill_engine_scale},
       {"decode_engine_scale", p.decode_engine_scale},
+      {"decode_batch_scale", p.decode_batch_scale},
       {"poll_interval_s", p.poll_interval_s},
       {"probe_ratio", p.probe_ratio},
   };
@@ -308,6 +311,7 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j) {
   PD_RETURN_IF_ERROR(
       ReadDouble(j, "", "prefill_engine_scale", p.prefill_engine_scale));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "decode_engine_scale", p.decode_engine_scale));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "", "decode_batch_scale", p.decode_batch_scale));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "poll_interval_s", p.poll_interval_s));
   PD_RETURN_IF_ERROR(ReadDouble(j, "", "probe_ratio", p.probe_ratio));
   PD_RETURN_IF_ERROR(ValidateProfile(p));

@@ -179,11 +179,18 @@ struct Profile {
   // (bench/prefill_engine_cpu.sh). 1 without a share.
   double prefill_engine_scale = 1;
   // The same of a decode worker's engine, kept busy with colocated prompts
-  // on a 0P1D cluster; the simulator multiplies a decode worker's step cost
-  // by it (its prefill chunks and its decode batches alike), and the decode
-  // step overheads and the colocated constants are fitted against the
-  // scaled steps. 1 without a share.
+  // on a 0P1D cluster; the simulator multiplies the cost of a decode
+  // worker's steps that compute prompt tokens by it, and the colocated
+  // constants are fitted against the scaled steps. 1 without a share.
   double decode_engine_scale = 1;
+  // The same of a disaggregated decode worker's engine over its decode
+  // batches alone (MeasureServingCosts: closed-loop streams on a 1P1D
+  // cluster); the simulator multiplies the cost of a decode worker's steps
+  // that compute no prompt token by it. Apart from decode_engine_scale
+  // since run 23 of docs/capacity_planning.md: a profile read x1.22 on
+  // colocated prompts, and run 22's decode-only workers stepped 33-120%
+  // faster than that scale predicted. 1 without a share.
+  double decode_batch_scale = 1;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
   // The drift probe (profiler.h DriftProbeOptions) run right after the

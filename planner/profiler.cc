@@ -611,6 +611,18 @@ absl::StatusOr<double> BusyEngineScale(GenerationClient& client, int pid, const 
 
 }  // namespace
 
+double MeanDecodeSteps(const StepCost& step, double steps, double tokens, double attention) {
+  if (!(steps > 0 && tokens >= steps)) return 0;
+  const double batch = tokens / steps;
+  const double context = attention / tokens;
+  const auto whole = static_cast<int64_t>(batch);
+  const double f = batch - static_cast<double>(whole);
+  auto at = [&](int64_t b) {
+    return step.Seconds(b, b, 0, static_cast<double>(b) * context);
+  };
+  return steps * ((1 - f) * at(whole) + (f > 0 ? f * at(whole + 1) : 0));
+}
+
 int32_t BusyPromptTokens(const ServingCostOptions& o, const Profile& profile) {
   return std::max(o.prompt_tokens + 1,
                   std::min(4 * o.prompt_tokens,
@@ -674,9 +686,9 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       link.latency_s + last_chunk * profile.kv_bytes_per_token / std::max(link.bytes_per_s, 1.0);
   // The longer prompts: several quota periods of prefill each.
   const int32_t long_prompt = BusyPromptTokens(o, profile);
-  // A decode worker's engine step, as the simulator costs it.
+  // A decode worker's decode step, as the simulator costs it.
   auto decode_engine = [&](int64_t b, double context) {
-    return profile.step.Seconds(b, b, 0, b * context) * profile.decode_engine_scale;
+    return profile.step.Seconds(b, b, 0, b * context) * profile.decode_batch_scale;
   };
   // With what its serving threads spend streaming the last step's tokens
   // (a busy worker pays it in its next step).
@@ -706,35 +718,77 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
   // worker's packing of several tokens into one message (a gap of 0)
   // pulled to nothing: 0 in runs 14 to 18, where the decode worker of
   // 2P1D spent 37-40% of its step time between steps
-  // (docs/capacity_planning.md run 18).
+  // (docs/capacity_planning.md run 18). The same streams give
+  // decode_batch_scale under a share: the worker's CPU in its steps over
+  // the step model's for them. A colocated worker's busy scale, applied to
+  // decode batches until run 23, put them 18% over the model where these
+  // came to 4% (runs 22 and 23).
   {
     progress("serving costs: decode overheads on a 1P1D cluster");
     PD_ASSIGN_OR_RETURN(ProfiledCluster c, StartCluster(o.launch, 1));
     GenerationClient& client = *c.client;
-    // {sum, count} of the gap histogram.
-    auto gaps_so_far = [&] {
-      return c.cluster->MetricSums("decode-0", {"pdserve_decode_step_gap_seconds_sum",
-                                                "pdserve_decode_step_gap_seconds_count"});
+    // The gap histogram's {sum, count}, the step CPU histogram's, and
+    // the tokens generated.
+    auto so_far = [&] {
+      return c.cluster->MetricSums(
+          "decode-0",
+          {"pdserve_decode_step_gap_seconds_sum", "pdserve_decode_step_gap_seconds_count",
+           "pdserve_decode_step_cpu_seconds_sum", "pdserve_decode_step_cpu_seconds_count",
+           "pdserve_decode_generated_tokens_total"});
     };
+    const int32_t output_tokens = o.output_tokens * 2;
     std::vector<std::vector<double>> a;
     std::vector<double> y;
+    // The decode worker's step CPU and what the step model gives for the
+    // same steps (at their mean batch and context), for
+    // decode_batch_scale.
+    double step_cpu = 0, model_cpu = 0;
+    std::vector<std::string> ratios;
     for (int32_t b : o.batches) {
       progress(absl::StrFormat("serving costs: %d concurrent streams", b));
-      PD_ASSIGN_OR_RETURN(const auto before, gaps_so_far());
+      PD_ASSIGN_OR_RETURN(const auto before, so_far());
       PD_RETURN_IF_ERROR(
-          ConcurrentStreams(client, b, 3, o.prompt_tokens, o.output_tokens * 2, prompts));
-      PD_ASSIGN_OR_RETURN(const auto after, gaps_so_far());
-      const double steps = after[1] - before[1];
-      if (steps < 1) {
+          ConcurrentStreams(client, b, 3, o.prompt_tokens, output_tokens, prompts));
+      PD_ASSIGN_OR_RETURN(const auto after, so_far());
+      const double gap_steps = after[1] - before[1];
+      if (gap_steps < 1) {
         return absl::InternalError(absl::StrFormat(
             "the decode worker reported no back-to-back steps for %d streams", b));
       }
       a.push_back({1.0, static_cast<double>(b)});
-      y.push_back((after[0] - before[0]) / steps);
+      y.push_back((after[0] - before[0]) / gap_steps);
+      // Each request's decode steps compute its first to its last but one
+      // token, at contexts prompt + 1 to prompt + output - 1: a mean of
+      // prompt + output / 2 KV tokens read a token.
+      const double steps = after[3] - before[3];
+      const double tokens = after[4] - before[4];
+      // The step model gives a step's CPU over the share (all of a CPU
+      // without one).
+      const double context = o.prompt_tokens + output_tokens / 2.0;
+      const double model = MeanDecodeSteps(profile.step, steps, tokens, tokens * context) *
+                           (profile.worker_cpus > 0 ? profile.worker_cpus : 1);
+      if (!(model > 0)) {
+        return absl::InternalError(absl::StrFormat(
+            "the decode worker reported %g steps and %g tokens for %d streams", steps, tokens, b));
+      }
+      step_cpu += after[2] - before[2];
+      model_cpu += model;
+      ratios.push_back(absl::StrFormat("%d streams x%.3f", b, (after[2] - before[2]) / model));
     }
     const std::vector<double> x = NonNegativeLeastSquares(a, y);
     profile.decode_step_overhead_s = x[0];
     profile.decode_sequence_overhead_s = x[1];
+    // The step CPU is the engine loop thread's (pdserve_decode_step_cpu_seconds):
+    // all of it with one compute thread only.
+    if (profile.worker_cpus > 0 && profile.threads == 1) {
+      profile.decode_batch_scale = step_cpu / model_cpu;
+      progress(absl::StrFormat("serving costs: decode batches' CPU over the step model: %s; x%.3f",
+                               absl::StrJoin(ratios, ", "), profile.decode_batch_scale));
+    } else if (profile.worker_cpus > 0) {
+      profile.decode_batch_scale = profile.decode_engine_scale;
+      progress("serving costs: decode batches take the colocated busy scale (the step CPU "
+               "metric holds one compute thread of several)");
+    }
 
     // The decode worker's serving threads' CPU per token streamed: the
     // same streams at two output lengths, their CPU (less the idle rate)

@@ -170,6 +170,12 @@ inline constexpr int32_t kBusyOutputTokens = 2;
 inline constexpr int32_t kBusyRounds = 3;
 int32_t BusyPromptTokens(const ServingCostOptions& options, const Profile& profile);
 
+// What `step` gives for `steps` decode steps that computed `tokens` tokens
+// reading `attention` KV tokens in all: as many steps at their mean batch
+// (the model taken linearly between the whole batches around it) and
+// context. 0 unless steps > 0 and tokens >= steps.
+double MeanDecodeSteps(const StepCost& step, double steps, double tokens, double attention);
+
 // Fills profile's colocated_first_token_s, disaggregated_first_token_s,
 // token_delivery_s, disaggregated_token_delivery_s (medians), the decode
 // step overheads (least squares) and, under a CPU share, the prefill
@@ -177,9 +183,11 @@ int32_t BusyPromptTokens(const ServingCostOptions& options, const Profile& profi
 // `requests` prompts of prompt_tokens and as many up to 4x as long) and its
 // engine's CPU over the step cost's when kept busy with the longer prompts
 // (prefill_engine_scale), and the same of a colocated decode worker
-// (decode_engine_scale, measured first: the decode overheads and the
-// colocated constants are fitted against its scaled steps; both 1 without
-// a share), given
+// (decode_engine_scale, measured first: the colocated constants are fitted
+// against its scaled prefill) and of the 1P1D cluster's decode worker over
+// its decode steps under the closed-loop batches (decode_batch_scale, from
+// its pdserve_decode_step_cpu_seconds: the disaggregated constants are
+// fitted against its scaled steps; all 1 without a share), given
 // its engine fields, step cost, kv_bytes_per_token, max_context and
 // transfers (the first is the clusters' transport, tcp).
 absl::Status MeasureServingCosts(const ServingCostOptions& options, Profile& profile);

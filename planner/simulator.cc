@@ -474,7 +474,8 @@ class ClusterSimulation {
       step += StepPushBytes(w) * profile_.prefill_cpu_per_kv_byte_s;
       result_.prefill_step_s += step;
     } else {
-      step *= profile_.decode_engine_scale;
+      // A prefill chunk has attention pairs; a decode batch has none.
+      step *= shape.attention > 0 ? profile_.decode_engine_scale : profile_.decode_batch_scale;
       result_.decode_step_s += step;
       ++result_.decode_steps;
       result_.decode_step_sequences += shape.sequences;

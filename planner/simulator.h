@@ -37,7 +37,9 @@
 //                worker's next step takes that on top of its own, less what
 //                the engine's idle time since has left to the threads;
 //   step cost    a worker's step costs the step model's time times its
-//                role's Profile::prefill_engine_scale or decode_engine_scale
+//                role's Profile::prefill_engine_scale, or on a decode
+//                worker decode_engine_scale for a step that computes prompt
+//                tokens and decode_batch_scale for one that only decodes
 //                (its engine's CPU over the model's, measured on a busy
 //                serving worker);
 //   the stream is in order (no token before the one before it), and the
@@ -49,9 +51,10 @@
 // own RoutingPolicy. What the model leaves out or simplifies:
 //   - Step cost is the fitted linear model, whatever the batch's shape
 //     beyond its terms; no noise. A serving worker's engine is calibrated
-//     by one constant factor per role, measured on long prompts at one
-//     load, whatever its neighbours do then; a decode worker's decode
-//     batches get the factor of its prefill chunks. No other interference
+//     by constant factors, measured at one load each (a prefill worker's
+//     and a colocated decode worker's on long prompts, a disaggregated
+//     decode worker's decode batches on closed-loop streams), whatever its
+//     neighbours do then. No other interference
 //     between workers sharing a machine (CPU cores, caches, memory
 //     bandwidth).
 //   - The fixed serving costs (Profile's *_s fields) are constants added

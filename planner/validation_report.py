@@ -58,7 +58,9 @@ def drift_report(rows, configs):
 
 def step_report(rows, ttft_err, tpot_err):
     """The engines' step time per point, predicted and measured, the
-    decode engines' time between back-to-back steps and the prompts
+    decode engines' CPU in their steps (validate runs that recorded it: the
+    step time less the CPU share's waits), their time between back-to-back
+    steps and the prompts
     prefilled on decode workers (validate runs that recorded them);
     then the latency errors where the step time held: what is left there is
     the model's queueing, routing and serving, not the machine's speed
@@ -71,9 +73,10 @@ def step_report(rows, ttft_err, tpot_err):
     if not any(measured(r.get("engine_work", {}), "decode_step_s") for r in rows):
         return
     print()
-    print("| xPyD | req/s | prefill step time pred / meas (s) | error | decode step time pred / meas (s) | error | decode time between busy steps pred / meas (s) | prefilled on D pred / meas |")
-    print("|---|---:|---|---:|---|---:|---|---|")
+    print("| xPyD | req/s | prefill step time pred / meas (s) | error | decode step time pred / meas (s) | error | decode CPU in steps pred / meas (s) | error | decode time between busy steps pred / meas (s) | prefilled on D pred / meas |")
+    print("|---|---:|---|---:|---|---:|---|---:|---|---|")
     step_err = {"prefill": [], "decode": []}
+    cpu_err = []
     held = []  # Indices of points whose every role's step time is within 5%.
     for i, r in enumerate(rows):
         work = r.get("engine_work", {})
@@ -87,6 +90,13 @@ def step_report(rows, ttft_err, tpot_err):
             step_err[role].append(abs(e))
             worst = max(worst, abs(e))
             cells.append(f"{s['predicted']:.3g} / {s['measured']:.3g} | {e*100:+.0f}%")
+        cpu = measured(work, "decode_step_cpu_s")
+        if cpu and cpu["measured"] > 0:
+            e = err(cpu["predicted"], cpu["measured"])
+            cpu_err.append(abs(e))
+            cells.append(f"{cpu['predicted']:.3g} / {cpu['measured']:.3g} | {e*100:+.0f}%")
+        else:
+            cells.append("- | -")
         gap = measured(work, "decode_gap_s")
         if gap and "predicted" in gap:  # Validations before 2026-11-28 measured it only.
             cells.append(f"{gap['predicted']:.3g} / {gap['measured']:.3g}")
@@ -101,6 +111,9 @@ def step_report(rows, ttft_err, tpot_err):
     parts = [f"{role} median {statistics.median(e)*100:.0f}% over {len(e)} points"
              for role, e in step_err.items() if e]
     line = "Engine step time |error|: " + "; ".join(parts) + "."
+    if cpu_err:
+        line += (f" Decode engines' CPU in their steps |error|: median "
+                 f"{statistics.median(cpu_err)*100:.0f}% over {len(cpu_err)} points.")
     if held:
         t = [ttft_err[i] for i in held]
         p = [tpot_err[i] for i in held]

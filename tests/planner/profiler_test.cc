@@ -277,6 +277,7 @@ TEST(WithDriftTest, ScalesEachRolesCpuCostsOnly) {
   p.step = {.base_s = 1, .per_token_s = 2};
   p.prefill_engine_scale = 1.1;
   p.decode_engine_scale = 0.9;
+  p.decode_batch_scale = 0.8;
   p.decode_step_overhead_s = 6;
   p.decode_sequence_overhead_s = 7;
   p.prefill_cpu_per_request_s = 12;
@@ -290,6 +291,7 @@ TEST(WithDriftTest, ScalesEachRolesCpuCostsOnly) {
   EXPECT_DOUBLE_EQ(q.prefill_cpu_per_request_s, 18);
   EXPECT_DOUBLE_EQ(q.prefill_cpu_per_kv_byte_s, 19.5);
   EXPECT_DOUBLE_EQ(q.decode_engine_scale, 1.8);
+  EXPECT_DOUBLE_EQ(q.decode_batch_scale, 1.6);
   EXPECT_DOUBLE_EQ(q.decode_step_overhead_s, 12);
   EXPECT_DOUBLE_EQ(q.decode_sequence_overhead_s, 14);
   EXPECT_DOUBLE_EQ(q.decode_cpu_per_token_s, 6);
@@ -300,6 +302,22 @@ TEST(WithDriftTest, ScalesEachRolesCpuCostsOnly) {
   EXPECT_DOUBLE_EQ(q.token_delivery_s, 9);
   EXPECT_DOUBLE_EQ(q.transfers[0].latency_s, 10);
   EXPECT_DOUBLE_EQ(q.transfers[0].bytes_per_s, 11);
+}
+
+// Steps at a mean batch between two whole ones take the step model
+// linearly between them, at the mean context: worked by hand.
+TEST(MeanDecodeStepsTest, TakesTheModelAtTheStepsMeanBatchAndContext) {
+  StepCost step{.per_decode_attention_s = 0.1, .dense_tokens = {1, 2, 4}, .dense_s = {1, 2, 6}};
+  // 4 steps of 6 tokens (1.5 a step) at 10 KV tokens a token: a step of 1
+  // costs 1 + 0.1 * 10 = 2, one of 2 costs 2 + 0.1 * 20 = 4; halfway, 3.
+  EXPECT_DOUBLE_EQ(MeanDecodeSteps(step, 4, 6, 60), 4 * 3.0);
+  // 2 steps of 4 tokens at 5 KV tokens: 6 + 0.1 * 20 = 8 each.
+  EXPECT_DOUBLE_EQ(MeanDecodeSteps(step, 2, 8, 40), 2 * 8.0);
+  // Beyond the table, along its last segment (dense 8 at 5 tokens).
+  EXPECT_DOUBLE_EQ(MeanDecodeSteps(step, 1, 5, 0), 8.0);
+  // No steps, or fewer tokens than steps: nothing to take.
+  EXPECT_EQ(MeanDecodeSteps(step, 0, 6, 60), 0);
+  EXPECT_EQ(MeanDecodeSteps(step, 4, 3, 60), 0);
 }
 
 TEST(CoreCacheBytesTest, IsTheL2ThatSysfsLists) {

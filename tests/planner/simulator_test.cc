@@ -297,18 +297,30 @@ TEST(SimulatorTest, SumsEachRolesStepTimes) {
   ASSERT_TRUE(slow_colocated.ok()) << slow_colocated.status();
   EXPECT_NEAR(slow_colocated->decode_step_s, colocated->decode_step_s, 1e-9);
 
-  // A decode worker's at 2x: all its steps, prefill chunks included, and
-  // not its streaming overhead; the prefill worker's stay.
+  // A decode worker's at 2x on prompts: its prefill chunks only, so the
+  // disaggregated decode worker's steps stay.
   p.decode_engine_scale = 2;
   absl::StatusOr<Simulation> slow_decode = Simulate(p, shape, w);
   ASSERT_TRUE(slow_decode.ok()) << slow_decode.status();
   EXPECT_NEAR(slow_decode->prefill_step_s, slow->prefill_step_s, 1e-9);
-  EXPECT_NEAR(slow_decode->decode_step_s, 2 * 2 * (1.0 + 0.01), 1e-9);
-  EXPECT_NEAR(slow_decode->records[0].token_s.back() - slow_decode->records[0].token_s[0],
-              2 * (2 * (1.0 + 0.01) + 0.5), 1e-9);
+  EXPECT_NEAR(slow_decode->decode_step_s, disaggregated->decode_step_s, 1e-9);
   slow_colocated = Simulate(p, Shape(0, 1), w);
   ASSERT_TRUE(slow_colocated.ok()) << slow_colocated.status();
-  EXPECT_NEAR(slow_colocated->decode_step_s, 2 * colocated->decode_step_s, 1e-9);
+  EXPECT_NEAR(slow_colocated->decode_step_s, 2 * (3 * 1.0 + 40 * 0.01) + 2 * (1.0 + 0.01), 1e-9);
+
+  // And at 3x on decode batches: the steps that only decode, not its
+  // streaming overhead; the prefill worker's stay.
+  p.decode_batch_scale = 3;
+  slow_decode = Simulate(p, shape, w);
+  ASSERT_TRUE(slow_decode.ok()) << slow_decode.status();
+  EXPECT_NEAR(slow_decode->prefill_step_s, slow->prefill_step_s, 1e-9);
+  EXPECT_NEAR(slow_decode->decode_step_s, 3 * 2 * (1.0 + 0.01), 1e-9);
+  EXPECT_NEAR(slow_decode->records[0].token_s.back() - slow_decode->records[0].token_s[0],
+              2 * (3 * (1.0 + 0.01) + 0.5), 1e-9);
+  slow_colocated = Simulate(p, Shape(0, 1), w);
+  ASSERT_TRUE(slow_colocated.ok()) << slow_colocated.status();
+  EXPECT_NEAR(slow_colocated->decode_step_s,
+              2 * (3 * 1.0 + 40 * 0.01) + 3 * 2 * (1.0 + 0.01), 1e-9);
 }
 
 TEST(SimulatorTest, ConcurrencyNeverExceedsWhatTheDecodePoolHolds) {
@@ -654,6 +666,7 @@ Profile FullProfile() {
   p.decode_cpu_per_token_s = 1.4e-4;
   p.prefill_engine_scale = 1.08;
   p.decode_engine_scale = 1.04;
+  p.decode_batch_scale = 0.97;
   p.poll_interval_s = 0.05;
   p.probe_ratio = 1.07;
   return p;
@@ -676,6 +689,7 @@ void ExpectSameProfile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.probe_ratio, b.probe_ratio);
   EXPECT_EQ(a.prefill_engine_scale, b.prefill_engine_scale);
   EXPECT_EQ(a.decode_engine_scale, b.decode_engine_scale);
+  EXPECT_EQ(a.decode_batch_scale, b.decode_batch_scale);
 }
 
 TEST(ProfileTest, WarnsWhenTheMachinesSpeedChangedWhileProfiling) {
@@ -760,6 +774,7 @@ TEST(ProfileTest, BadFieldsAreNamed) {
       {"/probe_ratio", -1, "'probe_ratio' must be a positive number"},
       {"/prefill_engine_scale", 0, "'prefill_engine_scale' must be a positive number"},
       {"/decode_engine_scale", -1, "'decode_engine_scale' must be a positive number"},
+      {"/decode_batch_scale", 0, "'decode_batch_scale' must be a positive number"},
       {"/prefill_cpu_per_kv_byte_s", -1e-9,
        "'prefill_cpu_per_kv_byte_s' must be a non-negative number"},
       {"/decode_cpu_per_token_s", -1e-9, "'decode_cpu_per_token_s' must be a non-negative number"},
@@ -778,7 +793,8 @@ TEST(ProfileTest, BadFieldsAreNamed) {
   for (const char* field : {"token_delivery_s", "machine", "transfers", "probe_ratio",
                             "prefill_cpu_per_request_s", "decode_cpu_per_token_s",
                             "disaggregated_token_delivery_s",
-                            "prefill_engine_scale", "decode_engine_scale"}) {
+                            "prefill_engine_scale", "decode_engine_scale",
+                            "decode_batch_scale"}) {
     nlohmann::json j = ToJson(FullProfile());
     j.erase(field);
     absl::StatusOr<Profile> p = ProfileFromJson(j);

@@ -66,7 +66,10 @@ attempt() {  # attempt N: profile into $work/N, then validate.
 # on 1P1D the count of prompts prefilled on the decode worker, a whole
 # number no larger than the run's requests; the decode steps a positive
 # whole number and the time between them predicted (not negative) and
-# measured. Why 2 / share: the model's
+# measured; and the decode engines' CPU in their steps measured, no more
+# than the steps' wall time (the loop thread's CPU inside them), and the
+# prediction within 3x of it (it holds no quota's waits, hence no
+# 2 / share). Why 2 / share: the model's
 # steps take their CPU over the share (docs/capacity_planning.md, "The
 # share as a slower CPU"), while a lightly loaded worker's short steps run
 # at full speed within its quota, up to 1 / share faster. A CI run on
@@ -91,6 +94,9 @@ for point in json.load(open(sys.argv[1])):
     gap = work.get("decode_gap_s", {})
     if not (gap.get("predicted", -1) >= 0 and gap.get("measured", -1) >= 0):
         sys.exit(f"{where} decode time between steps: {gap}")
+    cpu, wall = work.get("decode_step_cpu_s", {}), work["decode_step_s"]["measured"]
+    if not (0 < cpu.get("measured", 0) <= wall and 1 / 3 < cpu["predicted"] / cpu["measured"] < 3):
+        sys.exit(f"{where} decode steps' CPU {cpu}, their wall time {wall}")
     if not point["config"].startswith("0P"):
         n = work.get("decode_prefills", {}).get("measured_runs", [None])[0]
         if n is None or n != int(n) or not 0 <= n <= 60:
