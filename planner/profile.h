@@ -187,9 +187,11 @@ struct Profile {
   // batches alone (MeasureServingCosts: closed-loop streams on a 1P1D
   // cluster); the simulator multiplies the cost of a decode worker's steps
   // that compute no prompt token by it. Apart from decode_engine_scale
-  // since run 23 of docs/capacity_planning.md: a profile read x1.22 on
-  // colocated prompts, and run 22's decode-only workers stepped 33-120%
-  // faster than that scale predicted. 1 without a share.
+  // since run 23 of docs/capacity_planning.md: run 22's decode-only
+  // workers stepped 33-120% faster than the colocated scale predicted,
+  // and run 23's profile read x1.043 here against x1.195 there. 1 without
+  // a share; decode_engine_scale with more than one compute thread (the
+  // step CPU it is measured from is the loop thread's alone).
   double decode_batch_scale = 1;
   // The router's load-report poll (router --poll_interval_ms).
   double poll_interval_s = 0.1;
