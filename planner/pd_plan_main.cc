@@ -1020,10 +1020,13 @@ absl::Status RunValidate() {
       }
       work.push_back({"decode_step_s", "decode engine step time (s)", simulation.decode_step_s,
                       &decode_step_runs});
-      // The simulator takes a step's time as its CPU over the share.
-      work.push_back({"decode_step_cpu_s", "decode engine CPU in its steps (s)",
-                      simulation.decode_step_s * (now.worker_cpus > 0 ? now.worker_cpus : 1),
-                      &decode_cpu_runs});
+      // The simulator takes a step's time as its CPU over the share; the
+      // workers report their loop thread's, all of a step's with one
+      // compute thread only.
+      if (now.threads == 1) {
+        work.push_back({"decode_step_cpu_s", "decode engine CPU in its steps (s)",
+                        simulation.decode_step_s * StepCpus(now), &decode_cpu_runs});
+      }
       work.push_back({"decode_gap_s", "decode engine time between back-to-back steps (s)",
                       simulation.decode_gap_s, &decode_gap_runs});
       work.push_back({"decode_steps", "decode steps", static_cast<double>(simulation.decode_steps),

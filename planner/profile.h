@@ -181,7 +181,8 @@ struct Profile {
   // The same of a decode worker's engine, kept busy with colocated prompts
   // on a 0P1D cluster; the simulator multiplies the cost of a decode
   // worker's steps that compute prompt tokens by it, and the colocated
-  // constants are fitted against the scaled steps. 1 without a share.
+  // first-token constant is fitted against the scaled prefill. 1 without
+  // a share.
   double decode_engine_scale = 1;
   // The same of a disaggregated decode worker's engine over its decode
   // batches alone (MeasureServingCosts: closed-loop streams on a 1P1D
@@ -211,6 +212,12 @@ struct Profile {
 // they are mostly waiting (network, polls), not the CPU the drift check
 // measures.
 Profile WithDrift(Profile profile, double prefill, double decode);
+
+// The CPUs a step of the model's takes its time over: worker_cpus, or all
+// of one CPU without a share. A step's CPU is its model time times this.
+inline double StepCpus(const Profile& profile) {
+  return profile.worker_cpus > 0 ? profile.worker_cpus : 1;
+}
 
 // What a profile's user should be told when its drift probe, run right
 // after the fit, says the machine's speed changed while it was profiled:

@@ -727,14 +727,14 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
     progress("serving costs: decode overheads on a 1P1D cluster");
     PD_ASSIGN_OR_RETURN(ProfiledCluster c, StartCluster(o.launch, 1));
     GenerationClient& client = *c.client;
-    // The gap histogram's {sum, count}, the step CPU histogram's, and
-    // the tokens generated.
+    // The gap histogram's {sum, count}, the step CPU histogram's, the
+    // tokens generated and the prompt tokens computed.
     auto so_far = [&] {
       return c.cluster->MetricSums(
           "decode-0",
           {"pdserve_decode_step_gap_seconds_sum", "pdserve_decode_step_gap_seconds_count",
            "pdserve_decode_step_cpu_seconds_sum", "pdserve_decode_step_cpu_seconds_count",
-           "pdserve_decode_generated_tokens_total"});
+           "pdserve_decode_generated_tokens_total", "pdserve_decode_computed_prompt_tokens_total"});
     };
     const int32_t output_tokens = o.output_tokens * 2;
     std::vector<std::vector<double>> a;
@@ -757,16 +757,22 @@ absl::Status MeasureServingCosts(const ServingCostOptions& o, Profile& profile) 
       }
       a.push_back({1.0, static_cast<double>(b)});
       y.push_back((after[0] - before[0]) / gap_steps);
-      // Each request's decode steps compute its first to its last but one
-      // token, at contexts prompt + 1 to prompt + output - 1: a mean of
-      // prompt + output / 2 KV tokens read a token.
+      // Each request's decode steps feed its first to its last but one
+      // token (the prefill worker sampled the first), reading contexts
+      // prompt + 1 to prompt + output - 1: a mean of prompt + output / 2
+      // KV tokens a token. A prompt the decode worker computed itself
+      // would break that; none is routed there at these lengths.
       const double steps = after[3] - before[3];
       const double tokens = after[4] - before[4];
-      // The step model gives a step's CPU over the share (all of a CPU
-      // without one).
+      if (after[5] != before[5]) {
+        return absl::InternalError(absl::StrFormat(
+            "the 1P1D cluster's decode worker computed %g prompt tokens for %d streams; the "
+            "decode batches' scale needs it to only decode",
+            after[5] - before[5], b));
+      }
       const double context = o.prompt_tokens + output_tokens / 2.0;
-      const double model = MeanDecodeSteps(profile.step, steps, tokens, tokens * context) *
-                           (profile.worker_cpus > 0 ? profile.worker_cpus : 1);
+      const double model =
+          MeanDecodeSteps(profile.step, steps, tokens, tokens * context) * StepCpus(profile);
       if (!(model > 0)) {
         return absl::InternalError(absl::StrFormat(
             "the decode worker reported %g steps and %g tokens for %d streams", steps, tokens, b));

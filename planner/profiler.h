@@ -183,11 +183,12 @@ double MeanDecodeSteps(const StepCost& step, double steps, double tokens, double
 // `requests` prompts of prompt_tokens and as many up to 4x as long) and its
 // engine's CPU over the step cost's when kept busy with the longer prompts
 // (prefill_engine_scale), and the same of a colocated decode worker
-// (decode_engine_scale, measured first: the colocated constants are fitted
-// against its scaled prefill) and of the 1P1D cluster's decode worker over
-// its decode steps under the closed-loop batches (decode_batch_scale, from
-// its pdserve_decode_step_cpu_seconds: the disaggregated constants are
-// fitted against its scaled steps; all 1 without a share), given
+// (decode_engine_scale, measured first: the first-token constants are
+// fitted against its scaled prefill) and of the 1P1D cluster's decode
+// worker over its decode steps under the closed-loop batches
+// (decode_batch_scale, from its pdserve_decode_step_cpu_seconds: the later
+// tokens' delivery constants are fitted against its scaled steps; all 1
+// without a share), given
 // its engine fields, step cost, kv_bytes_per_token, max_context and
 // transfers (the first is the clusters' transport, tcp).
 absl::Status MeasureServingCosts(const ServingCostOptions& options, Profile& profile);

@@ -40,8 +40,9 @@
 //                role's Profile::prefill_engine_scale, or on a decode
 //                worker decode_engine_scale for a step that computes prompt
 //                tokens and decode_batch_scale for one that only decodes
-//                (its engine's CPU over the model's, measured on a busy
-//                serving worker);
+//                (its engine's CPU over the model's, measured on serving
+//                workers: busy with long prompts, or, for decode batches,
+//                under closed-loop streams);
 //   the stream is in order (no token before the one before it), and the
 //   router's ledger frees the request's blocks when its last token arrives.
 //

@@ -315,6 +315,12 @@ TEST(MeanDecodeStepsTest, TakesTheModelAtTheStepsMeanBatchAndContext) {
   EXPECT_DOUBLE_EQ(MeanDecodeSteps(step, 2, 8, 40), 2 * 8.0);
   // Beyond the table, along its last segment (dense 8 at 5 tokens).
   EXPECT_DOUBLE_EQ(MeanDecodeSteps(step, 1, 5, 0), 8.0);
+  // KV read beyond the cache costs more per step: 20 KV tokens a step of
+  // 4, 5 beyond a cache of 15, at 0.5 each.
+  step.decode_cache_tokens = 15;
+  step.per_decode_kv_beyond_cache_s = 0.5;
+  EXPECT_DOUBLE_EQ(MeanDecodeSteps(step, 2, 8, 40), 2 * (8.0 + 2.5));
+  step.per_decode_kv_beyond_cache_s = 0;
   // No steps, or fewer tokens than steps: nothing to take.
   EXPECT_EQ(MeanDecodeSteps(step, 0, 6, 60), 0);
   EXPECT_EQ(MeanDecodeSteps(step, 4, 3, 60), 0);
