@@ -620,7 +620,7 @@ double MeanDecodeSteps(const StepCost& step, double steps, double tokens, double
   auto at = [&](int64_t b) {
     return step.Seconds(b, b, 0, static_cast<double>(b) * context);
   };
-  return steps * ((1 - f) * at(whole) + (f > 0 ? f * at(whole + 1) : 0));
+  return steps * ((1 - f) * at(whole) + f * at(whole + 1));
 }
 
 int32_t BusyPromptTokens(const ServingCostOptions& o, const Profile& profile) {
