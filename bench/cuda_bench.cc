@@ -42,9 +42,6 @@ ABSL_FLAG(std::string, batches, "1,8,64", "Decode batch sizes");
 ABSL_FLAG(std::string, contexts, "512,4096", "Decode context lengths");
 ABSL_FLAG(std::string, prefill, "512,2048,8192", "Prefill prompt lengths");
 ABSL_FLAG(bool, cuda_graphs, true, "Replay decode steps through CUDA graphs");
-ABSL_FLAG(bool, mma_sync_attention, false,
-          "Prefill attention on the mma.sync kernel instead of the WMMA one "
-          "(ModelRunnerOptions::cuda_mma_sync_attention)");
 ABSL_FLAG(bool, measure_limits, true,
           "Measure the copy bandwidth and GEMM rate first (off: no shares, "
           "and no kernels of its own in a profile)");
@@ -246,18 +243,15 @@ int Run() {
       {.backend = "cuda",
        .num_kv_blocks = num_blocks,
        .block_size = block_size,
-       .cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs),
-       .cuda_mma_sync_attention = absl::GetFlag(FLAGS_mma_sync_attention)});
+       .cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs)});
   if (!runner.ok()) {
     std::cerr << runner.status() << "\n";
     return 1;
   }
   std::cout << absl::StrFormat(
-      "weights uploaded in %.1f s; KV pool %d blocks (%.1f GiB); prefill "
-      "attention on the %s kernel\n\n",
+      "weights uploaded in %.1f s; KV pool %d blocks (%.1f GiB)\n\n",
       std::chrono::duration<double>(Clock::now() - t0).count(), num_blocks,
-      (*runner)->kv_memory().size() / double(1 << 30),
-      absl::GetFlag(FLAGS_mma_sync_attention) ? "mma.sync" : "WMMA");
+      (*runner)->kv_memory().size() / double(1 << 30));
 
   const int vocab = c.vocab_size;
   std::vector<float> logits(static_cast<size_t>(max_batch) * vocab);

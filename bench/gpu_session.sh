@@ -18,8 +18,6 @@
 #                   workers
 #   test            ctest -L gpu --output-on-failure
 #   cuda-bench      build/bench/pd-cuda-bench
-#   cuda-bench-mma  its prefill rows with the mma.sync attention kernel
-#                   (--mma_sync_attention), the one not yet run on a GPU
 #   torch-peer      torch-eager, then torch-compiled
 #   torch-eager     bench/torch_peer.py --modes eager
 #   torch-compiled  bench/torch_peer.py --modes compiled
@@ -28,8 +26,9 @@
 #                   (staged): TTFT, the transfer's hidden share at 512 /
 #                   2048 / 8192 tokens, decode rate
 #   profile         per-kernel device time (Nsight Compute) of a decode step
-#                   and of 512- and 2048-token prefills, as tables (the
-#                   2048 one also with the mma.sync attention kernel)
+#                   and of 512- and 2048-token prefills, as tables, and the
+#                   prefill attention kernel's throughput, occupancy and
+#                   warp stall reasons at 2048 tokens
 #   summary         stage results and pd-cuda-bench / PyTorch time ratios
 #   pack-deps       (on the development machine, not the GPU one) download
 #                   the Debian packages of deploy/install-deps.sh into
@@ -280,14 +279,6 @@ stage_cuda_bench() {
   "$BUILD_DIR/bench/pd-cuda-bench" ${CUDA_BENCH_ARGS:-}
 }
 
-stage_cuda_bench_mma() {
-  need_binary "$BUILD_DIR/bench/pd-cuda-bench" || return 1
-  use_deps
-  # shellcheck disable=SC2086  # CUDA_BENCH_ARGS is a list of flags.
-  "$BUILD_DIR/bench/pd-cuda-bench" --mma_sync_attention --batches=0 \
-    --contexts=0 ${CUDA_BENCH_ARGS:-}
-}
-
 stage_torch() {  # stage_torch MODE
   export PYTHONUNBUFFERED=1
   # The compiled graphs outlive this process while the machine is warm.
@@ -318,10 +309,9 @@ stage_profile() {
     return 1
   fi
   local name rows rc=0
-  for name in decode-b1-ctx512 prefill-512 prefill-2048 prefill-2048-mma; do
+  for name in decode-b1-ctx512 prefill-512 prefill-2048; do
     case $name in
       decode-*) rows=(--batches=1 --contexts=512 --prefill=0) ;;
-      *-mma) rows=(--batches=0 --contexts=0 --prefill=2048 --mma_sync_attention) ;;
       prefill-*) rows=(--batches=0 --contexts=0 "--prefill=${name#prefill-}") ;;
     esac
     # --reps=1: two forwards (one untimed), so each count is per forward x2.
@@ -351,6 +341,16 @@ for name, grid, threads, n, us in sorted(rows, key=lambda r: -r[3] * r[4]):
 print(f"\nkernels' total per forward: {total / 1e3:.2f} ms (ncu serializes kernels and fixes clocks)\n")
 PY
   done
+  # One launch of the prefill attention (one layer, 2048 tokens) in
+  # detail: its throughput, occupancy and where its warps stall.
+  echo "## prefill attention at 2048 tokens (one launch)"
+  "$ncu" --clock-control none -k regex:PagedAttentionMma -c 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section ComputeWorkloadAnalysis \
+    "$BUILD_DIR/bench/pd-cuda-bench" --num_layers=1 --cuda_graphs=false \
+    --measure_limits=false --reps=1 --batches=0 --contexts=0 --prefill=2048 \
+    >"$LOGS/ncu-attention-2048.txt" 2>&1 || rc=1
+  grep -vE '^==PROF==|^\s*$' "$LOGS/ncu-attention-2048.txt" | tail -n 120
   return "$rc"
 }
 
@@ -380,12 +380,6 @@ stage_summary() {
     echo "## pd-cuda-bench"
     echo
     cat "$LOGS/cuda-bench.log"
-  fi
-  if [[ -f $LOGS/cuda-bench-mma.log ]]; then
-    echo
-    echo "## pd-cuda-bench, prefill attention on mma.sync"
-    echo
-    cat "$LOGS/cuda-bench-mma.log"
   fi
   local jsons=() m
   for m in eager compiled; do
@@ -549,8 +543,6 @@ for stage in "$@"; do
     build) run_stage build "$T_BUILD" stage_build ;;
     test) run_stage test "$T_TEST" stage_test ;;
     cuda-bench) run_stage cuda-bench "$T_CUDA_BENCH" stage_cuda_bench ;;
-    cuda-bench-mma)
-      run_stage cuda-bench-mma "$T_CUDA_BENCH" stage_cuda_bench_mma ;;
     torch-eager | torch-compiled)
       RUN_FILES+=("$LOGS/torch_${stage#torch-}.json")
       run_stage "$stage" "$(stage_timeout "$stage")" stage_torch "${stage#torch-}" ;;

@@ -28,10 +28,6 @@ ABSL_FLAG(bool, int8_weights, false,
           "fp16 scale per 32 weights, as llama.cpp's Q8_0) and multiply them "
           "by int8 activations: half the bytes of bf16 to read per token; "
           "logits move by ~1-3%");
-ABSL_FLAG(bool, cuda_mma_sync_attention, false,
-          "cuda backend: prefill attention on the FlashAttention-2-style "
-          "mma.sync kernel instead of the WMMA one (not yet run on a GPU; "
-          "engine/cuda/README.md)");
 ABSL_FLAG(int32_t, max_batch_tokens, 512,
           "Token budget of one engine step; longer prompts are prefilled in "
           "chunks");
@@ -64,7 +60,6 @@ absl::StatusOr<EngineConfig> EngineConfigFromFlags() {
   config.num_threads = absl::GetFlag(FLAGS_num_threads);
   config.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);
   config.int8_weights = absl::GetFlag(FLAGS_int8_weights);
-  config.cuda_mma_sync_attention = absl::GetFlag(FLAGS_cuda_mma_sync_attention);
   config.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   config.max_running = absl::GetFlag(FLAGS_max_running);
   config.kv_canary = absl::GetFlag(FLAGS_kv_canary);

@@ -45,9 +45,7 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(
                                 .block_size = config.block_size,
                                 .num_threads = config.num_threads,
                                 .bf16_activations = config.bf16_activations,
-                                .int8_weights = config.int8_weights,
-                                .cuda_mma_sync_attention =
-                                    config.cuda_mma_sync_attention}));
+                                .int8_weights = config.int8_weights}));
   Options options;
   options.generator = {.max_batch_tokens = config.max_batch_tokens,
                        .max_running = config.max_running,

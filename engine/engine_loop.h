@@ -89,8 +89,6 @@ struct EngineConfig {
   bool bf16_activations = false;
   // See ModelRunnerOptions. Default: false.
   bool int8_weights = false;
-  // See ModelRunnerOptions. Default: false.
-  bool cuda_mma_sync_attention = false;
   // Token budget of one engine step; longer prompts are prefilled in
   // chunks. Default: 512.
   int32_t max_batch_tokens = 512;

@@ -81,11 +81,6 @@ struct ModelRunnerOptions {
   // cuda backend: replay decode steps (one token per sequence) through
   // CUDA graphs captured per padded batch size. Default: true.
   bool cuda_graphs = true;
-  // cuda backend: prefill attention on the FlashAttention-2-style mma.sync
-  // kernel instead of the WMMA one (cuda::PrefillAttentionKernel). It has
-  // passed the CPU emulation, not yet a GPU: opt-in until a device session
-  // has run the gpu tests and pd-cuda-bench on it. Default: false.
-  bool cuda_mma_sync_attention = false;
 };
 
 class ModelRunner {

@@ -13,7 +13,6 @@
 // that CI without a GPU runs them; launches and shared memory go through
 // these macros for that.
 #ifndef PDSERVE_CUDA_EMULATION
-#include <mma.h>
 #define PD_LAUNCH(kernel, grid, block, smem, stream, ...) \
   kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #define PD_LAUNCH_ERROR() cudaGetLastError()
@@ -42,6 +41,7 @@ __device__ __forceinline__ uint16_t ToBf16(float f) {
 using emu::CpAsync16;
 using emu::CpAsyncCommit;
 using emu::CpAsyncWaitAll;
+using emu::LdMatrixX4;
 using emu::LdMatrixX4Trans;
 using emu::MmaM16n8k16;
 #else
@@ -56,8 +56,17 @@ __device__ __forceinline__ void MmaM16n8k16(float (&d)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Four 8x8 bf16 matrices from shared memory, transposed; lanes 8i..8i+7
-// give the addresses of matrix i's rows (16 bytes each, 16-byte aligned).
+// Four 8x8 bf16 matrices from shared memory; lanes 8i..8i+7 give the
+// addresses of matrix i's rows (16 bytes each, 16-byte aligned).
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* row) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+
+// The same, transposed.
 __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4],
                                                 const void* row) {
   const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
@@ -466,212 +475,10 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
   }
 }
 
-// Paged attention on tensor cores, for prefill, with WMMA
-// (PrefillAttentionKernel::kWmma). A block takes one tile of
-// up to kMmaTileRows (token, head) rows sharing kv head blockIdx.y, and one
-// context split; each of its four warps owns 16 rows. Per step of 64 keys:
-// the block stages K and V (bf16) in shared memory; each warp computes its
-// S = Q K^T with WMMA (bf16 in, fp32 out), applies the scale, the causal /
-// window mask and the online softmax in fp32 (two lanes per row), rescales
-// its rows of the fp32 output kept in shared memory, and adds P V with
-// WMMA (P rounded to bf16).
-namespace wmma = nvcuda::wmma;
 constexpr int kMmaWarps = 4;
-constexpr int kWmmaRowsPerWarp = kMmaTileRows / kMmaWarps;  // 16
-constexpr int kWmmaKeys = kMmaTileRows;                     // Keys per step.
-constexpr int kSLd = kWmmaKeys + 4;                         // floats
-constexpr int kPLd = kWmmaKeys + 8;                         // bf16
-// 16-byte K (and V) vectors per thread for a step at the largest head.
-constexpr int kWmmaStageVecs = kWmmaKeys * kMaxHeadDim / 8 / (kMmaWarps * 32);
-
-struct WmmaSmem {
-  int kv_ld, o_ld;  // Elements per row of Q/K/V (bf16) and O (fp32).
-  size_t q, k, v, s, p, o, bytes;  // Byte offsets, all 128-byte aligned.
-  __host__ __device__ explicit WmmaSmem(int d) {
-    kv_ld = d + 8;
-    o_ld = d + 4;
-    auto round = [](size_t x) { return (x + 127) / 128 * 128; };
-    q = 0;
-    k = q + round(size_t{2} * kMmaTileRows * kv_ld);
-    v = k + round(size_t{2} * kWmmaKeys * kv_ld);
-    s = v + round(size_t{2} * kWmmaKeys * kv_ld);
-    p = s + round(size_t{4} * kMmaTileRows * kSLd);
-    o = p + round(size_t{2} * kMmaTileRows * kPLd);
-    bytes = o + round(size_t{4} * kMmaTileRows * o_ld);
-  }
-};
-
-__global__ void __launch_bounds__(kMmaWarps * 32)
-    PagedAttentionWmmaKernel(AttentionParams p) {
-  PD_DYNAMIC_SHARED(unsigned char, mma_smem);
-  const int D = p.kv.head_dim;
-  const WmmaSmem layout(D);
-  const int ld = layout.kv_ld, old = layout.o_ld;
-  auto* qs = reinterpret_cast<__nv_bfloat16*>(mma_smem + layout.q);
-  auto* ks = reinterpret_cast<__nv_bfloat16*>(mma_smem + layout.k);
-  auto* vs = reinterpret_cast<__nv_bfloat16*>(mma_smem + layout.v);
-  auto* ss = reinterpret_cast<float*>(mma_smem + layout.s);
-  auto* ps = reinterpret_cast<__nv_bfloat16*>(mma_smem + layout.p);
-  auto* os = reinterpret_cast<float*>(mma_smem + layout.o);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-
-  const AttentionTile tile = p.mma_tiles[blockIdx.x];
-  const AttentionSequence seq = p.sequences[tile.seq];
-  const int kvh = blockIdx.y;
-  const int split = blockIdx.z;
-  const int group = p.num_heads / p.kv.num_kv_heads;
-  const int32_t* table = p.block_tables + seq.block_offset;
-  const KeyRange keys = TileKeys(p, tile, seq, group, split);
-  const int key_lo = keys.lo, key_hi = keys.hi;
-
-  // Q as bf16 (zero rows past the tile) and a zero output.
-  for (int e = threadIdx.x; e < kMmaTileRows * D; e += blockDim.x) {
-    const int r = e / D, d = e % D;
-    float v = 0.0f;
-    if (r < tile.num_rows) {
-      const int row = tile.first_row + r;
-      const int64_t t = seq.token_offset + row / group;
-      const int h = kvh * group + row % group;
-      v = p.q[t * p.q_row_stride + static_cast<int64_t>(h) * D + d];
-    }
-    qs[r * ld + d] = __float2bfloat16_rn(v);
-    os[r * old + d] = 0.0f;
-  }
-
-  // This lane's row of the softmax (two lanes per row, 32 keys each).
-  const int my_r = lane / 2, my_half = lane % 2;
-  const int my_tile_row = warp * kWmmaRowsPerWarp + my_r;
-  const bool my_valid = my_tile_row < tile.num_rows;
-  const int my_pos = seq.start_pos + (tile.first_row + my_tile_row) / group;
-  const int my_lo = WindowStart(p, my_pos);
-  float m = -INFINITY, l = 0.0f;
-  const bool warp_active = warp * kWmmaRowsPerWarp < tile.num_rows;
-  const float qscale = p.scale * kLog2e;
-  float* s_w = ss + warp * kWmmaRowsPerWarp * kSLd;
-  __nv_bfloat16* p_w = ps + warp * kWmmaRowsPerWarp * kPLd;
-  float* o_w = os + warp * kWmmaRowsPerWarp * old;
-  const __nv_bfloat16* q_w = qs + warp * kWmmaRowsPerWarp * ld;
-
-  // K/V of the next step are loaded into registers while this step
-  // computes, and stored to shared memory at the top of the next.
-  const int chunks = D / 8;  // 16-byte chunks per K/V row.
-  uint4 kb[kWmmaStageVecs], vb[kWmmaStageVecs];
-  if (key_lo <= key_hi) {
-    LoadKvVectors<kWmmaKeys, kMmaWarps * 32>(p, table, kvh, key_lo, key_hi, kb,
-                                             vb);
-  }
-  for (int k0 = key_lo; k0 <= key_hi; k0 += kWmmaKeys) {
-    __syncthreads();  // Q/O written, or the previous step's K/V consumed.
-#pragma unroll
-    for (int i = 0; i < kWmmaStageVecs; ++i) {
-      const int e = threadIdx.x + i * kMmaWarps * 32;
-      const int j = e / chunks, d = (e % chunks) * 8;
-      if (j >= kWmmaKeys) continue;
-      *reinterpret_cast<uint4*>(ks + j * ld + d) = kb[i];
-      *reinterpret_cast<uint4*>(vs + j * ld + d) = vb[i];
-    }
-    if (k0 + kWmmaKeys <= key_hi) {
-      LoadKvVectors<kWmmaKeys, kMmaWarps * 32>(p, table, kvh, k0 + kWmmaKeys,
-                                               key_hi, kb, vb);
-    }
-    __syncthreads();
-    if (!warp_active) continue;  // Warp-uniform; no block barrier below.
-
-    // S = Q K^T for this warp's 16 rows and the 64 keys.
-    for (int n = 0; n < kWmmaKeys / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
-                       wmma::row_major>
-            a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16,
-                       wmma::col_major>
-            b;
-        wmma::load_matrix_sync(a, q_w + kk * 16, ld);
-        wmma::load_matrix_sync(b, ks + n * 16 * ld + kk * 16, ld);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(s_w + n * 16, acc, kSLd, wmma::mem_row_major);
-    }
-    __syncwarp();
-
-    // Online softmax of this lane's half row.
-    float sv[32];
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const int col = my_half * 32 + c;
-      const int key = k0 + col;
-      float x = -INFINITY;
-      if (my_valid && key >= my_lo && key <= my_pos && key <= key_hi) {
-        x = s_w[my_r * kSLd + col] * qscale;
-      }
-      sv[c] = x;
-      tile_max = fmaxf(tile_max, x);
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
-    const float m_new = fmaxf(m, tile_max);
-    // A row with nothing visible yet keeps m = -inf and zero probabilities.
-    const float corr = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
-    float sum = 0.0f;
-#pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const float prob = m_new == -INFINITY ? 0.0f : exp2f(sv[c] - m_new);
-      sum += prob;
-      p_w[my_r * kPLd + my_half * 32 + c] = __float2bfloat16_rn(prob);
-    }
-    sum += __shfl_xor_sync(kFullMask, sum, 1);
-    l = l * corr + sum;
-    m = m_new;
-    for (int d = my_half * (D / 2); d < (my_half + 1) * (D / 2); ++d) {
-      o_w[my_r * old + d] *= corr;
-    }
-    __syncwarp();
-
-    // O += P V.
-    for (int n = 0; n < D / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::load_matrix_sync(acc, o_w + n * 16, old, wmma::mem_row_major);
-      for (int kk = 0; kk < kWmmaKeys / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
-                       wmma::row_major>
-            a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16,
-                       wmma::row_major>
-            b;
-        wmma::load_matrix_sync(a, p_w + kk * 16, kPLd);
-        wmma::load_matrix_sync(b, vs + kk * 16 * ld + n * 16, ld);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(o_w + n * 16, acc, old, wmma::mem_row_major);
-    }
-    __syncwarp();
-  }
-  __syncthreads();  // Every warp's output rows are in shared memory.
-
-  if (!my_valid) return;
-  const int row = tile.first_row + my_tile_row;
-  const int64_t t = seq.token_offset + row / group;
-  const int h = kvh * group + row % group;
-  const int d0 = my_half * (D / 2), d1 = d0 + D / 2;
-  if (p.num_splits == 1) {
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    uint16_t* o = p.out + (t * p.num_heads + h) * D;
-    for (int d = d0; d < d1; ++d) o[d] = ToBf16(o_w[my_r * old + d] * inv);
-  } else {
-    float* w =
-        p.workspace + ((split * p.num_tokens + t) * p.num_heads + h) * (D + 2);
-    for (int d = d0; d < d1; ++d) w[d] = o_w[my_r * old + d];
-    if (my_half == 0) {
-      w[D] = m;
-      w[D + 1] = l;
-    }
-  }
-}
 
 // Paged attention on tensor cores, for prefill, in the manner of
-// FlashAttention-2 (PrefillAttentionKernel::kMmaSync). A block takes one tile
+// FlashAttention-2. A block takes one tile
 // of up to kMmaTileRows (token, head) rows sharing kv head blockIdx.y, and one
 // context split; each of its four warps owns 16 rows. Keys go in steps of
 // kMmaKeys, copied into shared memory with cp.async, the next step's while this
@@ -681,7 +488,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 // scores spread over the four lanes of a quad), P taken from S's registers as
 // bf16 for P V, V's fragments loaded transposed by ldmatrix, and the fp32
 // output accumulated over every step. kMaxD (64, 128 or 256) sizes the
-// output registers; the head dim is any multiple of 16 up to it.
+// output registers; the head dim is kMaxD when kExactD (every loop over it
+// then unrolls without a branch), else any multiple of 16 up to it.
 constexpr int kMmaKeys = 64;  // Keys per step.
 static_assert(kMmaTileRows == kMmaWarps * 16, "a warp owns 16 rows");
 
@@ -702,19 +510,15 @@ struct MmaSmem {
   __host__ __device__ size_t k(int b) const { return kv + b * 2 * step; }
 };
 
-__device__ __forceinline__ uint32_t SharedWord(const uint16_t* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return uint32_t{ToBf16(lo)} | uint32_t{ToBf16(hi)} << 16;
 }
 
-template <int kMaxD>
+template <int kMaxD, bool kExactD>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     PagedAttentionMmaKernel(AttentionParams p) {
   PD_DYNAMIC_SHARED(unsigned char, mma_smem);
-  const int D = p.kv.head_dim;
+  const int D = kExactD ? kMaxD : p.kv.head_dim;
   const MmaSmem layout(D);
   const int ld = layout.ld;
   auto* qs = reinterpret_cast<uint16_t*>(mma_smem);
@@ -723,7 +527,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   // in every 8-column fragment (2 quad, 2 quad + 1).
   const int g = lane / 4, quad = lane % 4;
 
-  const AttentionTile tile = p.mma_tiles[blockIdx.x];
+  // The last tiles first: a prompt's last rows see the most keys, and
+  // starting them first leaves the short ones to fill the last wave.
+  const AttentionTile tile = p.mma_tiles[gridDim.x - 1 - blockIdx.x];
   const AttentionSequence seq = p.sequences[tile.seq];
   const int kvh = blockIdx.y;
   const int split = blockIdx.z;
@@ -732,35 +538,55 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const KeyRange keys = TileKeys(p, tile, seq, group, split);
   const int key_lo = keys.lo, key_hi = keys.hi;
 
+  // Two threads per key row (of K, V and Q): the even one copies the row's
+  // even 16-byte chunks, the odd one the odd, so that a warp's copies fill
+  // whole 32-byte sectors, and a key's paged address costs a thread one
+  // division and one block-table read a step. The head dim is a multiple of
+  // 16, so both threads have D / 16 chunks.
+  static_assert(kMmaKeys == kMmaTileRows && 2 * kMmaKeys == kMmaWarps * 32,
+                "two threads per key and per Q row");
+  const int my_row = threadIdx.x / 2, my_chunk = threadIdx.x % 2;
+  const int64_t v_offset = ValueOffset(p.kv);
   // Copies the K and V rows of keys k0 .. k0 + kMmaKeys - 1 (zero past
   // key_hi) into buffer b, 16 bytes a copy, and commits them as a group.
-  const int chunks = D / 8;
-  const int64_t v_offset = ValueOffset(p.kv);
   auto stage = [&](int k0, int b) {
-    uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem + layout.k(b));
+    uint16_t* ks =
+        reinterpret_cast<uint16_t*>(mma_smem + layout.k(b)) + my_row * ld;
     uint16_t* vs = ks + layout.step / 2;
-    for (int e = threadIdx.x; e < kMmaKeys * chunks; e += blockDim.x) {
-      const int j = e / chunks, d = (e % chunks) * 8;
-      const bool valid = k0 + j <= key_hi;
-      const uint16_t* kp = valid ? KeyAt(p, table, kvh, k0 + j, d) : p.kv.base;
-      CpAsync16(ks + j * ld + d, kp, valid);
-      CpAsync16(vs + j * ld + d, valid ? kp + v_offset : p.kv.base, valid);
+    const bool valid = k0 + my_row <= key_hi;
+    const uint16_t* kp = valid ? KeyAt(p, table, kvh, k0 + my_row, 0) : nullptr;
+#pragma unroll
+    for (int i = 0; i < kMaxD / 16; ++i) {
+      const int d = (2 * i + my_chunk) * 8;
+      if (i < D / 16) {
+        CpAsync16(ks + d, valid ? kp + d : p.kv.base, valid);
+        CpAsync16(vs + d, valid ? kp + v_offset + d : p.kv.base, valid);
+      }
     }
     CpAsyncCommit();
   };
   if (key_lo <= key_hi) stage(key_lo, 0);
 
   // Q as bf16, zero rows past the tile.
-  for (int e = threadIdx.x; e < kMmaTileRows * D; e += blockDim.x) {
-    const int r = e / D, d = e % D;
-    float v = 0.0f;
-    if (r < tile.num_rows) {
-      const int row = tile.first_row + r;
+  {
+    const float* q = nullptr;
+    if (my_row < tile.num_rows) {
+      const int row = tile.first_row + my_row;
       const int64_t t = seq.token_offset + row / group;
       const int h = kvh * group + row % group;
-      v = p.q[t * p.q_row_stride + static_cast<int64_t>(h) * D + d];
+      q = p.q + t * p.q_row_stride + static_cast<int64_t>(h) * D;
     }
-    qs[r * ld + d] = ToBf16(v);
+#pragma unroll
+    for (int i = 0; i < kMaxD / 16; ++i) {
+      const int d = (2 * i + my_chunk) * 8;
+      if (i < D / 16) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+          *reinterpret_cast<uint32_t*>(qs + my_row * ld + d + e) =
+              q ? PackBf16(q[d + e], q[d + e + 1]) : 0u;
+        }
+      }
+    }
   }
 
   // The lane's two rows: whether they exist, their position and the first
@@ -783,8 +609,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     for (int i = 0; i < 4; ++i) o[n][i] = 0.0f;
   }
   const bool warp_active = warp * 16 < tile.num_rows;
+  // Whether all 16 of the warp's rows exist, the first row's position (the
+  // smallest) and the last row's first visible key (the largest).
+  const bool warp_full = warp * 16 + 16 <= tile.num_rows;
+  const int warp_pos = seq.start_pos + (tile.first_row + warp * 16) / group;
+  const int warp_lo = WindowStart(
+      p, seq.start_pos + (tile.first_row + warp * 16 + 15) / group);
   const float qscale = p.scale * kLog2e;
-  const uint16_t* q_w = qs + warp * 16 * ld;
+  // ldmatrix's row addresses: lanes 0-15 give Q's 16 rows at the first 8
+  // dims, lanes 16-31 at the next 8; for K, lanes 8i..8i+7 the 8 keys of
+  // fragment i / 2 at dims 8 (i % 2) (ks + k_lane).
+  const uint16_t* q_lane = qs + (warp * 16 + lane % 16) * ld + lane / 16 * 8;
+  const int k_lane = (lane / 16 * 8 + lane % 8) * ld + lane / 8 % 2 * 8;
 
   int buf = 0;
   for (int k0 = key_lo; k0 <= key_hi; k0 += kMmaKeys, buf ^= 1) {
@@ -798,36 +634,53 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
         reinterpret_cast<const uint16_t*>(mma_smem + layout.k(buf));
     const uint16_t* vs = ks + layout.step / 2;
 
-    // S = Q K^T: eight 8-key fragments.
+    // S = Q K^T: eight 8-key fragments. One ldmatrix gives Q's A fragment
+    // of 16 dims, one more the B fragments of two key fragments.
     float s[kMmaKeys / 8][4];
 #pragma unroll
     for (int n = 0; n < kMmaKeys / 8; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
     }
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint16_t* qa = q_w + g * ld + kk * 16 + 2 * quad;
-      const uint32_t a[4] = {SharedWord(qa), SharedWord(qa + 8 * ld),
-                             SharedWord(qa + 8), SharedWord(qa + 8 * ld + 8)};
 #pragma unroll
-      for (int n = 0; n < kMmaKeys / 8; ++n) {
-        const uint16_t* kb = ks + (n * 8 + g) * ld + kk * 16 + 2 * quad;
-        const uint32_t b[2] = {SharedWord(kb), SharedWord(kb + 8)};
-        MmaM16n8k16(s[n], a, b);
+    for (int kk = 0; kk < kMaxD / 16; ++kk) {
+      if (kk < D / 16) {
+        uint32_t a[4];
+        LdMatrixX4(a, q_lane + kk * 16);
+#pragma unroll
+        for (int n = 0; n < kMmaKeys / 8; n += 2) {
+          uint32_t b4[4];
+          LdMatrixX4(b4, ks + k_lane + n * 8 * ld + kk * 16);
+          const uint32_t b_lo[2] = {b4[0], b4[1]}, b_hi[2] = {b4[2], b4[3]};
+          MmaM16n8k16(s[n], a, b_lo);
+          MmaM16n8k16(s[n + 1], a, b_hi);
+        }
       }
     }
 
-    // Scale and mask, then the online softmax of both rows.
+    // Mask what a row does not see (nothing, on a step whose keys every
+    // row of the warp sees: most steps of a long prompt), scale.
+    const int last_key = k0 + kMmaKeys - 1;
+    if (!(warp_full && k0 >= warp_lo && last_key <= warp_pos &&
+          last_key <= key_hi)) {
+#pragma unroll
+      for (int n = 0; n < kMmaKeys / 8; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = i / 2, key = k0 + n * 8 + 2 * quad + i % 2;
+          if (!(valid[r] && key >= lo[r] && key <= pos[r] && key <= key_hi)) {
+            s[n][i] = -INFINITY;
+          }
+        }
+      }
+    }
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kMmaKeys / 8; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int r = i / 2, key = k0 + n * 8 + 2 * quad + i % 2;
-        const bool visible =
-            valid[r] && key >= lo[r] && key <= pos[r] && key <= key_hi;
-        s[n][i] = visible ? s[n][i] * qscale : -INFINITY;
-        tile_max[r] = fmaxf(tile_max[r], s[n][i]);
+        s[n][i] *= qscale;
+        tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
       }
     }
     float corr[2];
@@ -1038,14 +891,11 @@ cudaError_t PrepareAttention(int max_head_dim) {
       ScalarAttentionSharedBytes(max_head_dim));
   if (err != cudaSuccess) return err;
   if (!AttentionTensorCoresSupported(max_head_dim)) return cudaSuccess;
-  err = cudaFuncSetAttribute(PagedAttentionWmmaKernel,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(WmmaSmem(max_head_dim).bytes));
-  if (err != cudaSuccess) return err;
   const int bytes = static_cast<int>(MmaSmem(max_head_dim).bytes);
-  void (*const kernels[])(AttentionParams) = {PagedAttentionMmaKernel<64>,
-                                              PagedAttentionMmaKernel<128>,
-                                              PagedAttentionMmaKernel<256>};
+  void (*const kernels[])(AttentionParams) = {
+      PagedAttentionMmaKernel<64, true>, PagedAttentionMmaKernel<128, true>,
+      PagedAttentionMmaKernel<64, false>, PagedAttentionMmaKernel<128, false>,
+      PagedAttentionMmaKernel<256, false>};
   for (auto* kernel : kernels) {
     err = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -1067,7 +917,7 @@ bool AttentionTensorCoresSupported(int head_dim) {
   }
   return major >= 8 &&
          static_cast<size_t>(smem) >=
-             std::max(WmmaSmem(head_dim).bytes, MmaSmem(head_dim).bytes);
+             MmaSmem(head_dim).bytes;
 }
 #endif  // PDSERVE_CUDA_EMULATION
 
@@ -1087,23 +937,15 @@ cudaError_t PagedAttention(const AttentionParams& p, cudaStream_t stream) {
   }
   if (p.num_mma_tiles > 0) {
     const dim3 grid(p.num_mma_tiles, p.kv.num_kv_heads, p.num_splits);
-    if (p.mma_kernel == PrefillAttentionKernel::kWmma) {
-      PD_LAUNCH(PagedAttentionWmmaKernel, grid, kMmaWarps * 32,
-                WmmaSmem(D).bytes, stream, p);
-    } else {
-      // The smallest output registers that hold the head.
-      const size_t bytes = MmaSmem(D).bytes;
-      if (D <= 64) {
-        PD_LAUNCH(PagedAttentionMmaKernel<64>, grid, kMmaWarps * 32, bytes,
-                  stream, p);
-      } else if (D <= 128) {
-        PD_LAUNCH(PagedAttentionMmaKernel<128>, grid, kMmaWarps * 32, bytes,
-                  stream, p);
-      } else {
-        PD_LAUNCH(PagedAttentionMmaKernel<256>, grid, kMmaWarps * 32, bytes,
-                  stream, p);
-      }
-    }
+    // The common head dims compiled for exactly, the others into the
+    // smallest output registers that hold them.
+    void (*const kernel)(AttentionParams) =
+        D == 64    ? PagedAttentionMmaKernel<64, true>
+        : D == 128 ? PagedAttentionMmaKernel<128, true>
+        : D < 64   ? PagedAttentionMmaKernel<64, false>
+        : D < 128  ? PagedAttentionMmaKernel<128, false>
+                   : PagedAttentionMmaKernel<256, false>;
+    PD_LAUNCH(kernel, grid, kMmaWarps * 32, MmaSmem(D).bytes, stream, p);
     const cudaError_t err = PD_LAUNCH_ERROR();
     if (err != cudaSuccess) return err;
   }

@@ -124,15 +124,6 @@ inline void AppendAttentionTiles(int32_t seq, int32_t rows, bool tensor_cores,
   }
 }
 
-// Which tensor-core kernel takes the MMA tiles. kWmma: WMMA, with S, P
-// and the output in shared memory; the one measured on an H100
-// (docs/benchmarks.md). kMmaSync: FlashAttention-2-style, mma.sync with S,
-// P and the output in registers and K/V copied by cp.async; it passes the
-// emulation and has not yet run on a GPU, so it is opt-in until a device
-// session has run the gpu tests and pd-cuda-bench on it
-// (engine/cuda/README.md); then it replaces kWmma.
-enum class PrefillAttentionKernel : uint8_t { kWmma, kMmaSync };
-
 struct AttentionParams {
   // q of token t, head h: q[t * q_row_stride + h * head_dim] (fp32, RoPE'd).
   const float* q = nullptr;
@@ -147,7 +138,6 @@ struct AttentionParams {
   int num_tiles = 0;
   const AttentionTile* mma_tiles = nullptr;
   int num_mma_tiles = 0;
-  PrefillAttentionKernel mma_kernel = PrefillAttentionKernel::kWmma;
   int num_heads = 0;
   int sliding_window = 0;  // 0: full causal attention.
   float scale = 0.0f;      // Softmax scale, usually 1 / sqrt(head_dim).

@@ -240,16 +240,14 @@ class CudaModelRunner final : public ModelRunner {
   };
 
   CudaModelRunner(std::shared_ptr<const Model> model, KvBlockLayout layout,
-                  int32_t num_blocks, bool use_graphs,
-                  cuda::PrefillAttentionKernel mma_kernel)
+                  int32_t num_blocks, bool use_graphs)
       : model_(std::move(model)),
         layout_(layout),
         num_blocks_(num_blocks),
         max_blocks_per_seq_(
             (model_->config().max_position_embeddings + layout.block_size - 1) /
             layout.block_size),
-        use_graphs_(use_graphs),
-        mma_kernel_(mma_kernel) {}
+        use_graphs_(use_graphs) {}
 
   absl::Status Init();
   // Context splits for `tiles` attention tiles (of all kinds) and the
@@ -275,7 +273,6 @@ class CudaModelRunner final : public ModelRunner {
   const int32_t num_blocks_;
   const int32_t max_blocks_per_seq_;  // Block table capacity in graphs.
   const bool use_graphs_;
-  const cuda::PrefillAttentionKernel mma_kernel_;  // For the tensor cores.
 
   cudaStream_t stream_ = nullptr;
   // KV staging copies, which may run on another thread during a forward.
@@ -354,9 +351,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   }
   std::unique_ptr<CudaModelRunner> runner(new CudaModelRunner(
       std::move(model), layout, static_cast<int32_t>(num_blocks),
-      options.cuda_graphs,
-      options.cuda_mma_sync_attention ? cuda::PrefillAttentionKernel::kMmaSync
-                                      : cuda::PrefillAttentionKernel::kWmma));
+      options.cuda_graphs));
   PD_RETURN_IF_ERROR(runner->Init());
   return runner;
 }
@@ -598,7 +593,6 @@ absl::Status CudaModelRunner::EagerForward(const ForwardBatch& batch,
   ap.num_tiles = static_cast<int>(tiles_.size());
   ap.mma_tiles = meta_.At<cuda::AttentionTile>(mma_tiles_at);
   ap.num_mma_tiles = static_cast<int>(mma_tiles_.size());
-  ap.mma_kernel = mma_kernel_;
   ap.num_splits = num_splits;
   PD_RETURN_IF_ERROR(EnqueueLayers(plan, batch.on_layer_kv_written));
   return CudaStatus(cudaMemcpyAsync(logits.data(), logits_.get(),

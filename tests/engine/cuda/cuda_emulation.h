@@ -4,17 +4,14 @@
 // a std::thread; __syncthreads and __syncwarp are barriers; warp shuffles,
 // the warp-wide `mma.sync` and `ldmatrix` go through per-warp slots between
 // two barriers, each lane's registers in the layouts the PTX ISA documents
-// for them; `cp.async` copies at once; WMMA fragments hold the whole 16x16
-// tile in every lane (load and mma per lane, store by lane 0), since
-// WMMA's layouts are not documented; blocks of a grid run one after
+// for them; `cp.async` copies at once; blocks of a grid run one after
 // another on one team of threads.
 //
 // What it checks: the kernels' index arithmetic, masking, tiling, online
 // softmax, context splits and combine, and which lane holds which element
-// of an mma fragment, as documented (of WMMA, the operand layouts in
-// memory). What it cannot: timing, memory-model subtleties, the tensor
-// cores' own rounding, WMMA's real fragment layouts, and anything the
-// hardware does differently from the documentation. Include it before the
+// of an mma or ldmatrix fragment, as documented. What it cannot: timing,
+// memory-model subtleties, the tensor cores' own rounding, and anything
+// the hardware does differently from the documentation. Include it before the
 // .cu file, with PDSERVE_CUDA_EMULATION defined.
 #ifndef PDSERVE_TESTS_ENGINE_CUDA_CUDA_EMULATION_H_
 #define PDSERVE_TESTS_ENGINE_CUDA_CUDA_EMULATION_H_
@@ -116,6 +113,23 @@ inline void MmaM16n8k16(float (&d)[4], const uint32_t (&a)[4],
   }
   SyncWarp();
   for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8i..8i+7 give the rows
+// of matrix i (8 bf16 each); r[i] of lane L gets matrix i's elements (row
+// L / 4, columns 2 (L % 4) and 2 (L % 4) + 1).
+inline void LdMatrixX4(uint32_t (&r)[4], const void* row) {
+  Block& ctx = *tls.ctx;
+  const int lane = tls.thread.x % 32, warp_base = tls.thread.x / 32 * 32;
+  ctx.pointers[tls.thread.x] = row;
+  SyncWarp();
+  for (int i = 0; i < 4; ++i) {
+    const auto* r0 = static_cast<const uint16_t*>(
+        ctx.pointers[warp_base + 8 * i + lane / 4]);
+    r[i] = uint32_t{r0[2 * (lane % 4)]} | uint32_t{r0[2 * (lane % 4) + 1]}
+                                              << 16;
+  }
+  SyncWarp();
 }
 
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lanes 8i..8i+7 give the
@@ -228,73 +242,5 @@ using std::min;
   type* name = ::pdserve::emu::StaticShared<type>(__LINE__, n)
 #define PD_DYNAMIC_SHARED(type, name) \
   type* name = ::pdserve::emu::DynamicShared<type>()
-
-// WMMA, 16x16x16 only, as documented: matrix_a is M x K, matrix_b K x N;
-// row_major element (r, c) at p[r * ldm + c], col_major at p[r + c * ldm].
-namespace nvcuda::wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
-  float x[16 * 16];  // Element (r, c) at x[r * 16 + c].
-};
-
-template <typename Use, typename T, typename Layout, typename P>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const P* p,
-                      unsigned ldm) {
-  constexpr bool kRow = std::is_same_v<Layout, row_major>;
-  for (int r = 0; r < 16; ++r) {
-    for (int c = 0; c < 16; ++c) {
-      f.x[r * 16 + c] =
-          static_cast<float>(kRow ? p[r * ldm + c] : p[r + c * ldm]);
-    }
-  }
-}
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f,
-                             const float* p, unsigned ldm, layout_t layout) {
-  for (int r = 0; r < 16; ++r) {
-    for (int c = 0; c < 16; ++c) {
-      f.x[r * 16 + c] =
-          layout == mem_row_major ? p[r * ldm + c] : p[r + c * ldm];
-    }
-  }
-}
-inline void store_matrix_sync(float* p,
-                              const fragment<accumulator, 16, 16, 16, float>& f,
-                              unsigned ldm, layout_t layout) {
-  // Every lane holds the whole tile; one writes it. Readers sync first.
-  if (::pdserve::emu::tls.thread.x % 32 != 0) return;
-  for (int r = 0; r < 16; ++r) {
-    for (int c = 0; c < 16; ++c) {
-      (layout == mem_row_major ? p[r * ldm + c] : p[r + c * ldm]) =
-          f.x[r * 16 + c];
-    }
-  }
-}
-inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f,
-                          float v) {
-  std::fill(std::begin(f.x), std::end(f.x), v);
-}
-template <typename LA, typename LB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
-              const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA>& a,
-              const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB>& b,
-              const fragment<accumulator, 16, 16, 16, float>& c) {
-  float out[16 * 16];
-  for (int m = 0; m < 16; ++m) {
-    for (int n = 0; n < 16; ++n) {
-      float s = c.x[m * 16 + n];
-      for (int k = 0; k < 16; ++k) s += a.x[m * 16 + k] * b.x[k * 16 + n];
-      out[m * 16 + n] = s;
-    }
-  }
-  std::copy(std::begin(out), std::end(out), d.x);
-}
-}  // namespace nvcuda::wmma
 
 #endif  // PDSERVE_TESTS_ENGINE_CUDA_CUDA_EMULATION_H_

@@ -187,7 +187,7 @@ void ExpectLogitsClose(std::span<const float> gpu, std::span<const float> cpu,
 // with a third prompt's prefill mixed into one of them, then a long decode
 // of one sequence (its context is split on the GPU).
 void ExpectBackendsAgree(const std::shared_ptr<const Model>& model, double tol,
-                         int long_context, bool mma_sync = false) {
+                         int long_context) {
 #ifdef PDSERVE_CUDA_EMULATION
   // Emulated kernels are slow; 160 positions still split the context.
   long_context = std::min(long_context, 160);
@@ -203,8 +203,7 @@ void ExpectBackendsAgree(const std::shared_ptr<const Model>& model, double tol,
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto gpu = CreateModelRunner(model, {.backend = "cuda",
                                        .num_kv_blocks = num_blocks,
-                                       .block_size = block_size,
-                                       .cuda_mma_sync_attention = mma_sync});
+                                       .block_size = block_size});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
 
   // Three sequences with interleaved, shuffled block tables.
@@ -398,21 +397,6 @@ TEST(CudaConformanceTest, Qwen3HeadNormHeadDim128) {
   auto model = Qwen3Model();
   ASSERT_NE(model, nullptr);
   ExpectBackendsAgree(model, 0.03, /*long_context=*/300);
-}
-
-// The same two with prefill attention on the mma.sync kernel.
-TEST(CudaConformanceTest, HeadDim128SlidingWindowOnMmaSync) {
-  PD_REQUIRE_CUDA_DEVICE();
-  auto model = WindowLlama3Model();
-  ASSERT_NE(model, nullptr);
-  ExpectBackendsAgree(model, 0.03, /*long_context=*/500, /*mma_sync=*/true);
-}
-
-TEST(CudaConformanceTest, Qwen3HeadNormOnMmaSync) {
-  PD_REQUIRE_CUDA_DEVICE();
-  auto model = Qwen3Model();
-  ASSERT_NE(model, nullptr);
-  ExpectBackendsAgree(model, 0.03, /*long_context=*/300, /*mma_sync=*/true);
 }
 
 TEST(CudaConformanceTest, HeadDim16Group4) {
