@@ -478,16 +478,16 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
 constexpr int kMmaWarps = 4;
 
 // Paged attention on tensor cores, for prefill, in the manner of
-// FlashAttention-2. A block takes one tile
-// of up to kMmaTileRows (token, head) rows sharing kv head blockIdx.y, and one
-// context split; each of its four warps owns 16 rows. Keys go in steps of
-// kMmaKeys, copied into shared memory with cp.async, the next step's while this
-// one computes (two buffers). Each warp keeps everything of its rows in
-// registers: S = Q K^T from mma.sync m16n8k16 (bf16 in, fp32 out), the scale,
-// the causal / window mask and the online softmax on S where it lies (a row's
-// scores spread over the four lanes of a quad), P taken from S's registers as
-// bf16 for P V, V's fragments loaded transposed by ldmatrix, and the fp32
-// output accumulated over every step. kMaxD (64, 128 or 256) sizes the
+// FlashAttention-2. A block takes one tile of up to kMmaTileRows (token,
+// head) rows sharing kv head blockIdx.y, and one context split; each of its
+// four warps owns 16 rows. Keys go in steps of kMmaKeys, copied into shared
+// memory with cp.async: a step's V while its S is computed, the next step's
+// K while P V is (one buffer each). Each warp keeps everything of its rows
+// in registers: S = Q K^T from mma.sync m16n8k16 (bf16 in, fp32 out), the
+// scale, the causal / window mask and the online softmax on S where it lies
+// (a row's scores spread over the four lanes of a quad), P taken from S's
+// registers as bf16 for P V, Q's and K's fragments loaded by ldmatrix, V's
+// transposed, and the fp32 output accumulated over every step. kMaxD (64, 128 or 256) sizes the
 // output registers; the head dim is kMaxD when kExactD (every loop over it
 // then unrolls without a branch), else any multiple of 16 up to it.
 constexpr int kMmaKeys = 64;  // Keys per step.
@@ -498,24 +498,28 @@ struct MmaSmem {
   // fragment reads of a warp (8 rows, 4 columns) and ldmatrix's 8 rows
   // fall in 32 different banks.
   int ld;
-  // Byte offsets: Q, then two buffers of a step's K followed by its V.
-  size_t kv, step, bytes;
+  // Byte offsets: Q, then a step's K, then its V (one buffer each, so that
+  // three blocks fit an SM's shared memory at head dim 128).
+  size_t k, v, bytes;
   __host__ __device__ explicit MmaSmem(int d) {
     ld = d + 8;
-    step = size_t{2} * kMmaKeys * ld;  // One step's K (or V).
-    kv = size_t{2} * kMmaTileRows * ld;
-    bytes = kv + 4 * step;
+    const size_t rows = size_t{2} * kMmaKeys * ld;  // 64 rows of bf16.
+    static_assert(kMmaKeys == kMmaTileRows);
+    k = rows;
+    v = k + rows;
+    bytes = v + rows;
   }
-  // Buffer b's K; its V is step bytes further.
-  __host__ __device__ size_t k(int b) const { return kv + b * 2 * step; }
 };
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return uint32_t{ToBf16(lo)} | uint32_t{ToBf16(hi)} << 16;
 }
 
+// Up to head dim 128, registers are capped for four blocks an SM (as its
+// shared memory allows): 16 warps, where 167 registers allowed 12. ptxas
+// then spills a few values, outside the loop over keys.
 template <int kMaxD, bool kExactD>
-__global__ void __launch_bounds__(kMmaWarps * 32)
+__global__ void __launch_bounds__(kMmaWarps * 32, kMaxD <= 128 ? 4 : 1)
     PagedAttentionMmaKernel(AttentionParams p) {
   PD_DYNAMIC_SHARED(unsigned char, mma_smem);
   const int D = kExactD ? kMaxD : p.kv.head_dim;
@@ -547,25 +551,25 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
                 "two threads per key and per Q row");
   const int my_row = threadIdx.x / 2, my_chunk = threadIdx.x % 2;
   const int64_t v_offset = ValueOffset(p.kv);
-  // Copies the K and V rows of keys k0 .. k0 + kMmaKeys - 1 (zero past
-  // key_hi) into buffer b, 16 bytes a copy, and commits them as a group.
-  auto stage = [&](int k0, int b) {
-    uint16_t* ks =
-        reinterpret_cast<uint16_t*>(mma_smem + layout.k(b)) + my_row * ld;
-    uint16_t* vs = ks + layout.step / 2;
+  auto* ks = reinterpret_cast<uint16_t*>(mma_smem + layout.k);
+  auto* vs = reinterpret_cast<uint16_t*>(mma_smem + layout.v);
+  // Copies the K (or, when `value`, the V) rows of keys k0 .. k0 +
+  // kMmaKeys - 1 (zero past key_hi) into their buffer, 16 bytes a copy, and
+  // commits them as a group.
+  auto stage = [&](int k0, bool value) {
+    uint16_t* dst = (value ? vs : ks) + my_row * ld;
     const bool valid = k0 + my_row <= key_hi;
-    const uint16_t* kp = valid ? KeyAt(p, table, kvh, k0 + my_row, 0) : nullptr;
+    const uint16_t* src =
+        valid ? KeyAt(p, table, kvh, k0 + my_row, 0) + (value ? v_offset : 0)
+              : nullptr;
 #pragma unroll
     for (int i = 0; i < kMaxD / 16; ++i) {
       const int d = (2 * i + my_chunk) * 8;
-      if (i < D / 16) {
-        CpAsync16(ks + d, valid ? kp + d : p.kv.base, valid);
-        CpAsync16(vs + d, valid ? kp + v_offset + d : p.kv.base, valid);
-      }
+      if (i < D / 16) CpAsync16(dst + d, valid ? src + d : p.kv.base, valid);
     }
     CpAsyncCommit();
   };
-  if (key_lo <= key_hi) stage(key_lo, 0);
+  if (key_lo <= key_hi) stage(key_lo, false);
 
   // Q as bf16, zero rows past the tile.
   {
@@ -622,114 +626,116 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const uint16_t* q_lane = qs + (warp * 16 + lane % 16) * ld + lane / 16 * 8;
   const int k_lane = (lane / 16 * 8 + lane % 8) * ld + lane / 8 % 2 * 8;
 
-  int buf = 0;
-  for (int k0 = key_lo; k0 <= key_hi; k0 += kMmaKeys, buf ^= 1) {
+  for (int k0 = key_lo; k0 <= key_hi; k0 += kMmaKeys) {
     CpAsyncWaitAll();
-    // This step's K/V (and Q) are in shared memory for every thread, and
-    // every warp is done with the other buffer.
+    // This step's K (and Q) are in shared memory for every thread, and
+    // every warp is done with the last step's V.
     __syncthreads();
-    if (k0 + kMmaKeys <= key_hi) stage(k0 + kMmaKeys, buf ^ 1);
-    if (!warp_active) continue;  // Warp-uniform; no block barrier below.
-    const auto* ks =
-        reinterpret_cast<const uint16_t*>(mma_smem + layout.k(buf));
-    const uint16_t* vs = ks + layout.step / 2;
-
-    // S = Q K^T: eight 8-key fragments. One ldmatrix gives Q's A fragment
-    // of 16 dims, one more the B fragments of two key fragments.
+    stage(k0, true);  // This step's V, while S is computed.
     float s[kMmaKeys / 8][4];
+    if (warp_active) {  // Warp-uniform.
+      // S = Q K^T: eight 8-key fragments. One ldmatrix gives Q's A fragment
+      // of 16 dims, one more the B fragments of two key fragments.
 #pragma unroll
-    for (int n = 0; n < kMmaKeys / 8; ++n) {
+      for (int n = 0; n < kMmaKeys / 8; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
-    }
+        for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+      }
 #pragma unroll
-    for (int kk = 0; kk < kMaxD / 16; ++kk) {
-      if (kk < D / 16) {
-        uint32_t a[4];
-        LdMatrixX4(a, q_lane + kk * 16);
+      for (int kk = 0; kk < kMaxD / 16; ++kk) {
+        if (kk < D / 16) {
+          uint32_t a[4];
+          LdMatrixX4(a, q_lane + kk * 16);
 #pragma unroll
-        for (int n = 0; n < kMmaKeys / 8; n += 2) {
-          uint32_t b4[4];
-          LdMatrixX4(b4, ks + k_lane + n * 8 * ld + kk * 16);
-          const uint32_t b_lo[2] = {b4[0], b4[1]}, b_hi[2] = {b4[2], b4[3]};
-          MmaM16n8k16(s[n], a, b_lo);
-          MmaM16n8k16(s[n + 1], a, b_hi);
+          for (int n = 0; n < kMmaKeys / 8; n += 2) {
+            uint32_t b4[4];
+            LdMatrixX4(b4, ks + k_lane + n * 8 * ld + kk * 16);
+            const uint32_t b_lo[2] = {b4[0], b4[1]}, b_hi[2] = {b4[2], b4[3]};
+            MmaM16n8k16(s[n], a, b_lo);
+            MmaM16n8k16(s[n + 1], a, b_hi);
+          }
         }
       }
-    }
 
-    // Mask what a row does not see (nothing, on a step whose keys every
-    // row of the warp sees: most steps of a long prompt), scale.
-    const int last_key = k0 + kMmaKeys - 1;
-    if (!(warp_full && k0 >= warp_lo && last_key <= warp_pos &&
-          last_key <= key_hi)) {
+      // Mask what a row does not see (nothing, on a step whose keys every
+      // row of the warp sees: most steps of a long prompt), scale.
+      const int last_key = k0 + kMmaKeys - 1;
+      if (!(warp_full && k0 >= warp_lo && last_key <= warp_pos &&
+            last_key <= key_hi)) {
+#pragma unroll
+        for (int n = 0; n < kMmaKeys / 8; ++n) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int r = i / 2, key = k0 + n * 8 + 2 * quad + i % 2;
+            if (!(valid[r] && key >= lo[r] && key <= pos[r] && key <= key_hi)) {
+              s[n][i] = -INFINITY;
+            }
+          }
+        }
+      }
+      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < kMmaKeys / 8; ++n) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int r = i / 2, key = k0 + n * 8 + 2 * quad + i % 2;
-          if (!(valid[r] && key >= lo[r] && key <= pos[r] && key <= key_hi)) {
-            s[n][i] = -INFINITY;
-          }
+          s[n][i] *= qscale;
+          tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
         }
       }
-    }
-    float tile_max[2] = {-INFINITY, -INFINITY};
+      float corr[2];
 #pragma unroll
-    for (int n = 0; n < kMmaKeys / 8; ++n) {
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] =
+            fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 1));
+        tile_max[r] =
+            fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
+        const float m_new = fmaxf(m[r], tile_max[r]);
+        // A row with nothing visible yet keeps m = -inf and zero weights.
+        corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
+        m[r] = m_new;
+        l[r] *= corr[r];
+      }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] *= qscale;
-        tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+      for (int n = 0; n < kMmaKeys / 8; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = i / 2;
+          s[n][i] = m[r] == -INFINITY ? 0.0f : exp2f(s[n][i] - m[r]);
+          l[r] += s[n][i];
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kMaxD / 8; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[n][i] *= corr[i / 2];
       }
     }
-    float corr[2];
+    CpAsyncWaitAll();
+    // V is in for every thread, and every warp is done with K.
+    __syncthreads();
+    if (k0 + kMmaKeys <= key_hi) stage(k0 + kMmaKeys, false);  // During P V.
+    if (warp_active) {
+      // O += P V, 16 keys at a time: P's A fragment is two S fragments;
+      // ldmatrix gives the B fragments of two 8-column output fragments.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] =
-          fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 1));
-      tile_max[r] =
-          fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
-      const float m_new = fmaxf(m[r], tile_max[r]);
-      // A row with nothing visible yet keeps m = -inf and zero weights.
-      corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= corr[r];
-    }
+      for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
+        const uint32_t a[4] = {PackBf16(s[2 * kk][0], s[2 * kk][1]),
+                               PackBf16(s[2 * kk][2], s[2 * kk][3]),
+                               PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        // Lanes 0-7 give keys 0-7 of the 16, lanes 8-15 keys 8-15, at the
+        // first 8 columns; lanes 16-31 the same at the next 8.
+        const uint16_t* vrow =
+            vs + (kk * 16 + lane % 16) * ld + (lane / 16) * 8;
 #pragma unroll
-    for (int n = 0; n < kMmaKeys / 8; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = i / 2;
-        s[n][i] = m[r] == -INFINITY ? 0.0f : exp2f(s[n][i] - m[r]);
-        l[r] += s[n][i];
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < kMaxD / 8; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[n][i] *= corr[i / 2];
-    }
-
-    // O += P V, 16 keys at a time: P's A fragment is two S fragments;
-    // ldmatrix gives the B fragments of two 8-column output fragments.
-#pragma unroll
-    for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
-      const uint32_t a[4] = {PackBf16(s[2 * kk][0], s[2 * kk][1]),
-                             PackBf16(s[2 * kk][2], s[2 * kk][3]),
-                             PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      // Lanes 0-7 give keys 0-7 of the 16, lanes 8-15 keys 8-15, at the
-      // first 8 columns; lanes 16-31 the same at the next 8.
-      const uint16_t* vrow = vs + (kk * 16 + lane % 16) * ld + (lane / 16) * 8;
-#pragma unroll
-      for (int n = 0; n < kMaxD / 16; ++n) {
-        if (n < D / 16) {
-          uint32_t b4[4];
-          LdMatrixX4Trans(b4, vrow + n * 16);
-          const uint32_t b_lo[2] = {b4[0], b4[1]}, b_hi[2] = {b4[2], b4[3]};
-          MmaM16n8k16(o[2 * n], a, b_lo);
-          MmaM16n8k16(o[2 * n + 1], a, b_hi);
+        for (int n = 0; n < kMaxD / 16; ++n) {
+          if (n < D / 16) {
+            uint32_t b4[4];
+            LdMatrixX4Trans(b4, vrow + n * 16);
+            const uint32_t b_lo[2] = {b4[0], b4[1]}, b_hi[2] = {b4[2], b4[3]};
+            MmaM16n8k16(o[2 * n], a, b_lo);
+            MmaM16n8k16(o[2 * n + 1], a, b_hi);
+          }
         }
       }
     }
