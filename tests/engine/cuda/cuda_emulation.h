@@ -115,39 +115,31 @@ inline void MmaM16n8k16(float (&d)[4], const uint32_t (&a)[4],
   for (int i = 0; i < 4; ++i) d[i] = out[i];
 }
 
-// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8i..8i+7 give the rows
-// of matrix i (8 bf16 each); r[i] of lane L gets matrix i's elements (row
-// L / 4, columns 2 (L % 4) and 2 (L % 4) + 1).
-inline void LdMatrixX4(uint32_t (&r)[4], const void* row) {
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give
+// the rows of matrix i (8 bf16 each); r[i] of lane L gets matrix i's
+// elements (row L / 4, columns 2 (L % 4) and 2 (L % 4) + 1), or with
+// .trans (rows 2 (L % 4) and 2 (L % 4) + 1, column L / 4).
+inline void LdMatrix(uint32_t (&r)[4], const void* row, bool trans) {
   Block& ctx = *tls.ctx;
   const int lane = tls.thread.x % 32, warp_base = tls.thread.x / 32 * 32;
   ctx.pointers[tls.thread.x] = row;
   SyncWarp();
   for (int i = 0; i < 4; ++i) {
-    const auto* r0 = static_cast<const uint16_t*>(
-        ctx.pointers[warp_base + 8 * i + lane / 4]);
-    r[i] = uint32_t{r0[2 * (lane % 4)]} | uint32_t{r0[2 * (lane % 4) + 1]}
+    // Matrix i's element (a, b), or (b, a) with .trans.
+    auto at = [&](int a, int b) -> uint32_t {
+      return static_cast<const uint16_t*>(
+          ctx.pointers[warp_base + 8 * i + (trans ? b : a)])[trans ? a : b];
+    };
+    r[i] = at(lane / 4, 2 * (lane % 4)) | at(lane / 4, 2 * (lane % 4) + 1)
                                               << 16;
   }
   SyncWarp();
 }
-
-// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lanes 8i..8i+7 give the
-// rows of matrix i (8 bf16 each); r[i] of lane L gets matrix i's elements
-// (row 2 (L % 4), column L / 4) and (row 2 (L % 4) + 1, column L / 4).
+inline void LdMatrixX4(uint32_t (&r)[4], const void* row) {
+  LdMatrix(r, row, false);
+}
 inline void LdMatrixX4Trans(uint32_t (&r)[4], const void* row) {
-  Block& ctx = *tls.ctx;
-  const int lane = tls.thread.x % 32, warp_base = tls.thread.x / 32 * 32;
-  ctx.pointers[tls.thread.x] = row;
-  SyncWarp();
-  for (int i = 0; i < 4; ++i) {
-    const auto* r0 = static_cast<const uint16_t*>(
-        ctx.pointers[warp_base + 8 * i + 2 * (lane % 4)]);
-    const auto* r1 = static_cast<const uint16_t*>(
-        ctx.pointers[warp_base + 8 * i + 2 * (lane % 4) + 1]);
-    r[i] = uint32_t{r0[lane / 4]} | uint32_t{r1[lane / 4]} << 16;
-  }
-  SyncWarp();
+  LdMatrix(r, row, true);
 }
 
 // cp.async.cg.shared.global of 16 bytes, zero-filled when !valid: the copy
