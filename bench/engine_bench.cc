@@ -10,7 +10,9 @@
 //     written per second) and of its read bandwidth (a streaming sum,
 //     decode's own limit: it reads and hardly writes);
 //   - achieved FLOP/s as a share of the machine's fp32 FMA peak, also
-//     measured in the same run (independent FMA chains on every thread).
+//     measured in the same run (independent FMA chains on every thread);
+//     bf16 weights with --bf16_activations on a CPU with AVX512_BF16, as a
+//     share of the VDPBF16PS peak (measured alike), which their kernels run.
 // Every figure is the median of --reps runs; --json writes them all.
 #include <immintrin.h>
 #include <omp.h>
@@ -157,20 +159,39 @@ float FmaChains8(long iters) {
   return sum;
 }
 
-// fp32 FMA throughput with `threads` threads, in vectors of 16 lanes
-// (`avx512`: the width of the fp32 kernels on this CPU) or 8.
-double MeasureFmaPeak(int threads, int reps, bool avx512) {
+// Ten chains of VDPBF16PS: two bf16 products a lane, summed into 16 fp32
+// lanes, what the bf16-activation kernels run where AVX512_BF16 is.
+__attribute__((target("avx512f,avx512bf16"))) float Dpbf16Chains(long iters) {
+  const __m512bh b = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // A pair of 1.0.
+  __m512 a[10];
+  for (int j = 0; j < 10; ++j) a[j] = _mm512_set1_ps(static_cast<float>(j));
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 10
+    for (int j = 0; j < 10; ++j) a[j] = _mm512_dpbf16_ps(a[j], b, b);
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < 10; ++j) sum += _mm512_cvtss_f32(a[j]);
+  return sum;
+}
+
+// The multiply-add peak with `threads` threads of the kernels' widest
+// instruction: fp32 FMAs of 16 lanes (the fp32 kernels' width on this
+// CPU is AVX-512) or 8, or VDPBF16PS (32 products an instruction).
+enum class Peak { kFma8, kFma16, kDpbf16 };
+double MeasurePeak(int threads, int reps, Peak peak) {
   const long iters = 50'000'000;
-  const int lanes = avx512 ? 16 : 8;
+  const int products = peak == Peak::kFma8 ? 8 : peak == Peak::kFma16 ? 16 : 32;
   std::vector<double> gflops;
   for (int r = 0; r < reps; ++r) {
     float sink = 0.0f;
     const auto t0 = Clock::now();
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += avx512 ? FmaChains16(iters) : FmaChains8(iters);
+    sink += peak == Peak::kFma8    ? FmaChains8(iters)
+            : peak == Peak::kFma16 ? FmaChains16(iters)
+                                   : Dpbf16Chains(iters);
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     if (sink == 0.0f) std::cerr << "";  // Keeps the loops alive.
-    gflops.push_back(2.0 * lanes * 10 * iters * threads / sec / 1e9);
+    gflops.push_back(2.0 * products * 10 * iters * threads / sec / 1e9);
   }
   return Median(gflops);
 }
@@ -340,7 +361,11 @@ absl::Status Run() {
   const double read_gbps = MeasureReadBandwidth(threads, reps);
   const cpu::CpuIsa isa = cpu::DefaultCpuIsa();
   const bool avx512_fp32 = cpu::MatMulOptions{.isa = isa}.Avx512Fp32();
-  const double peak_gflops = MeasureFmaPeak(threads, reps, avx512_fp32);
+  const double fma_gflops = MeasurePeak(threads, reps, avx512_fp32 ? Peak::kFma16 : Peak::kFma8);
+  // bf16 weights with bf16 activations run VDPBF16PS where the CPU has it:
+  // their rows are held to its peak.
+  const bool dpbf16 = absl::GetFlag(FLAGS_bf16_activations) && isa == cpu::CpuIsa::kAvx512Bf16;
+  const double dpbf16_gflops = dpbf16 ? MeasurePeak(threads, reps, Peak::kDpbf16) : 0.0;
   const std::string_view kernels = cpu::CpuIsaName(isa);
   const std::string_view int8_kernels =
       cpu::CpuIsaName(std::min(isa, cpu::CpuIsa::kAvx512Vnni));
@@ -348,19 +373,27 @@ absl::Status Run() {
   std::cout << absl::StrFormat("%s\nkernels: %s for fp32 activations, %s "
                                "for bf16 ones, %s for int8 weights (PDSERVE_CPU_ISA caps them)\n"
                                "%d threads: copy bandwidth %.1f GB/s, read bandwidth %.1f GB/s, "
-                               "fp32 FMA peak (%d lanes) %.1f GFLOP/s\n\n",
+                               "fp32 FMA peak (%d lanes) %.1f GFLOP/s%s\n\n",
                                bench::MachineDescription(), fp32_kernels, kernels,
                                int8_kernels, threads, copy_gbps, read_gbps, avx512_fp32 ? 16 : 8,
-                               peak_gflops);
+                               fma_gflops,
+                               dpbf16 ? absl::StrFormat(", VDPBF16PS peak %.1f GFLOP/s (the bf16 "
+                                                        "rows' share is of this one)",
+                                                        dpbf16_gflops)
+                                      : std::string());
   std::cout << "| weights | phase | tokens per forward | median time | tokens/s | GB/s read (share of copy BW / read BW) | GFLOP/s (share of FMA peak) |\n"
                "|---|---|---|---|---|---|---|\n";
 
+  const auto peak_of = [&](DType weights) {
+    return dpbf16 && weights == DType::kBF16 && !absl::GetFlag(FLAGS_int8_weights) ? dpbf16_gflops
+                                                                                   : fma_gflops;
+  };
   std::vector<Row> rows;
   if (const std::string spec = absl::GetFlag(FLAGS_model); !spec.empty()) {
     PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, Model::Load(spec));
-    PD_RETURN_IF_ERROR(BenchModel(std::string(DTypeName(model->weights().layers[0].wq.dtype)),
-                                  model, prefill_lengths, batches, copy_gbps, read_gbps, peak_gflops,
-                                  rows));
+    const DType dtype = model->weights().layers[0].wq.dtype;
+    PD_RETURN_IF_ERROR(BenchModel(std::string(DTypeName(dtype)), model, prefill_lengths, batches,
+                                  copy_gbps, read_gbps, peak_of(dtype), rows));
   } else {
     const std::vector<std::string> dtypes = absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',');
     for (const auto& [name, dtype] : {std::pair{"f32", DType::kF32},
@@ -370,7 +403,7 @@ absl::Status Run() {
       PD_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model,
                           MakeRandomModel("bench-110m", Llama110MConfig(), dtype, 1));
       PD_RETURN_IF_ERROR(BenchModel(name, model, prefill_lengths, batches, copy_gbps, read_gbps,
-                                    peak_gflops, rows));
+                                    peak_of(dtype), rows));
     }
   }
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
@@ -380,7 +413,7 @@ absl::Status Run() {
                         {"fp32_kernels", std::string(fp32_kernels)},
                         {"threads", threads},
                         {"copy_gbps", copy_gbps}, {"read_gbps", read_gbps},
-                        {"fma_gflops", peak_gflops},
+                        {"fma_gflops", fma_gflops}, {"dpbf16_gflops", dpbf16_gflops},
                         {"rows", nlohmann::json::array()}};
     for (const Row& r : rows) {
       j["rows"].push_back({{"weights", r.weights}, {"phase", r.phase}, {"seconds", r.seconds},

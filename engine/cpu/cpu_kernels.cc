@@ -200,7 +200,8 @@ void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m,
   }
 }
 
-// Many rows of fp32 x (internal::PanelKernels): the products' panels of
+// Many rows of x (internal::PanelKernels; rows x_row_bytes apart, fp32,
+// or bf16 for the pair panels): the products' panels of
 // kernels.cols weight rows, laid end to end, are dealt out in tasks of
 // kPanelsPerTask consecutive panels to whichever thread is free (so that a
 // thread slowed by a neighbour on its core leaves work to the other), and
@@ -212,8 +213,9 @@ void MatMulQ8(const internal::Q8Kernels& kernels, const float* x, int64_t m,
 // of the task, whose rows follow in memory. The rows of x are split into
 // tiles of equal size, at most kernels.max_rows each, so that no tile is
 // left with a few rows (and few accumulator chains).
-void MatMulPanels(const internal::PanelKernels& kernels, const float* x, int64_t m,
-                  std::span<const MatMulProduct> products, int num_threads) {
+void MatMulPanels(const internal::PanelKernels& kernels, const void* x, size_t x_row_bytes,
+                  int64_t m, std::span<const MatMulProduct> products, int num_threads) {
+  const auto* x_bytes = static_cast<const std::byte*>(x);
   const int64_t k = products[0].w->cols;
   const DType dtype = products[0].w->dtype;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(dtype);
@@ -249,8 +251,9 @@ void MatMulPanels(const internal::PanelKernels& kernels, const float* x, int64_t
           for (int64_t tile = 0; tile < tiles; ++tile) {
             const int64_t i0 = m * tile / tiles;
             const int64_t i1 = m * (tile + 1) / tiles;
-            kernels.rows[i1 - i0 - 1](x + i0 * k, k, panel.data(), product.y + i0 * n + p * cols,
-                                      n, rows, next + next_bytes * tile / tiles,
+            kernels.rows[i1 - i0 - 1](x_bytes + i0 * x_row_bytes, k, panel.data(),
+                                      product.y + i0 * n + p * cols, n, rows,
+                                      next + next_bytes * tile / tiles,
                                       next + next_bytes * (tile + 1) / tiles);
           }
         }
@@ -420,8 +423,12 @@ void MatMul(const float* x, int64_t m, std::span<const MatMulProduct> products,
   const internal::PanelKernels& panels = options.Avx512Fp32() ? internal::Avx512PanelKernels()
                                                                : internal::Avx2PanelKernels();
   const auto panel_products = [&](const float* xs) {
-    MatMulPanels(panels, xs, m, products, options.num_threads);
+    MatMulPanels(panels, xs, w.cols * sizeof(float), m, products, options.num_threads);
   };
+  // Many rows of x rounded to bf16 against bf16 weights: VDPBF16PS's
+  // panels of pairs multiply twice as many products an instruction as the
+  // fp32 panels (even k only).
+  const bool pair_panels = many_rows && w.cols % 2 == 0;
   if (w.dtype == DType::kQ8) {
     MatMulQ8(options.isa >= CpuIsa::kAvx512Vnni ? internal::Avx512VnniQ8Kernels()
                                                 : internal::Avx2Q8Kernels(),
@@ -434,20 +441,27 @@ void MatMul(const float* x, int64_t m, std::span<const MatMulProduct> products,
                                        : internal::Avx2Tiles(w.dtype),
                   x, w.cols * sizeof(float), m, products, options.num_threads);
     }
-  } else if (options.isa == CpuIsa::kAvx512Bf16 && !(many_rows && options.Avx512Fp32())) {
-    // Few rows, or a CPU where the 16-lane fp32 kernels do not pay (Zen 4:
-    // there the 8-lane panels were never measured against these).
+  } else if (options.isa == CpuIsa::kAvx512Bf16 &&
+             (pair_panels || !(many_rows && options.Avx512Fp32()))) {
+    // Few rows (the dot-product tiles), many rows of even k (the pair
+    // panels), or a CPU where the 16-lane fp32 kernels do not pay (Zen 4:
+    // there the 8-lane panels were never measured against the tiles).
     const std::span<uint16_t> x_bf16 = Scratch<uint16_t>(n);
     internal::Avx512RoundToBf16(x, static_cast<int64_t>(n), x_bf16.data());
-    MatMulTiled(internal::Avx512Bf16Tiles(), x_bf16.data(), w.cols * sizeof(uint16_t), m,
-                products, options.num_threads);
+    if (pair_panels) {
+      MatMulPanels(internal::Avx512Bf16PanelKernels(), x_bf16.data(), w.cols * sizeof(uint16_t),
+                   m, products, options.num_threads);
+    } else {
+      MatMulTiled(internal::Avx512Bf16Tiles(), x_bf16.data(), w.cols * sizeof(uint16_t), m,
+                  products, options.num_threads);
+    }
   } else {
     // The same products from the fp32 kernels (bf16 values are exact in
     // fp32, and so are the products of two of them), summed in another
-    // order. Many rows with 16-lane fp32 kernels take this way too: the
-    // panels prefill faster than the VDPBF16PS tiles, which are dot
-    // products (on the Xeon of docs/benchmarks.md, 1.29-1.38x llama.cpp's
-    // BF16 against 0.94-0.95x).
+    // order. Many rows of odd k with 16-lane fp32 kernels take this way
+    // too: the fp32 panels prefill faster than the VDPBF16PS tiles, which
+    // are dot products (on the Xeon of docs/benchmarks.md, 1.29-1.38x
+    // llama.cpp's BF16 against 0.94-0.95x).
     const std::span<float> x_rounded = Scratch<float>(n);
     RoundToBf16Values(x, static_cast<int64_t>(n), x_rounded.data());
     if (many_rows) {

@@ -37,7 +37,9 @@ struct Avx2 {
   }
   static Acc MulAdd(X x, W w, Acc acc) { return _mm256_fmadd_ps(x, w, acc); }
   static float XAt(const float* p, int64_t i) { return p[i]; }
-  static X Broadcast(float f) { return _mm256_set1_ps(f); }
+  static constexpr int kPerLine = 1;
+  static W LoadLine(const float* p) { return _mm256_loadu_ps(p); }
+  static X Broadcast(const float* p) { return _mm256_set1_ps(*p); }
   static void Store(float* p, Acc v, int n) {
     if (n == 8) return _mm256_storeu_ps(p, v);
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

@@ -105,7 +105,9 @@ struct Avx512 {
   }
   static Acc MulAdd(X x, W w, Acc acc) { return _mm512_fmadd_ps(x, w, acc); }
   static float XAt(const float* p, int64_t i) { return p[i]; }
-  static X Broadcast(float f) { return _mm512_set1_ps(f); }
+  static constexpr int kPerLine = 1;
+  static W LoadLine(const float* p) { return _mm512_loadu_ps(p); }
+  static X Broadcast(const float* p) { return _mm512_set1_ps(*p); }
   static void Store(float* p, Acc v, int n) {
     if (n == 16) return _mm512_storeu_ps(p, v);
     _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);

@@ -117,10 +117,11 @@ inline constexpr int kMaxPanelMR = 12;
 using PackFn = void (*)(const std::byte* w, size_t row_bytes, int rows, int64_t k, float* panel);
 
 // y[i * ldy + r] = sum_t x[i * k + t] * panel[t * cols + r] for i < MR,
-// r < n (<= cols). Meanwhile the bytes [prefetch, prefetch_end) are
-// fetched into L2 (the next panel's rows, so that its copy does not wait
-// on memory), one line every 4 steps of k: at most k / 4 lines.
-using PanelFn = void (*)(const float* x, int64_t k, const float* panel, float* y, int64_t ldy,
+// r < n (<= cols); x is fp32, or bf16 for the pair panels below.
+// Meanwhile the bytes [prefetch, prefetch_end) are fetched into L2 (the
+// next panel's rows, so that its copy does not wait on memory), one line
+// every 4 steps of k: at most k / 4 lines.
+using PanelFn = void (*)(const void* x, int64_t k, const float* panel, float* y, int64_t ldy,
                          int n, const std::byte* prefetch, const std::byte* prefetch_end);
 struct PanelKernels {
   int cols;                    // Weight rows a panel holds.
@@ -134,9 +135,16 @@ const PanelKernels& Avx2PanelKernels();
 const PanelKernels& Avx512PanelKernels();
 
 // AVX512_BF16 with AVX-512 F/BW/VL/DQ (matmul_avx512_bf16.cc): bf16 x
-// against bf16 weights, two products a lane (VDPBF16PS), summed in fp32;
-// and x's conversion: out[i] = x[i] rounded to bf16 (to nearest even).
+// against bf16 weights, two products a lane (VDPBF16PS), summed in fp32:
+// dot-product tiles (few rows of x), and panels of pairs for many rows:
+// a panel's line holds a pair of k steps of each of 16 weight rows
+// (panel[(t / 2) * cols + r] is the 32-bit pair w[r][t], w[r][t + 1]),
+// which a broadcast pair of x multiplies by one VDPBF16PS, twice the
+// products of an fp32 FMA. Pair panels take even k and bf16 weights only
+// (pack[kBF16]; the other types' entries are null). And x's conversion:
+// out[i] = x[i] rounded to bf16 (to nearest even).
 const TileKernels& Avx512Bf16Tiles();
+const PanelKernels& Avx512Bf16PanelKernels();
 void Avx512RoundToBf16(const float* x, int64_t n, uint16_t* out);
 
 }  // namespace pdserve::cpu::internal

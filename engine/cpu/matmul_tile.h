@@ -17,9 +17,13 @@
 //   LoadX(p), LoadW<T>(p)    kStep elements of x / of a weight row
 //   MulAdd(x, w, acc)        acc + the products of x and w, in lanes
 //   XAt(p, i)                element i of x as float (the k tail)
-// and, for the panels (fp32 X and W, kStep lanes):
-//   Broadcast(f)             f in every lane
+// and, for the panels (kStep lanes, a weight row each):
+//   kPerLine                 steps of k a panel line holds: 1 (fp32), 2
+//                            (bf16 pairs)
+//   LoadLine(p)              a line of the panel
+//   Broadcast(p)             the kPerLine elements of x at p, in every lane
 //   Store(p, v, n)           the first n <= kStep lanes of v to p
+// and, to pack fp32 panels (PackPanel):
 //   Transpose(v)             v[kStep]: lane e of v[r] to lane r of v[e]
 //   UnpackLo/UnpackHi(a, b), Shuffle<imm>(a, b): the unpack and shuffle
 //                            instructions, for TransposeWithinLanes
@@ -28,6 +32,7 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -175,8 +180,9 @@ void PackPanel(const std::byte* w, size_t row_bytes, int rows, int64_t k, float*
   }
 }
 
-// MR rows of x times one panel: per k step two lines of weights, each x
-// value broadcast once against both. The largest MR keeps its 2 * MR
+// MR rows of x times one panel: per line of the panel (V::kPerLine steps
+// of k; k is a multiple of it) two lines of weights, each x value (or
+// pair) broadcast once against both. The largest MR keeps its 2 * MR
 // accumulators, the two lines and the broadcast in the registers (AVX2:
 // MR 6, 15 of the 16; AVX-512: MR 12, 27 of the 32). Every fourth k
 // step also prefetches a line of `prefetch` into L2 (the load ports have
@@ -187,23 +193,25 @@ void PackPanel(const std::byte* w, size_t row_bytes, int rows, int64_t k, float*
 // (f32 and bf16, one and two threads, 8-12 interleaved pairs); eight
 // steps a turn were no faster.
 template <typename V, int MR>
-void PanelTile(const float* x, int64_t k, const float* panel, float* y, int64_t ldy, int cols,
+void PanelTile(const void* x_data, int64_t k, const float* panel, float* y, int64_t ldy, int cols,
                const std::byte* prefetch, const std::byte* prefetch_end) {
+  const auto* x = static_cast<const typename V::XElem*>(x_data);
   constexpr int kLanes = V::kStep;
   constexpr int kCols = 2 * kLanes;
+  const int64_t lines = k / V::kPerLine;
   typename V::Acc acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = V::Zero();
   const auto step = [&](int64_t t) {
-    const typename V::W w0 = V::LoadX(panel + t * kCols);
-    const typename V::W w1 = V::LoadX(panel + t * kCols + kLanes);
+    const typename V::W w0 = V::LoadLine(panel + t * kCols);
+    const typename V::W w1 = V::LoadLine(panel + t * kCols + kLanes);
     for (int i = 0; i < MR; ++i) {
-      const typename V::X xi = V::Broadcast(x[i * k + t]);
+      const typename V::X xi = V::Broadcast(x + i * k + t * V::kPerLine);
       acc[i][0] = V::MulAdd(xi, w0, acc[i][0]);
       acc[i][1] = V::MulAdd(xi, w1, acc[i][1]);
     }
   };
   int64_t t = 0;
-  for (; t + 4 <= k; t += 4) {
+  for (; t + 4 <= lines; t += 4) {
     if (prefetch < prefetch_end) {
       _mm_prefetch(reinterpret_cast<const char*>(prefetch), _MM_HINT_T1);
       prefetch += 64;
@@ -213,7 +221,7 @@ void PanelTile(const float* x, int64_t k, const float* panel, float* y, int64_t 
     step(t + 2);
     step(t + 3);
   }
-  for (; t < k; ++t) step(t);
+  for (; t < lines; ++t) step(t);
   const int lo = cols < kLanes ? cols : kLanes;
   const int hi = cols - lo;
   for (int i = 0; i < MR; ++i) {
@@ -222,20 +230,21 @@ void PanelTile(const float* x, int64_t k, const float* panel, float* y, int64_t 
   }
 }
 
-// V's panel kernels: tiles of 1 .. kMaxMR rows.
+// V's panel kernels: tiles of 1 .. kMaxMR rows, and the packing of each
+// weight type (by DType: kF32, kF16, kBF16), PackPanel's unless given.
 template <typename V, int kMaxMR, int... kMR>
-constexpr PanelKernels MakePanelKernels(std::integer_sequence<int, kMR...>) {
+constexpr PanelKernels MakePanelKernels(std::array<PackFn, 3> pack,
+                                        std::integer_sequence<int, kMR...>) {
   static_assert(kMaxMR <= kMaxPanelMR);
-  PanelKernels out{.cols = 2 * V::kStep,
-                   .max_rows = kMaxMR,
-                   .pack = {&PackPanel<V, DType::kF32>, &PackPanel<V, DType::kF16>,
-                            &PackPanel<V, DType::kBF16>}};
+  PanelKernels out{.cols = 2 * V::kStep, .max_rows = kMaxMR, .pack = {pack[0], pack[1], pack[2]}};
   ((out.rows[kMR] = &PanelTile<V, kMR + 1>), ...);
   return out;
 }
 template <typename V, int kMaxMR>
-constexpr PanelKernels MakePanelKernels() {
-  return MakePanelKernels<V, kMaxMR>(std::make_integer_sequence<int, kMaxMR>());
+constexpr PanelKernels MakePanelKernels(
+    std::array<PackFn, 3> pack = {&PackPanel<V, DType::kF32>, &PackPanel<V, DType::kF16>,
+                                  &PackPanel<V, DType::kBF16>}) {
+  return MakePanelKernels<V, kMaxMR>(pack, std::make_integer_sequence<int, kMaxMR>());
 }
 
 template <typename V, DType T, int MR>

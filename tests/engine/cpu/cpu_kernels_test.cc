@@ -54,8 +54,10 @@ TEST_P(MatMulTest, MatchesDoubleReference) {
   const bool bf16_x = bf16_activations && dtype == DType::kBF16;
 
   // Every AVX-512 set runs its 16-lane fp32 kernels here (tiles for
-  // m <= 4, panels above), whichever the CPU prefers (Avx512Fp32Pays);
-  // avx2 runs the 8-lane tiles.
+  // m <= 4, panels above), whichever the CPU prefers (Avx512Fp32Pays),
+  // but for bf16 activations against bf16 weights with AVX512_BF16 (its
+  // dot-product tiles, and its panels of pairs where k is even); avx2
+  // runs the 8-lane tiles.
   std::vector<float> y(m * n, -1.0f);
   MatMul(x.data(), m, w, y.data(),
          {.num_threads = 2, .isa = isa, .bf16_activations = bf16_activations,
@@ -103,7 +105,11 @@ INSTANTIATE_TEST_SUITE_P(
             // 8-lane panels (m > 4 below AVX-512): tiles of 6 rows split
             // in 3 and 4, one panel of 16, k tails of an 8-column
             // transpose.
-            MatMulCase{7, 16, 9, DType::kF16}, MatMulCase{6, 18, 15, DType::kBF16}),
+            MatMulCase{7, 16, 9, DType::kF16}, MatMulCase{6, 18, 15, DType::kBF16},
+            // Panels of bf16 pairs (m > 4, even k, bf16 activations with
+            // AVX512_BF16): whole tiles of 12 rows, a panel of 13 rows, a
+            // tail of 3 pairs after the loop's 4 a turn; a single pair.
+            MatMulCase{24, 45, 70, DType::kBF16}, MatMulCase{13, 32, 2, DType::kBF16}),
         ::testing::ValuesIn(kAllCpuIsas), ::testing::Bool()),
     [](const auto& info) {
       const MatMulCase& c = std::get<0>(info.param);
