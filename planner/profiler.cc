@@ -463,10 +463,15 @@ struct ProfiledCluster {
   std::unique_ptr<GenerationClient> client;
 };
 
+// A disaggregated one never prefills on its decode worker (the decode
+// figures need it to only decode): kv_aware's prefill queue limit is off,
+// which 16 closed-loop streams of 256-token prompts crossed on the Zen 5
+// VM of docs/capacity_planning.md run 24.
 absl::StatusOr<ProfiledCluster> StartCluster(LaunchOptions launch, int32_t prefill) {
   launch.prefill = prefill;
-  launch.routing = prefill > 0 ? R"({"localPrefillMaxTokens": 0})"
-                               : R"({"localPrefillMaxTokens": 1000000000})";
+  launch.routing = prefill > 0
+                       ? R"({"localPrefillMaxTokens": 0, "prefillQueueLimitTokens": 1000000000})"
+                       : R"({"localPrefillMaxTokens": 1000000000})";
   ProfiledCluster out;
   PD_ASSIGN_OR_RETURN(out.cluster, ClusterLauncher::Start(launch));
   PD_ASSIGN_OR_RETURN(out.client, GenerationClient::Create(out.cluster->grpc_address()));
