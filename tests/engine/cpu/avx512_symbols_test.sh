@@ -19,7 +19,8 @@ check() {  # OBJECT WANT
   echo "$1 defines only: $(echo "$symbols" | tr '\n' ' ')"
 }
 lib=$1
-check 'matmul_avx512_bf16\.cc\.o' 'pdserve::cpu::internal::Avx512Bf16Tiles()
+check 'matmul_avx512_bf16\.cc\.o' 'pdserve::cpu::internal::Avx512Bf16PanelKernels()
+pdserve::cpu::internal::Avx512Bf16Tiles()
 pdserve::cpu::internal::Avx512RoundToBf16(float const*, long, unsigned short*)'
 check 'matmul_avx512_vnni\.cc\.o' 'pdserve::cpu::internal::Avx512PanelKernels()
 pdserve::cpu::internal::Avx512Tiles(pdserve::DType)
