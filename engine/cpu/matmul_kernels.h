@@ -120,7 +120,7 @@ using PackFn = void (*)(const std::byte* w, size_t row_bytes, int rows, int64_t 
 // r < n (<= cols); x is fp32, or bf16 for the pair panels below.
 // Meanwhile the bytes [prefetch, prefetch_end) are fetched into L2 (the
 // next panel's rows, so that its copy does not wait on memory), one line
-// every 4 steps of k: at most k / 4 lines.
+// every 4 lines of the panel: at most k / 4 lines (k / 8 for pairs).
 using PanelFn = void (*)(const void* x, int64_t k, const float* panel, float* y, int64_t ldy,
                          int n, const std::byte* prefetch, const std::byte* prefetch_end);
 struct PanelKernels {

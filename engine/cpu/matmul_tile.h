@@ -184,9 +184,9 @@ void PackPanel(const std::byte* w, size_t row_bytes, int rows, int64_t k, float*
 // of k; k is a multiple of it) two lines of weights, each x value (or
 // pair) broadcast once against both. The largest MR keeps its 2 * MR
 // accumulators, the two lines and the broadcast in the registers (AVX2:
-// MR 6, 15 of the 16; AVX-512: MR 12, 27 of the 32). Every fourth k
-// step also prefetches a line of `prefetch` into L2 (the load ports have
-// room to spare), until `prefetch_end`. The loop takes four k steps a
+// MR 6, 15 of the 16; AVX-512: MR 12, 27 of the 32). Every fourth line
+// also prefetches a line of `prefetch` into L2 (the load ports have
+// room to spare), until `prefetch_end`. The loop takes four lines a
 // turn: one prefetch test and one loop branch per 4 * 2 * MR
 // multiply-adds, which on the AVX2 EPYC VM of docs/benchmarks.md made a
 // layer's products of 128 rows 1.15-1.20x faster than one step a turn
