@@ -6,9 +6,11 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -65,6 +67,23 @@ void SetNoDelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+// Drops the first `n` bytes of `iov`.
+void Consume(std::span<iovec>& iov, size_t n) {
+  while (!iov.empty() && n >= iov.front().iov_len) {
+    n -= iov.front().iov_len;
+    iov = iov.subspan(1);
+  }
+  if (!iov.empty()) {
+    iov.front().iov_base = static_cast<std::byte*>(iov.front().iov_base) + n;
+    iov.front().iov_len -= n;
+  }
+}
+
+// Empty entries end nothing: a zero-length read is taken as the peer's close.
+void SkipEmpty(std::span<iovec>& iov) {
+  while (!iov.empty() && iov.front().iov_len == 0) iov = iov.subspan(1);
+}
+
 }  // namespace
 
 void Fd::Reset() {
@@ -85,12 +104,14 @@ Io WaitFor(int fd, short events, absl::Time deadline) {
   }
 }
 
-Io SendAll(int fd, const std::byte* data, size_t len, absl::Time deadline) {
-  while (len > 0) {
-    const ssize_t n = ::send(fd, data, len, MSG_NOSIGNAL);
+Io SendAllV(int fd, std::span<iovec> iov, absl::Time deadline) {
+  for (SkipEmpty(iov); !iov.empty(); SkipEmpty(iov)) {
+    msghdr m{};
+    m.msg_iov = iov.data();
+    m.msg_iovlen = std::min<size_t>(iov.size(), IOV_MAX);
+    const ssize_t n = ::sendmsg(fd, &m, MSG_NOSIGNAL);
     if (n > 0) {
-      data += n;
-      len -= static_cast<size_t>(n);
+      Consume(iov, static_cast<size_t>(n));
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -103,12 +124,14 @@ Io SendAll(int fd, const std::byte* data, size_t len, absl::Time deadline) {
   return Io::kOk;
 }
 
-Io RecvAll(int fd, std::byte* data, size_t len, absl::Time deadline) {
-  while (len > 0) {
-    const ssize_t n = ::recv(fd, data, len, 0);
+Io RecvAllV(int fd, std::span<iovec> iov, absl::Time deadline) {
+  for (SkipEmpty(iov); !iov.empty(); SkipEmpty(iov)) {
+    msghdr m{};
+    m.msg_iov = iov.data();
+    m.msg_iovlen = std::min<size_t>(iov.size(), IOV_MAX);
+    const ssize_t n = ::recvmsg(fd, &m, 0);
     if (n > 0) {
-      data += n;
-      len -= static_cast<size_t>(n);
+      Consume(iov, static_cast<size_t>(n));
       continue;
     }
     if (n == 0) return Io::kClosed;
@@ -120,6 +143,16 @@ Io RecvAll(int fd, std::byte* data, size_t len, absl::Time deadline) {
     return errno == ECONNRESET ? Io::kClosed : Io::kError;
   }
   return Io::kOk;
+}
+
+Io SendAll(int fd, const std::byte* data, size_t len, absl::Time deadline) {
+  iovec one{const_cast<std::byte*>(data), len};
+  return SendAllV(fd, {&one, 1}, deadline);
+}
+
+Io RecvAll(int fd, std::byte* data, size_t len, absl::Time deadline) {
+  iovec one{data, len};
+  return RecvAllV(fd, {&one, 1}, deadline);
 }
 
 absl::Status IoStatus(Io io, std::string_view what) {

@@ -9,9 +9,11 @@
 #define PDSERVE_KV_TRANSFER_SOCKET_IO_H_
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 
 #include <cstddef>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -48,6 +50,10 @@ class Fd {
 Io WaitFor(int fd, short events, absl::Time deadline);
 Io SendAll(int fd, const std::byte* data, size_t len, absl::Time deadline);
 Io RecvAll(int fd, std::byte* data, size_t len, absl::Time deadline);
+// The bytes of every entry of `iov`, in order, in as few system calls as
+// the socket allows; `iov`'s entries are used up in the process.
+Io SendAllV(int fd, std::span<iovec> iov, absl::Time deadline);
+Io RecvAllV(int fd, std::span<iovec> iov, absl::Time deadline);
 // OK, DEADLINE_EXCEEDED, or UNAVAILABLE (peer closed, socket error; errno
 // is read for kError), prefixed with `what`.
 absl::Status IoStatus(Io io, std::string_view what);

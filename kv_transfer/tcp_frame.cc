@@ -15,7 +15,7 @@ void EncodeFrameHeader(const FrameHeader& h, std::byte out[kFrameHeaderBytes]) {
   StoreWire<uint8_t>(out, 4, static_cast<uint8_t>(h.type));
   StoreWire<uint32_t>(out, 8, h.region);
   StoreWire<uint32_t>(out, 12, h.length);
-  StoreWire<uint64_t>(out, 16, h.offset);
+  StoreWire<uint32_t>(out, 16, h.segments);
   StoreWire<uint32_t>(out, 24, h.crc);
   StoreWire<uint64_t>(out, 32, h.landing);
 }
@@ -25,19 +25,32 @@ bool DecodeFrameHeader(const std::byte in[kFrameHeaderBytes], FrameHeader& h) {
   const uint8_t type = LoadWire<uint8_t>(in, 4);
   if (type < 1 || type > 5) return false;
   if (LoadWire<uint8_t>(in, 5) != 0 || LoadWire<uint16_t>(in, 6) != 0 ||
-      LoadWire<uint32_t>(in, 28) != 0)
+      LoadWire<uint32_t>(in, 20) != 0 || LoadWire<uint32_t>(in, 28) != 0)
     return false;
   h.type = static_cast<FrameType>(type);
   h.region = LoadWire<uint32_t>(in, 8);
   h.length = LoadWire<uint32_t>(in, 12);
-  h.offset = LoadWire<uint64_t>(in, 16);
+  h.segments = LoadWire<uint32_t>(in, 16);
   h.crc = LoadWire<uint32_t>(in, 24);
   h.landing = LoadWire<uint64_t>(in, 32);
-  return true;
+  if (h.type == FrameType::kWrite) return h.segments >= 1 && h.segments <= kMaxWriteSegments;
+  return h.segments == 0;
 }
 
-uint32_t Crc32c(std::span<const std::byte> data) {
-  uint32_t crc = ~0u;
+void EncodeSegment(const WriteSegment& s, std::byte out[kSegmentBytes]) {
+  StoreWire<uint64_t>(out, 0, s.offset);
+  StoreWire<uint32_t>(out, 8, s.length);
+  StoreWire<uint32_t>(out, 12, 0);
+}
+
+bool DecodeSegment(const std::byte in[kSegmentBytes], WriteSegment& s) {
+  s.offset = LoadWire<uint64_t>(in, 0);
+  s.length = LoadWire<uint32_t>(in, 8);
+  return s.length > 0 && LoadWire<uint32_t>(in, 12) == 0;
+}
+
+uint32_t Crc32c(std::span<const std::byte> data, uint32_t prior) {
+  uint32_t crc = ~prior;
   size_t i = 0;
 #if defined(__SSE4_2__)
   for (; i + 8 <= data.size(); i += 8) {

@@ -3,10 +3,13 @@
 // every frame against its registered regions before copying it in.
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <list>
 #include <thread>
@@ -43,21 +46,7 @@ class TcpConnection final : public KvConnection {
     for (const WriteOp& op : ops) {  // Check every local range before sending anything.
       PD_RETURN_IF_ERROR(CheckLocal(op));
     }
-    for (const WriteOp& op : ops) {
-      for (uint64_t done = 0; done < op.length;) {
-        const uint32_t chunk = static_cast<uint32_t>(std::min<uint64_t>(op.length - done, options_.max_frame_bytes));
-        Io io = Io::kOk;
-        const absl::Status local = local_->Access(
-            op.local_region, op.local_offset + done, chunk, [&](std::span<std::byte> src) {
-              const FrameHeader h{FrameType::kWrite, op.remote_region.value, chunk,
-                                  op.remote_offset + done, Crc32c(src), op.landing};
-              io = SendFrame(fd_.get(), h, src, absl::Now() + options_.io_timeout);
-            });
-        if (!local.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("local ", local.message())));
-        if (io != Io::kOk) return Fail(PeerError(IoStatus(io, "sending KV")));
-        done += chunk;
-      }
-    }
+    for (Cursor at; at.op < ops.size();) PD_RETURN_IF_ERROR(SendWriteFrame(ops, at));
     return Sync();
   }
 
@@ -77,6 +66,68 @@ class TcpConnection final : public KvConnection {
   }
 
  private:
+  // Where the next frame starts: byte `done` of ops[op].
+  struct Cursor {
+    size_t op = 0;
+    uint64_t done = 0;
+  };
+
+  // One WRITE frame of the ops from `at` on that share its regions and
+  // landing, up to max_frame_bytes and kMaxWriteSegments (an op longer
+  // than what is left of the frame is split); `at` moves past them.
+  absl::Status SendWriteFrame(std::span<const WriteOp> ops, Cursor& at) {
+    const WriteOp& first = ops[at.op];
+    segments_.clear();
+    sources_.clear();
+    uint64_t data = 0;
+    for (; at.op < ops.size(); at.done = 0, ++at.op) {
+      const WriteOp& op = ops[at.op];
+      if (op.local_region != first.local_region || op.remote_region != first.remote_region ||
+          op.landing != first.landing) {
+        break;
+      }
+      while (at.done < op.length && data < options_.max_frame_bytes && segments_.size() < kMaxWriteSegments) {
+        const auto n = static_cast<uint32_t>(std::min<uint64_t>(op.length - at.done, options_.max_frame_bytes - data));
+        segments_.push_back({op.remote_offset + at.done, n});
+        sources_.push_back(op.local_offset + at.done);
+        at.done += n;
+        data += n;
+      }
+      if (at.done < op.length) break;  // The frame is full.
+    }
+    if (segments_.empty()) return absl::OkStatus();  // Only empty ops.
+    // Every source lies in the local region (CheckLocal), so the range
+    // that spans them does too.
+    const uint64_t low = *std::min_element(sources_.begin(), sources_.end());
+    uint64_t high = 0;
+    for (size_t i = 0; i < segments_.size(); ++i) high = std::max(high, sources_[i] + segments_[i].length);
+    table_.resize(segments_.size() * kSegmentBytes);
+    for (size_t i = 0; i < segments_.size(); ++i) EncodeSegment(segments_[i], table_.data() + i * kSegmentBytes);
+    Io io = Io::kOk;
+    const absl::Status local =
+        local_->Access(first.local_region, low, high - low, [&](std::span<std::byte> span) {
+          std::byte header[kFrameHeaderBytes];
+          iov_.assign({{header, sizeof(header)}, {table_.data(), table_.size()}});
+          uint32_t crc = Crc32c(table_);
+          for (size_t i = 0; i < segments_.size(); ++i) {
+            const std::span<std::byte> src = span.subspan(sources_[i] - low, segments_[i].length);
+            crc = Crc32c(src, crc);
+            iov_.push_back({src.data(), src.size()});
+          }
+          const FrameHeader h{.type = FrameType::kWrite,
+                              .region = first.remote_region.value,
+                              .length = static_cast<uint32_t>(table_.size() + data),
+                              .segments = static_cast<uint32_t>(segments_.size()),
+                              .crc = crc,
+                              .landing = first.landing};
+          EncodeFrameHeader(h, header);
+          io = SendAllV(fd_.get(), iov_, absl::Now() + options_.io_timeout);
+        });
+    if (!local.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("local ", local.message())));
+    if (io != Io::kOk) return Fail(PeerError(IoStatus(io, "sending KV")));
+    return absl::OkStatus();
+  }
+
   absl::Status CheckLocal(const WriteOp& op) {
     const absl::Status s = local_->Access(op.local_region, op.local_offset, op.length, [](auto) {});
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("local ", s.message()));
@@ -130,6 +181,11 @@ class TcpConnection final : public KvConnection {
   Fd fd_;
   RegionTable* const local_;
   const TransportOptions options_;
+  // The frame being sent (kept to reuse their memory).
+  std::vector<WriteSegment> segments_;
+  std::vector<uint64_t> sources_;  // Local offset of each segment.
+  std::vector<std::byte> table_;
+  std::vector<iovec> iov_;
 };
 
 class TcpTransport final : public KvTransport {
@@ -231,11 +287,72 @@ class TcpTransport final : public KvTransport {
     return true;
   }
 
+  // A WRITE frame's table and where its segments land (kept per
+  // connection to reuse their memory).
+  struct WriteFrame {
+    std::vector<std::byte> table;
+    std::vector<WriteSegment> segments;
+    std::vector<iovec> iov;
+  };
+
+  // Lands a WRITE frame's segments in place (no staging copy) after their
+  // range is checked, and verifies them there. An error fails the transfer
+  // (the decode worker never reads blocks whose transfer did not complete)
+  // and ends the connection; `lost` when the peer stopped sending half way,
+  // so that nothing is left to answer.
+  absl::Status Land(int fd, const FrameHeader& h, absl::Time deadline, WriteFrame& frame, bool& lost) {
+    frame.table.resize(size_t{h.segments} * kSegmentBytes);
+    if (h.length < frame.table.size()) return absl::DataLossError("write frame shorter than its segment table");
+    if (RecvAll(fd, frame.table.data(), frame.table.size(), deadline) != Io::kOk) {
+      lost = true;
+      return absl::OkStatus();
+    }
+    frame.segments.resize(h.segments);
+    uint64_t data = 0;
+    uint64_t low = UINT64_MAX;
+    uint64_t high = 0;
+    for (uint32_t i = 0; i < h.segments; ++i) {
+      WriteSegment& seg = frame.segments[i];
+      if (!DecodeSegment(frame.table.data() + i * kSegmentBytes, seg)) {
+        return absl::DataLossError("malformed write segment");
+      }
+      if (seg.offset > UINT64_MAX - seg.length) {
+        return absl::OutOfRangeError(absl::StrCat("write segment at ", seg.offset, " runs past 2^64"));
+      }
+      data += seg.length;
+      low = std::min(low, seg.offset);
+      high = std::max(high, seg.offset + seg.length);
+    }
+    if (data != h.length - frame.table.size()) {
+      return absl::DataLossError("write segments do not add up to the frame's length");
+    }
+    // Each segment is inside the checked range that spans them all.
+    Io io = Io::kOk;
+    bool intact = true;
+    const absl::Status s = regions_.Access(RegionId(h.region), low, high - low, [&](std::span<std::byte> span) {
+      frame.iov.clear();
+      for (const WriteSegment& seg : frame.segments) frame.iov.push_back({span.data() + (seg.offset - low), seg.length});
+      io = RecvAllV(fd, frame.iov, deadline);
+      if (io != Io::kOk) return;
+      uint32_t crc = Crc32c(frame.table);
+      for (const WriteSegment& seg : frame.segments) crc = Crc32c(span.subspan(seg.offset - low, seg.length), crc);
+      intact = crc == h.crc;
+    });
+    if (!s.ok()) return s;
+    if (io != Io::kOk) {
+      lost = true;
+      return absl::OkStatus();
+    }
+    if (!intact) return absl::DataLossError("frame checksum mismatch");
+    return absl::OkStatus();
+  }
+
   // One peer's stream of frames. What a peer can make us hold is bounded:
   // writes land in registered memory after a range check, notifications in
   // one staging buffer of at most max_message_bytes.
   void Serve(Fd fd) {
     std::vector<std::byte> staging;
+    WriteFrame frame;
     std::byte raw[kFrameHeaderBytes];
     while (!stop_.load()) {
       // Idle between frames for as long as the peer likes; once a frame has
@@ -247,7 +364,7 @@ class TcpTransport final : public KvTransport {
       if (RecvAll(fd.get(), raw, sizeof(raw), deadline) != Io::kOk) return;
       FrameHeader h;
       if (!DecodeFrameHeader(raw, h)) return Refuse(fd.get(), absl::DataLossError("malformed frame header"));
-      const uint32_t limit = h.type == FrameType::kWrite    ? options_.max_frame_bytes
+      const uint64_t limit = h.type == FrameType::kWrite    ? uint64_t{options_.max_frame_bytes} + h.segments * kSegmentBytes
                              : h.type == FrameType::kNotify ? options_.max_message_bytes
                                                             : 0;
       if (h.type == FrameType::kAck || h.type == FrameType::kError) {
@@ -268,19 +385,10 @@ class TcpTransport final : public KvTransport {
             if (!Discard(fd.get(), h.length, deadline)) return;
             break;
           }
-          // The range is checked, then the payload lands in place (no
-          // staging copy) and is verified there. A frame that fails its
-          // checksum or stops half way fails the transfer: the decode
-          // worker never reads blocks whose transfer did not complete.
-          Io io = Io::kOk;
-          bool intact = true;
-          s = regions_.Access(RegionId(h.region), h.offset, h.length, [&](std::span<std::byte> dst) {
-            io = RecvAll(fd.get(), dst.data(), dst.size(), deadline);
-            intact = io == Io::kOk && Crc32c(dst) == h.crc;
-          });
+          bool lost = false;
+          s = Land(fd.get(), h, deadline, frame, lost);
           if (fence != nullptr) fence->EndWrite(h.landing);
-          if (s.ok() && io != Io::kOk) return;
-          if (s.ok() && !intact) s = absl::DataLossError("frame checksum mismatch");
+          if (lost) return;
           break;
         }
         case FrameType::kNotify: {

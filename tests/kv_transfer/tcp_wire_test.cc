@@ -41,6 +41,29 @@ void SendHeader(int fd, FrameHeader h) {
   SendBytes(fd, raw, sizeof(raw));
 }
 
+std::vector<std::byte> Table(const std::vector<WriteSegment>& segments) {
+  std::vector<std::byte> table(segments.size() * kSegmentBytes);
+  for (size_t i = 0; i < segments.size(); ++i) EncodeSegment(segments[i], table.data() + i * kSegmentBytes);
+  return table;
+}
+
+// A WRITE frame's header and segment table (`data` payload bytes to follow);
+// its checksum is `crc`.
+void SendWriteHead(int fd, uint32_t region, const std::vector<WriteSegment>& segments, size_t data, uint32_t crc) {
+  const std::vector<std::byte> table = Table(segments);
+  SendHeader(fd, {.type = FrameType::kWrite,
+                  .region = region,
+                  .length = static_cast<uint32_t>(table.size() + data),
+                  .segments = static_cast<uint32_t>(segments.size()),
+                  .crc = crc});
+  SendBytes(fd, table.data(), table.size());
+}
+
+// The checksum a WRITE frame of `segments` carrying `payload` should have.
+uint32_t WriteCrc(const std::vector<WriteSegment>& segments, std::span<const std::byte> payload) {
+  return Crc32c(payload, Crc32c(Table(segments)));
+}
+
 // Reads the receiver's reply frame: its type and, for ERROR, the code.
 std::pair<FrameType, absl::StatusCode> ReadReply(int fd) {
   std::byte raw[kFrameHeaderBytes];
@@ -123,7 +146,7 @@ TEST_F(TcpWireTest, BadMagicIsRefused) {
 
 TEST_F(TcpWireTest, OversizedFrameIsRefusedBeforeItsPayload) {
   const int fd = Dial(receiver_->endpoint());
-  SendHeader(fd, {FrameType::kWrite, region_.value, 0xFFFFFFF0u, 0, 0});  // ~4 GiB announced.
+  SendHeader(fd, {.type = FrameType::kWrite, .region = region_.value, .length = 0xFFFFFFF0u, .segments = 1});  // ~4 GiB.
   EXPECT_EQ(ReadReply(fd), std::pair(FrameType::kError, absl::StatusCode::kResourceExhausted));
   ::close(fd);
   ExpectHealthyAndUntouched();
@@ -132,19 +155,75 @@ TEST_F(TcpWireTest, OversizedFrameIsRefusedBeforeItsPayload) {
 TEST_F(TcpWireTest, CorruptPayloadIsRefusedAndStaysInItsRange) {
   const int fd = Dial(receiver_->endpoint());
   std::vector<std::byte> payload(64, std::byte{5});
-  const uint32_t crc = Crc32c(payload);
+  const std::vector<WriteSegment> segments = {{0, 64}};
+  const uint32_t crc = WriteCrc(segments, payload);
   payload[10] = std::byte{6};  // Flipped in flight.
-  SendHeader(fd, {FrameType::kWrite, region_.value, 64, 0, crc});
+  SendWriteHead(fd, region_.value, segments, payload.size(), crc);
   SendBytes(fd, payload.data(), payload.size());
   EXPECT_EQ(ReadReply(fd), std::pair(FrameType::kError, absl::StatusCode::kDataLoss));
   ::close(fd);
   ExpectHealthyAndUntouched(/*landing_end=*/64);
 }
 
+TEST_F(TcpWireTest, SegmentsOfOneFrameLandWhereTheirTableSays) {
+  const int fd = Dial(receiver_->endpoint());
+  std::vector<std::byte> payload(100);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i + 1);
+  // Out of order, the last one ending where the range check ends.
+  const std::vector<WriteSegment> segments = {{3000, 40}, {8, 50}, {4086, 10}};
+  SendWriteHead(fd, region_.value, segments, payload.size(), WriteCrc(segments, payload));
+  SendBytes(fd, payload.data(), payload.size());
+  SendHeader(fd, {.type = FrameType::kSync});
+  EXPECT_EQ(ReadReply(fd).first, FrameType::kAck);
+  EXPECT_EQ(0, std::memcmp(&memory_[3000], &payload[0], 40));
+  EXPECT_EQ(0, std::memcmp(&memory_[8], &payload[40], 50));
+  EXPECT_EQ(0, std::memcmp(&memory_[4086], &payload[90], 10));
+  for (size_t i = 0; i < memory_.size(); ++i) {
+    const bool written = (i >= 3000 && i < 3040) || (i >= 8 && i < 58) || i >= 4086;
+    if (!written) {
+      ASSERT_EQ(memory_[i], std::byte{0}) << i;
+    }
+  }
+  ::close(fd);
+}
+
+TEST_F(TcpWireTest, MalformedSegmentTablesAreRefusedBeforeAnyPayload) {
+  struct Case {
+    const char* what;
+    std::vector<WriteSegment> segments;
+    size_t data;  // Payload bytes the header announces.
+    absl::StatusCode code;
+  };
+  const std::vector<Case> cases = {
+      {"an empty segment", {{0, 16}, {100, 0}}, 16, absl::StatusCode::kDataLoss},
+      {"segments longer than the payload", {{0, 16}, {100, 16}}, 24, absl::StatusCode::kDataLoss},
+      {"segments shorter than the payload", {{0, 16}}, 24, absl::StatusCode::kDataLoss},
+      {"a segment past the region", {{0, 16}, {4090, 16}}, 32, absl::StatusCode::kOutOfRange},
+      {"a segment past 2^64", {{0, 16}, {~uint64_t{0} - 4, 16}}, 32, absl::StatusCode::kOutOfRange},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const int fd = Dial(receiver_->endpoint());
+    SendWriteHead(fd, region_.value, c.segments, c.data, 0);
+    EXPECT_EQ(ReadReply(fd), std::pair(FrameType::kError, c.code));
+    ::close(fd);
+  }
+  // A table the header's length cannot hold, and segment counts out of
+  // bounds (a malformed header).
+  for (const auto& [length, segments] : {std::pair<uint32_t, uint32_t>{16, 2}, {0, 0}, {16 * 257, 257}}) {
+    const int fd = Dial(receiver_->endpoint());
+    SendHeader(fd, {.type = FrameType::kWrite, .region = region_.value, .length = length, .segments = segments});
+    EXPECT_EQ(ReadReply(fd), std::pair(FrameType::kError, absl::StatusCode::kDataLoss)) << segments;
+    ::close(fd);
+  }
+  ExpectHealthyAndUntouched();
+}
+
 TEST_F(TcpWireTest, StalledFrameTimesOutWithinItsRange) {
   const int fd = Dial(receiver_->endpoint());
   std::vector<std::byte> payload(512, std::byte{5});
-  SendHeader(fd, {FrameType::kWrite, region_.value, 512, 0, Crc32c(payload)});
+  const std::vector<WriteSegment> segments = {{0, 512}};
+  SendWriteHead(fd, region_.value, segments, payload.size(), WriteCrc(segments, payload));
   SendBytes(fd, payload.data(), 100);  // ...and nothing more.
   const auto start = absl::Now();
   EXPECT_TRUE(ClosedByPeer(fd));  // After io_timeout (300 ms).
@@ -184,7 +263,9 @@ TEST_F(TcpWireTest, SenderGivesUpOnAReceiverThatNeverAnswers) {
 
 TEST(Crc32cTest, KnownValue) {
   const std::string check = "123456789";  // The standard check input.
-  EXPECT_EQ(Crc32c(std::as_bytes(std::span(check.data(), check.size()))), 0xE3069283u);
+  const auto bytes = std::as_bytes(std::span(check.data(), check.size()));
+  EXPECT_EQ(Crc32c(bytes), 0xE3069283u);
+  EXPECT_EQ(Crc32c(bytes.subspan(4), Crc32c(bytes.first(4))), 0xE3069283u);  // Continued.
 }
 
 }  // namespace

@@ -229,6 +229,34 @@ TEST_P(TransportTest, RandomBlockSetsOverManyLayersArriveByteExact) {
   }
 }
 
+TEST_P(TransportTest, ManySmallOpsOfOnePostArriveByteExact) {
+  // More ops in one post than one frame of the tcp transport holds
+  // (kMaxWriteSegments), each a 64-byte slot of a scattered block, some
+  // empty, landing in reverse order.
+  constexpr size_t kSlot = 64, kSlots = 700;
+  std::vector<std::byte> src(kSlot * kSlots), dst(src.size(), std::byte{0});
+  std::mt19937 rng(3);
+  for (auto& b : src) b = static_cast<std::byte>(rng());
+  auto local = sender_->RegisterMemory(src);
+  auto remote = receiver_->RegisterMemory(dst);
+  ASSERT_TRUE(local.ok() && remote.ok());
+  auto conn = sender_->Connect(receiver_->endpoint());
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  std::vector<WriteOp> ops;
+  for (size_t i = 0; i < kSlots; ++i) {
+    ops.push_back({*local, i * kSlot, *remote, (kSlots - 1 - i) * kSlot, i % 97 == 5 ? 0 : kSlot});
+  }
+  ASSERT_TRUE((*conn)->Write(ops).ok());
+  for (size_t i = 0; i < kSlots; ++i) {
+    const std::byte* landed = &dst[(kSlots - 1 - i) * kSlot];
+    if (i % 97 == 5) {
+      EXPECT_TRUE(std::all_of(landed, landed + kSlot, [](std::byte x) { return x == std::byte{0}; })) << i;
+    } else {
+      EXPECT_EQ(0, std::memcmp(landed, &src[i * kSlot], kSlot)) << i;
+    }
+  }
+}
+
 TEST_P(TransportTest, RegionsRegisteredAfterConnectingAndDeregisteredAreSeen) {
   std::vector<std::byte> src(4096, std::byte{5}), first(4096), second(4096);
   auto local = sender_->RegisterMemory(src);
