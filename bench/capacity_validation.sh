@@ -5,7 +5,8 @@
 # cluster at each rate, next to the simulation), and plot predicted next to
 # measured. Run from the source tree after building (build/planner has
 # pd-plan); needs root for the CPU shares. Takes 15 to 35 minutes on a
-# 2-core machine; keep the machine otherwise idle. To predict again with a
+# 2-core machine; keep the machine otherwise idle. A profile.json already
+# in OUT_DIR is used as it is (the script says when). To predict again with a
 # new profile against the same runs: pd-plan validate --measured_json. Each
 # run's per-request records, predicted and measured, go to OUT_DIR/NAME.records
 # (planner/compare_records.py reads them). REPEATS=3 measures every point
@@ -29,8 +30,15 @@ requests="${REQUESTS:-100}"
 configs="${CONFIGS:-0P1D,0P2D,0P3D,1P1D,1P2D,2P1D}"
 engine=(--max_batch_tokens=512 --max_running=32 --prefill_kv_cache_mb=64 --decode_kv_cache_mb=64)
 
-[[ -s "$out/profile.json" ]] || "$plan" profile --out="$out/profile.json" \
-  --worker_cpus="$cpus" --max_context=1024 "${engine[@]}" --run_dir="$out/run" | tee "$out/profile.md"
+if [[ -s "$out/profile.json" ]]; then
+  # A profile from another build or another hour predicts another machine
+  # (docs/capacity_planning.md run 25 reused one by accident): say so.
+  echo "capacity_validation.sh: reusing $out/profile.json, taken $(date -r "$out/profile.json" '+%F %T %Z');" \
+    "delete it to profile this machine now" >&2
+else
+  "$plan" profile --out="$out/profile.json" \
+    --worker_cpus="$cpus" --max_context=1024 "${engine[@]}" --run_dir="$out/run" | tee "$out/profile.md"
+fi
 
 # Rates around the knees this machine's profile predicts: RATE_COUNT, evenly
 # from 3/4 of the lowest goodput search finds (of the configurations that
