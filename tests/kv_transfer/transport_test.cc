@@ -54,6 +54,23 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     sender_ = *std::move(a);
     receiver_ = *std::move(b);
   }
+
+  // `src` filled from `rng` and registered with the sender, `dst` with the
+  // receiver, and a connection between them.
+  struct Wired {
+    RegionId local, remote;
+    std::unique_ptr<KvConnection> conn;
+  };
+  void Wire(std::vector<std::byte>& src, std::vector<std::byte>& dst, std::mt19937& rng, Wired& out) {
+    for (auto& b : src) b = static_cast<std::byte>(rng());
+    auto local = sender_->RegisterMemory(src);
+    auto remote = receiver_->RegisterMemory(dst);
+    ASSERT_TRUE(local.ok() && remote.ok());
+    auto conn = sender_->Connect(receiver_->endpoint());
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    out = {*local, *remote, *std::move(conn)};
+  }
+
   std::unique_ptr<KvTransport> sender_, receiver_;
 };
 
@@ -63,12 +80,8 @@ TEST_P(TransportTest, ScatteredBlocksArriveByteExactBeforeTheirNotification) {
   std::vector<std::byte> src(kBlock * kBlocks * kLayers),
       dst(src.size(), std::byte{0});
   std::mt19937 rng(1);
-  for (auto& b : src) b = static_cast<std::byte>(rng());
-  auto local = sender_->RegisterMemory(src);
-  auto remote = receiver_->RegisterMemory(dst);
-  ASSERT_TRUE(local.ok() && remote.ok());
-  auto conn = sender_->Connect(receiver_->endpoint());
-  ASSERT_TRUE(conn.ok()) << conn.status();
+  Wired w;
+  ASSERT_NO_FATAL_FAILURE(Wire(src, dst, rng, w));
 
   std::vector<std::pair<size_t, size_t>>
       moved;  // (source block, destination block)
@@ -77,11 +90,11 @@ TEST_P(TransportTest, ScatteredBlocksArriveByteExactBeforeTheirNotification) {
   for (size_t layer = 0; layer < kLayers; ++layer) {
     std::vector<WriteOp> ops;
     for (auto [s, d] : moved) {
-      ops.push_back({*local, (layer * kBlocks + s) * kBlock, *remote,
+      ops.push_back({w.local, (layer * kBlocks + s) * kBlock, w.remote,
                      (layer * kBlocks + d) * kBlock, kBlock});
     }
-    ASSERT_TRUE((*conn)->Write(ops).ok());
-    ASSERT_TRUE((*conn)->Notify("layer " + std::to_string(layer)).ok());
+    ASSERT_TRUE(w.conn->Write(ops).ok());
+    ASSERT_TRUE(w.conn->Notify("layer " + std::to_string(layer)).ok());
   }
   for (size_t layer = 0; layer < kLayers; ++layer) {
     auto n = receiver_->WaitNotification(absl::Seconds(5));
@@ -180,12 +193,8 @@ TEST_P(TransportTest, RandomBlockSetsOverManyLayersArriveByteExact) {
   std::vector<std::byte> src(kBlock * kBlocks * kLayers),
       dst(src.size(), std::byte{0});
   std::mt19937 rng(7);
-  for (auto& b : src) b = static_cast<std::byte>(rng());
-  auto local = sender_->RegisterMemory(src);
-  auto remote = receiver_->RegisterMemory(dst);
-  ASSERT_TRUE(local.ok() && remote.ok());
-  auto conn = sender_->Connect(receiver_->endpoint());
-  ASSERT_TRUE(conn.ok()) << conn.status();
+  Wired w;
+  ASSERT_NO_FATAL_FAILURE(Wire(src, dst, rng, w));
   std::vector<size_t> order(kBlocks);
   std::iota(order.begin(), order.end(), 0);
   std::vector<uint8_t> expected_owner(kBlocks * kLayers, 0);  // 1: written.
@@ -208,10 +217,10 @@ TEST_P(TransportTest, RandomBlockSetsOverManyLayersArriveByteExact) {
         expected_owner[layer * kBlocks + d + k] = 1;
         landed.push_back({dof + k * kBlock, so + k * kBlock});
       }
-      ops.push_back({*local, so, *remote, dof, len * kBlock});
+      ops.push_back({w.local, so, w.remote, dof, len * kBlock});
     }
-    ASSERT_TRUE((*conn)->Write(ops).ok()) << "layer " << layer;
-    ASSERT_TRUE((*conn)->Notify("layer " + std::to_string(layer)).ok());
+    ASSERT_TRUE(w.conn->Write(ops).ok()) << "layer " << layer;
+    ASSERT_TRUE(w.conn->Notify("layer " + std::to_string(layer)).ok());
   }
   for (size_t layer = 0; layer < kLayers; ++layer) {
     auto n = receiver_->WaitNotification(absl::Seconds(5));
@@ -236,17 +245,13 @@ TEST_P(TransportTest, ManySmallOpsOfOnePostArriveByteExact) {
   constexpr size_t kSlot = 64, kSlots = 700;
   std::vector<std::byte> src(kSlot * kSlots), dst(src.size(), std::byte{0});
   std::mt19937 rng(3);
-  for (auto& b : src) b = static_cast<std::byte>(rng());
-  auto local = sender_->RegisterMemory(src);
-  auto remote = receiver_->RegisterMemory(dst);
-  ASSERT_TRUE(local.ok() && remote.ok());
-  auto conn = sender_->Connect(receiver_->endpoint());
-  ASSERT_TRUE(conn.ok()) << conn.status();
+  Wired w;
+  ASSERT_NO_FATAL_FAILURE(Wire(src, dst, rng, w));
   std::vector<WriteOp> ops;
   for (size_t i = 0; i < kSlots; ++i) {
-    ops.push_back({*local, i * kSlot, *remote, (kSlots - 1 - i) * kSlot, i % 97 == 5 ? 0 : kSlot});
+    ops.push_back({w.local, i * kSlot, w.remote, (kSlots - 1 - i) * kSlot, i % 97 == 5 ? 0 : kSlot});
   }
-  ASSERT_TRUE((*conn)->Write(ops).ok());
+  ASSERT_TRUE(w.conn->Write(ops).ok());
   for (size_t i = 0; i < kSlots; ++i) {
     const std::byte* landed = &dst[(kSlots - 1 - i) * kSlot];
     if (i % 97 == 5) {
