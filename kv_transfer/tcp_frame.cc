@@ -37,6 +37,10 @@ bool DecodeFrameHeader(const std::byte in[kFrameHeaderBytes], FrameHeader& h) {
   return h.segments == 0;
 }
 
+bool IsOlderFormat(const std::byte in[kFrameHeaderBytes]) {
+  return LoadWire<uint32_t>(in, 0) == kFrameMagicV1;
+}
+
 void EncodeSegment(const WriteSegment& s, std::byte out[kSegmentBytes]) {
   StoreWire<uint64_t>(out, 0, s.offset);
   StoreWire<uint32_t>(out, 8, s.length);

@@ -34,6 +34,9 @@
 namespace pdserve::kv {
 
 constexpr uint32_t kFrameMagic = 0x324B4450;  // "PDK2" little-endian.
+// The format before it ("PDKV": a WRITE frame was one range); named in the
+// errors a peer of that version gets and causes.
+constexpr uint32_t kFrameMagicV1 = 0x564B4450;
 constexpr size_t kFrameHeaderBytes = 40;
 constexpr size_t kSegmentBytes = 16;
 // At most this many segments a WRITE frame: its table is 4 KiB, and a
@@ -67,6 +70,8 @@ void EncodeFrameHeader(const FrameHeader& h, std::byte out[kFrameHeaderBytes]);
 // False for a bad magic, unknown type, non-zero reserved bytes, or
 // `segments` other than 1 to kMaxWriteSegments in a WRITE and 0 elsewhere.
 bool DecodeFrameHeader(const std::byte in[kFrameHeaderBytes], FrameHeader& h);
+// True when `in` begins with the older format's magic.
+bool IsOlderFormat(const std::byte in[kFrameHeaderBytes]);
 
 void EncodeSegment(const WriteSegment& s, std::byte out[kSegmentBytes]);
 // False for an empty segment or non-zero reserved bytes.

@@ -29,6 +29,13 @@ namespace {
 // How often blocked threads look at the stop flag.
 constexpr absl::Duration kStopPoll = absl::Milliseconds(50);
 
+// A peer of the release before the segment tables (its frames begin with
+// kFrameMagicV1) cannot speak to this one: during a rolling upgrade, the
+// KV pushes between an upgraded worker and one that is not fail with this.
+constexpr char kOlderPeer[] =
+    "the KV peer speaks an older tcp frame format (PDKV, before scattered segments); "
+    "upgrade the prefill and decode workers to the same release";
+
 Io SendFrame(int fd, const FrameHeader& h, std::span<const std::byte> payload, absl::Time deadline) {
   std::byte header[kFrameHeaderBytes];
   EncodeFrameHeader(h, header);
@@ -152,7 +159,10 @@ class TcpConnection final : public KvConnection {
       return IoStatus(io, "waiting for the peer's acknowledgement");
     }
     FrameHeader h;
-    if (!DecodeFrameHeader(raw, h)) return absl::DataLossError("malformed reply from the peer");
+    if (!DecodeFrameHeader(raw, h)) {
+      if (IsOlderFormat(raw)) return absl::FailedPreconditionError(kOlderPeer);
+      return absl::DataLossError("malformed reply from the peer");
+    }
     if (h.type == FrameType::kAck && h.length == 0) return absl::OkStatus();
     if (h.type != FrameType::kError || h.length > options_.max_message_bytes) {
       return absl::DataLossError("unexpected reply from the peer");
@@ -363,7 +373,10 @@ class TcpTransport final : public KvTransport {
       const absl::Time deadline = absl::Now() + options_.io_timeout;
       if (RecvAll(fd.get(), raw, sizeof(raw), deadline) != Io::kOk) return;
       FrameHeader h;
-      if (!DecodeFrameHeader(raw, h)) return Refuse(fd.get(), absl::DataLossError("malformed frame header"));
+      if (!DecodeFrameHeader(raw, h)) {
+        if (IsOlderFormat(raw)) return Refuse(fd.get(), absl::FailedPreconditionError(kOlderPeer));
+        return Refuse(fd.get(), absl::DataLossError("malformed frame header"));
+      }
       const uint64_t limit = h.type == FrameType::kWrite    ? uint64_t{options_.max_frame_bytes} + h.segments * kSegmentBytes
                              : h.type == FrameType::kNotify ? options_.max_message_bytes
                                                             : 0;

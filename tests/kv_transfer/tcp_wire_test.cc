@@ -144,6 +144,56 @@ TEST_F(TcpWireTest, BadMagicIsRefused) {
   ExpectHealthyAndUntouched();
 }
 
+TEST_F(TcpWireTest, APeerOfTheOlderFormatIsToldToUpgrade) {
+  const int fd = Dial(receiver_->endpoint());
+  std::byte raw[kFrameHeaderBytes] = {};
+  StoreWire<uint32_t>(raw, 0, kFrameMagicV1);
+  StoreWire<uint8_t>(raw, 4, 1);  // Its WRITE.
+  SendBytes(fd, raw, sizeof(raw));
+  EXPECT_EQ(ReadReply(fd), std::pair(FrameType::kError, absl::StatusCode::kFailedPrecondition));
+  ::close(fd);
+  ExpectHealthyAndUntouched();
+}
+
+TEST_F(TcpWireTest, ASenderFacingAnOlderReceiverIsToldToUpgrade) {
+  // A receiver of the older format refuses the first frame with an ERROR
+  // of its own format.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::thread old_receiver([listener] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    std::byte raw[kFrameHeaderBytes] = {};
+    StoreWire<uint32_t>(raw, 0, kFrameMagicV1);
+    StoreWire<uint8_t>(raw, 4, static_cast<uint8_t>(FrameType::kError));
+    StoreWire<uint32_t>(raw, 8, static_cast<uint32_t>(absl::StatusCode::kDataLoss));
+    ::send(fd, raw, sizeof(raw), MSG_NOSIGNAL);
+    ::shutdown(fd, SHUT_WR);
+    char sink[4096];
+    while (::recv(fd, sink, sizeof(sink), 0) > 0) {
+    }
+    ::close(fd);
+  });
+  auto sender = CreateKvTransport("tcp", {});
+  ASSERT_TRUE(sender.ok());
+  std::vector<std::byte> src(64);
+  auto local = (*sender)->RegisterMemory(src);
+  ASSERT_TRUE(local.ok());
+  auto conn = (*sender)->Connect("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const WriteOp op{*local, 0, RegionId(1), 0, src.size()};
+  const absl::Status s = (*conn)->Write({&op, 1});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("upgrade"), std::string_view::npos) << s;
+  old_receiver.join();
+  ::close(listener);
+}
+
 TEST_F(TcpWireTest, OversizedFrameIsRefusedBeforeItsPayload) {
   const int fd = Dial(receiver_->endpoint());
   SendHeader(fd, {.type = FrameType::kWrite, .region = region_.value, .length = 0xFFFFFFF0u, .segments = 1});  // ~4 GiB.
