@@ -84,6 +84,19 @@ std::pair<FrameType, absl::StatusCode> ReadReply(int fd) {
   return {h.type, static_cast<absl::StatusCode>(h.region)};
 }
 
+// A loopback listener (backlog 1) and the endpoint that dials it.
+std::pair<int, std::string> Listen() {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(::listen(listener, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  return {listener, "127.0.0.1:" + std::to_string(ntohs(addr.sin_port))};
+}
+
 bool ClosedByPeer(int fd) {
   char c;
   return ::recv(fd, &c, 1, 0) == 0;
@@ -158,14 +171,7 @@ TEST_F(TcpWireTest, APeerOfTheOlderFormatIsToldToUpgrade) {
 TEST_F(TcpWireTest, ASenderFacingAnOlderReceiverIsToldToUpgrade) {
   // A receiver of the older format refuses the first frame with an ERROR
   // of its own format.
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener, 1), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const auto [listener, endpoint] = Listen();
   std::thread old_receiver([listener] {
     const int fd = ::accept(listener, nullptr, nullptr);
     std::byte raw[kFrameHeaderBytes] = {};
@@ -184,7 +190,7 @@ TEST_F(TcpWireTest, ASenderFacingAnOlderReceiverIsToldToUpgrade) {
   std::vector<std::byte> src(64);
   auto local = (*sender)->RegisterMemory(src);
   ASSERT_TRUE(local.ok());
-  auto conn = (*sender)->Connect("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
+  auto conn = (*sender)->Connect(endpoint);
   ASSERT_TRUE(conn.ok()) << conn.status();
   const WriteOp op{*local, 0, RegionId(1), 0, src.size()};
   const absl::Status s = (*conn)->Write({&op, 1});
@@ -284,15 +290,7 @@ TEST_F(TcpWireTest, StalledFrameTimesOutWithinItsRange) {
 
 TEST_F(TcpWireTest, SenderGivesUpOnAReceiverThatNeverAnswers) {
   // A listener that accepts and then reads nothing.
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener, 1), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  const auto [listener, endpoint] = Listen();
 
   TransportOptions o;
   o.io_timeout = absl::Milliseconds(300);
