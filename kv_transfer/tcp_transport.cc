@@ -39,8 +39,8 @@ constexpr char kOlderPeer[] =
 Io SendFrame(int fd, const FrameHeader& h, std::span<const std::byte> payload, absl::Time deadline) {
   std::byte header[kFrameHeaderBytes];
   EncodeFrameHeader(h, header);
-  if (Io io = SendAll(fd, header, sizeof(header), deadline); io != Io::kOk) return io;
-  return SendAll(fd, payload.data(), payload.size(), deadline);
+  iovec iov[] = {{header, sizeof(header)}, {const_cast<std::byte*>(payload.data()), payload.size()}};
+  return SendAllV(fd, iov, deadline);
 }
 
 class TcpConnection final : public KvConnection {
@@ -87,6 +87,8 @@ class TcpConnection final : public KvConnection {
     segments_.clear();
     sources_.clear();
     uint64_t data = 0;
+    uint64_t low = UINT64_MAX;  // The local range that spans the sources.
+    uint64_t high = 0;
     for (; at.op < ops.size(); at.done = 0, ++at.op) {
       const WriteOp& op = ops[at.op];
       if (op.local_region != first.local_region || op.remote_region != first.remote_region ||
@@ -97,6 +99,8 @@ class TcpConnection final : public KvConnection {
         const auto n = static_cast<uint32_t>(std::min<uint64_t>(op.length - at.done, options_.max_frame_bytes - data));
         segments_.push_back({op.remote_offset + at.done, n});
         sources_.push_back(op.local_offset + at.done);
+        low = std::min(low, sources_.back());
+        high = std::max(high, sources_.back() + n);
         at.done += n;
         data += n;
       }
@@ -105,9 +109,6 @@ class TcpConnection final : public KvConnection {
     if (segments_.empty()) return absl::OkStatus();  // Only empty ops.
     // Every source lies in the local region (CheckLocal), so the range
     // that spans them does too.
-    const uint64_t low = *std::min_element(sources_.begin(), sources_.end());
-    uint64_t high = 0;
-    for (size_t i = 0; i < segments_.size(); ++i) high = std::max(high, sources_[i] + segments_[i].length);
     table_.resize(segments_.size() * kSegmentBytes);
     for (size_t i = 0; i < segments_.size(); ++i) EncodeSegment(segments_[i], table_.data() + i * kSegmentBytes);
     Io io = Io::kOk;
