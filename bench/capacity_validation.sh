@@ -16,7 +16,10 @@
 # of them (default 7). REQUESTS requests a point (default 100): with 100, a
 # measured P90's 90% confidence interval is about +-12% wide (the report's
 # interval line), wider than the 10% the predictions are held to; 400
-# halve it, at four times the time.
+# halve it, at four times the time. AGAIN=DIR, a directory of an earlier
+# run of this script at the same rates, adds to each report how well that
+# run's measurements predict these (the measurement's repeatability across
+# clusters and hours, against the same bounds as the model).
 #
 #   bench/capacity_validation.sh [OUT_DIR]   (default build/capacity)
 set -euo pipefail
@@ -84,14 +87,17 @@ for entry in "${workloads[@]}"; do
   # asks for more than the engine's speed is known to.
   for scale in 1 1.05; do
     # shellcheck disable=SC2086
-    "$plan" validate --profile="$out/profile.json" --engine_scale="$scale" --configs="$configs" \
+    "$plan" validate --profile="$out/profile.json" --engine_scale="$scale" --drift_check=false \
+      --configs="$configs" \
       $flags $slo --request_rates="$rates" --measured_json="$out/$name.validate.json" \
       --summary_json="$out/$name.scale-$scale.json" --max_error=1e9 --max_attainment_error=1 \
       >/dev/null
   done
   python3 planner/plot_validation.py "$out/$name.validate.json" "$out/$name" \
     --title "$name: predicted (dashed) vs measured (solid)"
+  again=()
+  [[ -n "${AGAIN:-}" ]] && again=(--again_json="$AGAIN/$name.validate.json")
   python3 planner/validation_report.py "$out/$name.validate.json" "$out/$name.search.json" \
     --base_json="$out/$name.scale-1.json" --scaled_json="$out/$name.scale-1.05.json" \
-    --scale=1.05 | tee "$out/$name.report.md"
+    --scale=1.05 "${again[@]}" | tee "$out/$name.report.md"
 done

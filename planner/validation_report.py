@@ -12,10 +12,14 @@ on decode workers, with the latency errors at the points where the step
 times held; what validate's drift check found per configuration; and, given the same validation predicted again with
 `pd-plan validate --engine_scale=S --measured_json`, how far that engine
 speed moves each P90 prediction: the points where the 10% target asks
-for an engine speed known to better than S - 1.
+for an engine speed known to better than S - 1; and how well the
+measurement predicts itself against the same bounds (a point's repeated
+runs, and another validation of the same points given --again_json): the
+most any model can be expected to reach on that machine.
 
     planner/validation_report.py VALIDATE.json SEARCH.json [--attainment_target 0.9]
         [--scaled_json SCALED.json --scale 1.05 [--base_json BASE.json]]
+        [--again_json OTHER_VALIDATE.json]
 
 BASE.json: the same points predicted again at --engine_scale=1, to
 compare the scaled predictions with when validate's drift check scaled
@@ -152,6 +156,75 @@ def interval_report(rows):
               "(order statistics, summary.h): " + "; ".join(lines) + ".")
 
 
+def within_bounds(predicted, measured):
+    """Whether a summary `predicted` lands within the targets' bounds of
+    `measured`: (P90 TTFT within 10%, P90 TPOT within 10%, attainment
+    within 3 points)."""
+    return (abs(err(predicted["ttft_s"]["p90"], measured["ttft_s"]["p90"])) <= 0.1 + 1e-9,
+            abs(err(predicted["tpot_s"]["p90"], measured["tpot_s"]["p90"])) <= 0.1 + 1e-9,
+            abs(predicted["slo_attainment"] - measured["slo_attainment"]) <= 0.03 + 1e-9)
+
+
+def mean_summary(runs):
+    """The figures within_bounds reads, averaged over `runs`."""
+    return {"ttft_s": {"p90": statistics.fmean(r["ttft_s"]["p90"] for r in runs)},
+            "tpot_s": {"p90": statistics.fmean(r["tpot_s"]["p90"] for r in runs)},
+            "slo_attainment": statistics.fmean(r["slo_attainment"] for r in runs)}
+
+
+def repeatability(rows, again=None):
+    """How often the measurement predicts itself within the targets' bounds:
+    per figure (P90 TTFT, P90 TPOT, attainment), over the points of `rows`
+    with two runs or more, each run taken as the prediction of the mean of
+    the point's other runs (the count averaged over the runs); and, given
+    `again` (another validate of the same points: another cluster, another
+    hour), its measurement as the prediction of this one's. No model can be
+    expected to do better than the first on this machine in this hour, nor
+    than the second across hours. Returns ((ttft, tpot, attainment, points),
+    the same for `again` or None)."""
+    hits, points = [0.0, 0.0, 0.0], 0
+    for r in rows:
+        runs = r.get("measured_runs", [])
+        if len(runs) < 2:
+            continue
+        points += 1
+        for i, run in enumerate(runs):
+            others = mean_summary(runs[:i] + runs[i + 1:])
+            for k, ok in enumerate(within_bounds(run, others)):
+                hits[k] += ok / len(runs)
+    across = None
+    if again is not None:
+        by_point = {(a["config"], a["rate"]): a for a in again}
+        a_hits, a_points = [0, 0, 0], 0
+        for r in rows:
+            a = by_point.get((r["config"], r["rate"]))
+            if a is None:
+                continue
+            a_points += 1
+            for k, ok in enumerate(within_bounds(a["measured"], r["measured"])):
+                a_hits[k] += ok
+        across = (*a_hits, a_points)
+    return (*hits, points), across
+
+
+def repeatability_report(rows, model_hits, again=None):
+    """repeatability() in words, beside the model's own counts."""
+    within, across = repeatability(rows, again)
+    lines = []
+    if within[3]:
+        lines.append(f"each run of a point taken as the prediction of the mean of its other runs "
+                     f"is within the bounds at {within[0]:.1f} (P90 TTFT), {within[1]:.1f} (P90 "
+                     f"TPOT) and {within[2]:.1f} (attainment) of {within[3]} points, on average "
+                     f"over the runs")
+    if across and across[3]:
+        lines.append(f"the other validation's measurements (--again_json) as the prediction of "
+                     f"these: {across[0]}, {across[1]} and {across[2]} of {across[3]}")
+    if lines:
+        print()
+        print("The measurement's own repeatability, against the same bounds: " + "; ".join(lines)
+              + f". The model: {model_hits[0]}, {model_hits[1]} and {model_hits[2]} of {len(rows)}.")
+
+
 def sensitivity_report(rows, scaled, scale):
     """Per P90 figure, the points where predicting with every CPU cost
     times `scale` moves the prediction of `rows` by more than 10%."""
@@ -178,6 +251,9 @@ def main():
     parser.add_argument("--scaled_json", help="the same points predicted with --engine_scale")
     parser.add_argument("--scale", type=float, default=1.05, help="the --engine_scale of --scaled_json")
     parser.add_argument("--base_json", help="the same points predicted at --engine_scale=1")
+    parser.add_argument("--again_json",
+                        help="another validate of the same points (another cluster or hour), "
+                             "whose measurements are taken as the prediction of these")
     args = parser.parse_args()
     rows = json.load(open(args.validate_json))
     search = json.load(open(args.search_json))
@@ -214,6 +290,9 @@ def main():
           f"{statistics.median(att_err)*100:.0f} points, within 3 points in "
           f"{sum(e <= 0.03 + 1e-9 for e in att_err)} of {n}.")
     interval_report(rows)
+    repeatability_report(rows, (sum(e <= 0.1 for e in ttft_err), sum(e <= 0.1 for e in tpot_err),
+                                sum(e <= 0.03 + 1e-9 for e in att_err)),
+                         json.load(open(args.again_json)) if args.again_json else None)
     drift_report(rows, configs)
     step_report(rows, ttft_err, tpot_err)
     if args.scaled_json:
