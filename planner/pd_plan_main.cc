@@ -98,11 +98,11 @@ ABSL_FLAG(double, max_attainment_error, 0.03,
 ABSL_FLAG(bool, drift_check, true,
           "validate: before each configuration's runs, keep the workers that prefill (prefill "
           "workers, or decode workers when colocated) busy for a few seconds, as pd-plan profile "
-          "did for its engine scales, and scale that role's CPU costs by their measured / "
-          "predicted step time");
-ABSL_FLAG(double, drift_threshold, 0.15,
+          "did for its engine scales, and scale every worker's CPU costs by their measured / "
+          "predicted step time; with --measured_json, the drift the earlier run measured");
+ABSL_FLAG(double, drift_threshold, 0,
           "validate: apply the drift check's scaling only when it is off by more than this "
-          "share (its own run-to-run noise on a shared 2-vCPU VM is about 6%)");
+          "share (default: always; docs/capacity_planning.md run 27)");
 ABSL_FLAG(double, engine_scale, 1,
           "simulate, search, validate: multiply the profile's CPU costs (engine steps, decode "
           "step overheads, serving threads) by this, as the drift check does: what if the "
@@ -682,6 +682,17 @@ const nlohmann::json* EarlierPoint(const nlohmann::json& earlier, const std::str
   return nullptr;
 }
 
+// The drift check's reading before an earlier validate's runs of `config`
+// (1 where it made none).
+double EarlierDrift(const nlohmann::json& earlier, const std::string& config) {
+  for (const nlohmann::json& row : earlier) {
+    if (row.value("config", "") == config && row.contains("drift") && row["drift"].is_number()) {
+      return row["drift"].get<double>();
+    }
+  }
+  return 1;
+}
+
 // The runs of one point of an earlier validate (--repeats of them, or the
 // one "measured" of a validate run without).
 absl::StatusOr<std::vector<Summary>> EarlierMeasurement(const nlohmann::json& earlier,
@@ -881,28 +892,31 @@ absl::Status RunValidate() {
                           MakeLoadTarget("grpc", {.address = cluster->grpc_address()}));
     }
     // The profile this configuration's predictions come from: scaled by
-    // the drift measured on its cluster right before its runs (none when
-    // comparing with an earlier measurement, whose machine state is gone).
+    // the drift measured on its cluster right before its runs, or by the
+    // one the earlier run measured before the runs compared with. The
+    // check measures the role that prefills, and every worker is scaled by
+    // it: the hour's speed is the machine's, and scaling the checked role
+    // alone did worse (docs/capacity_planning.md run 27).
     Profile now = profile;
-    const bool check_drift = earlier.is_null() && absl::GetFlag(FLAGS_drift_check);
+    const bool check_drift = absl::GetFlag(FLAGS_drift_check);
     double drift = 1;
-    bool applied = false;
-    if (check_drift) {
+    if (check_drift && earlier.is_null()) {
       Progress(absl::StrCat("validate: drift check on ", name));
       PD_ASSIGN_OR_RETURN(drift, DriftNow(profile, shape, *cluster, *load_target));
-      applied = std::abs(drift - 1) > absl::GetFlag(FLAGS_drift_threshold);
-      if (applied) {
-        now = shape.prefill > 0 ? WithDrift(profile, drift, 1) : WithDrift(profile, 1, drift);
-      }
+    } else if (check_drift) {
+      drift = EarlierDrift(earlier, shape.Name());
     }
+    const bool applied = std::abs(drift - 1) > absl::GetFlag(FLAGS_drift_threshold);
+    if (applied) now = WithDrift(profile, drift, drift);
     std::vector<SweepPoint> predicted_points, measured_points;
     std::cout << absl::StrFormat("\n%s\n\n", shape.Name());
     if (check_drift) {
       std::cout << absl::StrFormat(
-          "Drift check: this cluster's %s workers, each kept busy with %d prompts, stepped %.2fx "
-          "what the profile predicts; %s.\n\n",
-          shape.prefill > 0 ? "prefill" : "decode", kBusyPrompts, drift,
-          applied ? "their CPU costs are scaled by that"
+          "Drift check%s: this cluster's %s workers, each kept busy with %d prompts, stepped "
+          "%.2fx what the profile predicts; %s.\n\n",
+          earlier.is_null() ? "" : " (the earlier run's)", shape.prefill > 0 ? "prefill" : "decode",
+          kBusyPrompts, drift,
+          applied ? "every worker's CPU costs are scaled by that"
                   : absl::StrFormat("within --drift_threshold (%.0f%%), not applied",
                                     absl::GetFlag(FLAGS_drift_threshold) * 100));
     }

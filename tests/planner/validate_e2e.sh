@@ -27,8 +27,8 @@
 # on 2026-11-24, same code: 62 and 81 us per token; the second put 0P1D's
 # P90 TTFT 50% high). validate's drift check keeps each configuration's
 # engines busy before its runs, prints their step time over the profile's
-# and scales the profile beyond 15%; within that it is the check's own
-# noise (docs/capacity_planning.md, runs 4 and 12). Both attempts' tables
+# and scales the profile by it (docs/capacity_planning.md, runs 4, 12 and
+# 27). Both attempts' tables
 # are printed; two misses fail the test. Missing or absurd engine step
 # times fail at once.
 #
