@@ -772,14 +772,26 @@ absl::StatusOr<EngineWork> MeasuredEngineWork(const ClusterLauncher& cluster,
 // kBusyClients clients and kBusyPrompts prompts of BusyPromptTokens per
 // worker, after one warm-up prompt per client), their step time (the
 // workers' step histograms, as the step-time rows measure it) over what
-// the simulator gives for the same requests on `shape` with `profile`.
-// Above 1 that role's engines run slower now than profiled. The prompts
+// the simulator gives for the same requests on `shape` with `profile`;
+// kBusyRounds such loads, new prompts each, and their median, as the
+// profile takes its scales: one load of a couple of seconds on a shared VM
+// can be off (docs/capacity_planning.md run 27: 1.28 on a cluster whose
+// engines then ran 0.6 to 1.3 times the profile). The median takes out
+// one round's noise, not a slow minute's: on twelve fresh clusters a
+// minute apart the first rounds read 0.93 to 1.08 and the medians 0.93 to
+// 1.06. Above 1 the engines run slower now than profiled. The prompts
 // share nothing with any load level's.
-absl::StatusOr<double> DriftNow(const Profile& profile, const ClusterShape& shape,
-                                const ClusterLauncher& cluster, LoadTarget& target) {
+struct Drift {
+  double median = 1;
+  std::vector<double> rounds;
+};
+
+absl::StatusOr<Drift> DriftNow(const Profile& profile, const ClusterShape& shape,
+                               const ClusterLauncher& cluster, LoadTarget& target) {
   const bool prefill_role = shape.prefill > 0;
   const int32_t workers = prefill_role ? shape.prefill : shape.decode;
   const int32_t clients = kBusyClients * workers;
+  const int32_t per_round = kBusyPrompts * workers;
   PD_ASSIGN_OR_RETURN(const LengthDistribution input,
                       LengthDistribution::Parse(absl::StrCat(BusyPromptTokens({}, profile))));
   PD_ASSIGN_OR_RETURN(const LengthDistribution output,
@@ -787,38 +799,50 @@ absl::StatusOr<double> DriftNow(const Profile& profile, const ClusterShape& shap
   PD_ASSIGN_OR_RETURN(const Workload all,
                       MakeSyntheticWorkload({.input = input,
                                              .output = output,
-                                             .num_requests = clients + kBusyPrompts * workers,
+                                             .num_requests = clients + kBusyRounds * per_round,
                                              .block_tokens = profile.block_size}));
   // A place in a sweep that no sweep reaches: content of its own.
   PD_ASSIGN_OR_RETURN(
       const Workload fresh,
       WorkloadAtLoad(all, {.concurrency = clients, .index = std::numeric_limits<int32_t>::max()}));
-  Workload warm_up = fresh, check = fresh;
-  warm_up.requests.resize(clients);
-  check.requests.erase(check.requests.begin(), check.requests.begin() + clients);
+  // Requests [from, from + n) of `fresh`.
+  auto slice = [&](int32_t from, int32_t n) {
+    Workload part = fresh;
+    part.requests.assign(fresh.requests.begin() + from, fresh.requests.begin() + from + n);
+    return part;
+  };
   PD_RETURN_IF_ERROR(
-      RunLoad(warm_up, target, {.concurrency = clients, .label = "drift check, warm-up"})
+      RunLoad(slice(0, clients), target, {.concurrency = clients, .label = "drift check, warm-up"})
           .status());
-  PD_ASSIGN_OR_RETURN(const EngineWork before, MeasuredEngineWork(cluster, shape));
-  PD_ASSIGN_OR_RETURN(const LoadResult run,
-                      RunLoad(check, target, {.concurrency = clients, .label = "drift check"}));
-  PD_ASSIGN_OR_RETURN(const EngineWork after, MeasuredEngineWork(cluster, shape));
-  for (const RequestRecord& r : run.records) {
-    if (!r.ok()) {
-      return absl::UnavailableError(absl::StrCat("the drift check's request failed: ", r.error));
+  Drift drift;
+  for (int32_t round = 0; round < kBusyRounds; ++round) {
+    const Workload check = slice(clients + round * per_round, per_round);
+    PD_ASSIGN_OR_RETURN(const EngineWork before, MeasuredEngineWork(cluster, shape));
+    PD_ASSIGN_OR_RETURN(
+        const LoadResult run,
+        RunLoad(check, target,
+                {.concurrency = clients,
+                 .label = absl::StrFormat("drift check %d of %d", round + 1, kBusyRounds)}));
+    PD_ASSIGN_OR_RETURN(const EngineWork after, MeasuredEngineWork(cluster, shape));
+    for (const RequestRecord& r : run.records) {
+      if (!r.ok()) {
+        return absl::UnavailableError(absl::StrCat("the drift check's request failed: ", r.error));
+      }
     }
+    PD_ASSIGN_OR_RETURN(const Simulation sim,
+                        Simulate(profile, shape, check, {.concurrency = clients}));
+    const double predicted = prefill_role ? sim.prefill_step_s : sim.decode_step_s;
+    const double measured =
+        prefill_role ? after.prefill_s - before.prefill_s : after.decode_s - before.decode_s;
+    if (!(predicted > 0 && measured > 0)) {
+      return absl::InternalError(absl::StrFormat(
+          "the drift check's engines stepped %.3f s where the profile gives %.3f s", measured,
+          predicted));
+    }
+    drift.rounds.push_back(measured / predicted);
   }
-  PD_ASSIGN_OR_RETURN(const Simulation sim,
-                      Simulate(profile, shape, check, {.concurrency = clients}));
-  const double predicted = prefill_role ? sim.prefill_step_s : sim.decode_step_s;
-  const double measured =
-      prefill_role ? after.prefill_s - before.prefill_s : after.decode_s - before.decode_s;
-  if (!(predicted > 0 && measured > 0)) {
-    return absl::InternalError(absl::StrFormat(
-        "the drift check's engines stepped %.3f s where the profile gives %.3f s", measured,
-        predicted));
-  }
-  return measured / predicted;
+  drift.median = Percentile(drift.rounds, 50);
+  return drift;
 }
 
 // An earlier validate's measured engine work at one point, when it has it
@@ -899,23 +923,32 @@ absl::Status RunValidate() {
     // alone did worse (docs/capacity_planning.md run 27).
     Profile now = profile;
     const bool check_drift = absl::GetFlag(FLAGS_drift_check);
-    double drift = 1;
+    Drift drift;
     if (check_drift && earlier.is_null()) {
       Progress(absl::StrCat("validate: drift check on ", name));
       PD_ASSIGN_OR_RETURN(drift, DriftNow(profile, shape, *cluster, *load_target));
     } else if (check_drift) {
-      drift = EarlierDrift(earlier, shape.Name());
+      drift.median = EarlierDrift(earlier, shape.Name());
     }
-    const bool applied = std::abs(drift - 1) > absl::GetFlag(FLAGS_drift_threshold);
-    if (applied) now = WithDrift(profile, drift, drift);
+    const bool applied = std::abs(drift.median - 1) > absl::GetFlag(FLAGS_drift_threshold);
+    if (applied) now = WithDrift(profile, drift.median, drift.median);
     std::vector<SweepPoint> predicted_points, measured_points;
     std::cout << absl::StrFormat("\n%s\n\n", shape.Name());
     if (check_drift) {
       std::cout << absl::StrFormat(
-          "Drift check%s: this cluster's %s workers, each kept busy with %d prompts, stepped "
-          "%.2fx what the profile predicts; %s.\n\n",
+          "Drift check%s: this cluster's %s workers, each kept busy with %d prompts%s, stepped "
+          "%.2fx what the profile predicts%s; %s.\n\n",
           earlier.is_null() ? "" : " (the earlier run's)", shape.prefill > 0 ? "prefill" : "decode",
-          kBusyPrompts, drift,
+          kBusyPrompts, drift.rounds.empty() ? "" : absl::StrFormat(" %d times", kBusyRounds),
+          drift.median,
+          drift.rounds.empty()
+              ? ""
+              : absl::StrCat(" (the median of ",
+                             absl::StrJoin(drift.rounds, ", ",
+                                           [](std::string* out, double r) {
+                                             absl::StrAppend(out, absl::StrFormat("%.2f", r));
+                                           }),
+                             ")"),
           applied ? "every worker's CPU costs are scaled by that"
                   : absl::StrFormat("within --drift_threshold (%.0f%%), not applied",
                                     absl::GetFlag(FLAGS_drift_threshold) * 100));
@@ -1068,7 +1101,8 @@ absl::Status RunValidate() {
       nlohmann::json measured_runs = nlohmann::json::array();
       for (const Summary& run : runs) measured_runs.push_back(ToJson(run));
       json.push_back({{"config", shape.Name()}, {"rate", rate},
-                      {"concurrency", level.concurrency}, {"drift", drift},
+                      {"concurrency", level.concurrency}, {"drift", drift.median},
+                      {"drift_rounds", drift.rounds},
                       {"drift_applied", applied}, {"figures", figures},
                       {"predicted", ToJson(p)}, {"measured", ToJson(m)},
                       {"measured_runs", std::move(measured_runs)},
