@@ -30,9 +30,21 @@ import json
 import statistics
 
 
+# The targets' bounds (docs/capacity_planning.md): P90 TTFT and TPOT within
+# 10%, attainment within 3 points, each inclusive.
+LATENCY_BOUND = 0.1
+ATTAINMENT_BOUND = 0.03
+
+
 def err(p, m):
     """A prediction's relative error against a measurement."""
     return (p - m) / m if m else 0.0
+
+
+def within(error, bound):
+    """Whether an error (relative, or in attainment's fraction) is within a
+    bound, the bound included (up to rounding)."""
+    return abs(error) <= bound + 1e-9
 
 
 def goodput(points, target):
@@ -123,8 +135,8 @@ def step_report(rows, ttft_err, tpot_err):
         p = [tpot_err[i] for i in held]
         line += (f" At the {len(held)} points where it held within 5% on every worker role, "
                  f"P90 TTFT |error| median {statistics.median(t)*100:.0f}% (within 10% in "
-                 f"{sum(e <= 0.1 for e in t)}), P90 TPOT {statistics.median(p)*100:.0f}% "
-                 f"(within 10% in {sum(e <= 0.1 for e in p)}).")
+                 f"{sum(within(e, LATENCY_BOUND) for e in t)}), P90 TPOT {statistics.median(p)*100:.0f}% "
+                 f"(within 10% in {sum(within(e, LATENCY_BOUND) for e in p)}).")
     print(line)
 
 
@@ -135,7 +147,7 @@ def interval_report(rows):
     prediction falls inside it, next to how many are within 10%."""
     lines = []
     for figure, key in (("P90 TTFT", "ttft_s"), ("P90 TPOT", "tpot_s")):
-        widths, inside, within, n = [], 0, 0, 0
+        widths, inside, close, n = [], 0, 0, 0
         for r in rows:
             m = r["measured"][key]
             ci = m.get("p90_ci")
@@ -145,11 +157,11 @@ def interval_report(rows):
             widths.append((ci[1] - ci[0]) / 2 / m["p90"])
             predicted = r["predicted"][key]["p90"]
             inside += ci[0] <= predicted <= ci[1]
-            within += abs(err(predicted, m["p90"])) <= 0.1
+            close += within(err(predicted, m["p90"]), LATENCY_BOUND)
         if n:
             lines.append(f"{figure}: half-width median {statistics.median(widths)*100:.0f}% "
                          f"(from {min(widths)*100:.0f}% to {max(widths)*100:.0f}%), the "
-                         f"prediction inside it at {inside} of {n} points (within 10%: {within})")
+                         f"prediction inside it at {inside} of {n} points (within 10%: {close})")
     if lines:
         print()
         print("The measured P90's 90% confidence interval from each point's requests "
@@ -160,9 +172,9 @@ def within_bounds(predicted, measured):
     """Whether a summary `predicted` lands within the targets' bounds of
     `measured`: (P90 TTFT within 10%, P90 TPOT within 10%, attainment
     within 3 points)."""
-    return (abs(err(predicted["ttft_s"]["p90"], measured["ttft_s"]["p90"])) <= 0.1 + 1e-9,
-            abs(err(predicted["tpot_s"]["p90"], measured["tpot_s"]["p90"])) <= 0.1 + 1e-9,
-            abs(predicted["slo_attainment"] - measured["slo_attainment"]) <= 0.03 + 1e-9)
+    return (within(err(predicted["ttft_s"]["p90"], measured["ttft_s"]["p90"]), LATENCY_BOUND),
+            within(err(predicted["tpot_s"]["p90"], measured["tpot_s"]["p90"]), LATENCY_BOUND),
+            within(predicted["slo_attainment"] - measured["slo_attainment"], ATTAINMENT_BOUND))
 
 
 def mean_summary(runs):
@@ -209,12 +221,12 @@ def repeatability(rows, again=None):
 
 def repeatability_report(rows, model_hits, again=None):
     """repeatability() in words, beside the model's own counts."""
-    within, across = repeatability(rows, again)
+    inside, across = repeatability(rows, again)
     lines = []
-    if within[3]:
+    if inside[3]:
         lines.append(f"each run of a point taken as the prediction of the mean of its other runs "
-                     f"is within the bounds at {within[0]:.1f} (P90 TTFT), {within[1]:.1f} (P90 "
-                     f"TPOT) and {within[2]:.1f} (attainment) of {within[3]} points, on average "
+                     f"is within the bounds at {inside[0]:.1f} (P90 TTFT), {inside[1]:.1f} (P90 "
+                     f"TPOT) and {inside[2]:.1f} (attainment) of {inside[3]} points, on average "
                      f"over the runs")
     if across and across[3]:
         lines.append(f"the other validation's measurements (--again_json) as the prediction of "
@@ -283,8 +295,9 @@ def main():
 
     n = len(rows)
     # The model's points within each bound: (P90 TTFT, P90 TPOT, attainment).
-    model_hits = (sum(e <= 0.1 for e in ttft_err), sum(e <= 0.1 for e in tpot_err),
-                  sum(e <= 0.03 + 1e-9 for e in att_err))
+    model_hits = (sum(within(e, LATENCY_BOUND) for e in ttft_err),
+                  sum(within(e, LATENCY_BOUND) for e in tpot_err),
+                  sum(within(e, ATTAINMENT_BOUND) for e in att_err))
     print()
     print(f"Over {n} (configuration, rate) points: |error| of P90 TTFT median "
           f"{statistics.median(ttft_err)*100:.0f}%, within 10% in {model_hits[0]} of {n}; "
