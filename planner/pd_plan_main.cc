@@ -815,9 +815,10 @@ absl::StatusOr<Drift> DriftNow(const Profile& profile, const ClusterShape& shape
       RunLoad(slice(0, clients), target, {.concurrency = clients, .label = "drift check, warm-up"})
           .status());
   Drift drift;
+  // Each round's end is the next one's start: nothing runs between them.
+  PD_ASSIGN_OR_RETURN(EngineWork before, MeasuredEngineWork(cluster, shape));
   for (int32_t round = 0; round < kBusyRounds; ++round) {
     const Workload check = slice(clients + round * per_round, per_round);
-    PD_ASSIGN_OR_RETURN(const EngineWork before, MeasuredEngineWork(cluster, shape));
     PD_ASSIGN_OR_RETURN(
         const LoadResult run,
         RunLoad(check, target,
@@ -840,6 +841,7 @@ absl::StatusOr<Drift> DriftNow(const Profile& profile, const ClusterShape& shape
           predicted));
     }
     drift.rounds.push_back(measured / predicted);
+    before = after;
   }
   drift.median = Percentile(drift.rounds, 50);
   return drift;
