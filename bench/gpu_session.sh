@@ -96,6 +96,7 @@ DEPS_PACKAGES=(
   libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc-dev libprotoc32
   protobuf-compiler libgtest-dev libgmock-dev googletest
   libre2-dev libre2-9 libc-ares-dev libc-ares2 libssl-dev libssl3 zlib1g-dev
+  libisal-dev libisal2
 )
 
 mkdir -p "$OUT" "$LOGS"

@@ -15,6 +15,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler  # RPC
   libgtest-dev libgmock-dev googletest  # unit tests
   libucx-dev             # kv_transfer "ucx" transport (built when found)
+  libisal-dev            # ISA-L: the tcp transport's frame checksum (CRC-32C)
   libboost-dev           # Boost.Beast/Asio: the router's HTTP server
   libssl-dev             # OpenSSL: TLS certificates (common/tls.h) and HTTPS (Asio SSL)
   openssl curl           # the TLS tests make certificates with openssl and speak HTTPS with curl;

@@ -1,11 +1,10 @@
 #include "kv_transfer/tcp_frame.h"
 
-#include <array>
-#include <cstring>
+#include <isa-l/crc.h>
 
-#if defined(__SSE4_2__)
-#include <nmmintrin.h>
-#endif
+#include <algorithm>
+#include <climits>
+#include <cstring>
 
 namespace pdserve::kv {
 
@@ -54,30 +53,18 @@ bool DecodeSegment(const std::byte in[kSegmentBytes], WriteSegment& s) {
 }
 
 uint32_t Crc32c(std::span<const std::byte> data, uint32_t prior) {
+  // ISA-L picks its fastest version for this CPU at run time (folding with
+  // carry-less multiplies, VPCLMULQDQ where the CPU has it). It neither
+  // inverts its start value nor its result, so the standard CRC's two
+  // inversions are done here; its length is an int, so huge spans go in
+  // pieces.
   uint32_t crc = ~prior;
-  size_t i = 0;
-#if defined(__SSE4_2__)
-  for (; i + 8 <= data.size(); i += 8) {
-    uint64_t v;
-    std::memcpy(&v, data.data() + i, 8);
-    crc = static_cast<uint32_t>(_mm_crc32_u64(crc, v));
+  while (!data.empty()) {
+    const size_t n = std::min<size_t>(data.size(), INT_MAX);
+    crc = crc32_iscsi(reinterpret_cast<unsigned char*>(const_cast<std::byte*>(data.data())),
+                      static_cast<int>(n), crc);
+    data = data.subspan(n);
   }
-  for (; i < data.size(); ++i)
-    crc = _mm_crc32_u8(crc, static_cast<uint8_t>(data[i]));
-#else
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t b = 0; b < 256; ++b) {
-      uint32_t c = b;
-      for (int k = 0; k < 8; ++k)
-        c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
-      t[b] = c;
-    }
-    return t;
-  }();
-  for (; i < data.size(); ++i)
-    crc = table[(crc ^ static_cast<uint8_t>(data[i])) & 0xFF] ^ (crc >> 8);
-#endif
   return ~crc;
 }
 
