@@ -1,0 +1,253 @@
+// libFuzzer target: the bytes a KV sender (a prefill worker, or anything
+// that reaches a decode worker's KV port) may send to the tcp transport's
+// receiver. They go down a real socket into a live receiver with one
+// registered region and the decode worker's real LandingFence. The first
+// byte picks how the rest is read:
+//   even: sent as they are (bad magic, headers, tables, lengths, ...);
+//   odd:  read as a list of frames that the harness encodes with valid
+//         headers and checksums (unless a frame asks for a bad one), so that
+//         the fuzzer gets past the checksum into landing, fencing and
+//         notifications: WRITE (segments inside, across and outside the
+//         region; an open, a closed or an unknown landing), NOTIFY, SYNC and
+//         raw bytes in between.
+// The client then half-closes and reads until the receiver closes.
+// Findings besides a crash, a sanitizer report or a leak:
+//   - a hang: no close within 10 s (the receiver's I/O timeout is 300 ms);
+//   - a byte written outside the region (guard bytes around it);
+//   - a write left "in progress" in the fence once the connection is gone
+//     (the landing's blocks could then never be reused), or a landing the
+//     fence still tracks after it was closed and fenced;
+//   - a notification longer than the limit.
+#include <fuzzer/FuzzedDataProvider.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "kv_transfer/landing_fence.h"
+#include "kv_transfer/socket_io.h"
+#include "kv_transfer/tcp_frame.h"
+#include "kv_transfer/transport.h"
+
+namespace {
+
+using pdserve::kv::Crc32c;
+using pdserve::kv::EncodeFrameHeader;
+using pdserve::kv::EncodeSegment;
+using pdserve::kv::FrameHeader;
+using pdserve::kv::FrameType;
+using pdserve::kv::kFrameHeaderBytes;
+using pdserve::kv::kMaxWriteSegments;
+using pdserve::kv::kSegmentBytes;
+using pdserve::kv::WriteSegment;
+
+constexpr size_t kRegionBytes = 64 << 10;
+constexpr size_t kGuardBytes = 4 << 10;
+constexpr std::byte kGuard{0xA5};
+constexpr uint32_t kMaxMessageBytes = 1024;
+
+struct Receiver {
+  std::unique_ptr<pdserve::kv::KvTransport> transport;
+  pdserve::kv::LandingFence fence{/*every_write_fenced=*/true, absl::Seconds(1)};
+  std::vector<std::byte> memory;  // Guard, region, guard.
+  uint32_t region = 0;
+};
+
+Receiver& Live() {
+  static Receiver* const receiver = [] {
+    auto* r = new Receiver;
+    pdserve::kv::TransportOptions options;
+    options.max_frame_bytes = 16 << 10;
+    options.max_message_bytes = kMaxMessageBytes;
+    options.max_pending_notifications = 64;
+    options.io_timeout = absl::Milliseconds(300);
+    auto transport = pdserve::kv::CreateKvTransport("tcp", options);
+    if (!transport.ok()) __builtin_trap();
+    r->transport = std::move(*transport);
+    r->transport->SetWriteFence(&r->fence);
+    r->memory.assign(kRegionBytes + 2 * kGuardBytes, kGuard);
+    auto region = r->transport->RegisterMemory(
+        std::span(r->memory).subspan(kGuardBytes, kRegionBytes));
+    if (!region.ok()) __builtin_trap();
+    r->region = region->value;
+    return r;
+  }();
+  return *receiver;
+}
+
+void Append(std::vector<std::byte>& out, std::span<const std::byte> bytes) {
+  out.insert(out.end(), bytes.begin(), bytes.end());
+}
+
+void AppendFrame(std::vector<std::byte>& out, FrameHeader h,
+                 std::span<const std::byte> table,
+                 std::span<const std::byte> body, bool bad_crc) {
+  h.crc = Crc32c(body, Crc32c(table)) ^ (bad_crc ? 1u : 0u);
+  std::byte header[kFrameHeaderBytes];
+  EncodeFrameHeader(h, header);
+  Append(out, header);
+  Append(out, table);
+  Append(out, body);
+}
+
+// The odd-mode frames: `open` and `closed` are this input's landings.
+std::vector<std::byte> EncodeFrames(FuzzedDataProvider& in, uint64_t open,
+                                    uint64_t closed, uint32_t region) {
+  std::vector<std::byte> out;
+  while (in.remaining_bytes() > 0) {
+    const uint8_t kind = in.ConsumeIntegral<uint8_t>();
+    const bool bad_crc = kind & 0x80;
+    switch (kind % 5) {
+      case 0:
+      case 1: {  // WRITE
+        FrameHeader h{.type = FrameType::kWrite};
+        switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+          case 0: h.landing = open; break;
+          case 1: h.landing = closed; break;
+          case 2: h.landing = open + 1000; break;  // Never opened.
+          default: h.landing = in.ConsumeIntegral<uint64_t>();
+        }
+        h.region = in.ConsumeBool() ? region : in.ConsumeIntegral<uint32_t>();
+        const uint32_t n =
+            in.ConsumeIntegralInRange<uint32_t>(0, kMaxWriteSegments + 1);
+        std::vector<std::byte> table(size_t{n} * kSegmentBytes);
+        uint64_t data = 0;
+        for (uint32_t i = 0; i < n; ++i) {
+          WriteSegment s;
+          s.offset = in.ConsumeBool()
+                         ? in.ConsumeIntegralInRange<uint64_t>(0, kRegionBytes + 64)
+                         : in.ConsumeIntegral<uint64_t>();
+          s.length = in.ConsumeIntegralInRange<uint32_t>(0, 2048);
+          EncodeSegment(s, table.data() + i * kSegmentBytes);
+          data += s.length;
+        }
+        h.segments = n;
+        h.length = in.ConsumeIntegralInRange<int>(0, 15) == 0
+                       ? in.ConsumeIntegral<uint32_t>()  // A lie.
+                       : static_cast<uint32_t>(table.size() + data);
+        // As many data bytes as the input has left, up to the segments'.
+        const std::vector<uint8_t> body = in.ConsumeBytes<uint8_t>(data);
+        AppendFrame(out, h, table, std::as_bytes(std::span(body)), bad_crc);
+        break;
+      }
+      case 2: {  // NOTIFY
+        const std::string message = in.ConsumeRandomLengthString(2048);
+        const FrameHeader h{.type = FrameType::kNotify,
+                            .length = static_cast<uint32_t>(message.size())};
+        AppendFrame(out, h, {},
+                    std::as_bytes(std::span(message.data(), message.size())),
+                    bad_crc);
+        break;
+      }
+      case 3:
+        AppendFrame(out, {.type = FrameType::kSync}, {}, {}, false);
+        break;
+      default: {  // Raw bytes between frames.
+        const std::string raw = in.ConsumeRandomLengthString(64);
+        Append(out, std::as_bytes(std::span(raw.data(), raw.size())));
+      }
+    }
+  }
+  return out;
+}
+
+// The process's threads (the receiver serves each connection on one).
+size_t Threads() {
+  const std::filesystem::directory_iterator tasks("/proc/self/task");
+  return static_cast<size_t>(std::distance(begin(tasks), end(tasks)));
+}
+
+// Sends `bytes` to the receiver, half-closes, and reads until it closes.
+void Exchange(const std::string& endpoint, std::span<const std::byte> bytes) {
+  auto fd = pdserve::kv::ConnectTcp(endpoint, absl::Seconds(5));
+  if (!fd.ok()) __builtin_trap();
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  size_t sent = 0;
+  bool shut = false;
+  std::byte sink[4096];
+  // Sending and reading together: the receiver answers SYNCs as it goes.
+  // libFuzzer's timeout alarm (SIGALRM) interrupts system calls: EINTR is
+  // not an answer.
+  while (true) {
+    if (sent == bytes.size() && !shut) {
+      ::shutdown(fd->get(), SHUT_WR);
+      shut = true;
+    }
+    pollfd p{fd->get(), static_cast<short>(POLLIN | (shut ? 0 : POLLOUT)), 0};
+    const int ready = ::poll(&p, 1, 1000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) __builtin_trap();
+    if (std::chrono::steady_clock::now() > give_up) __builtin_trap();  // Hung.
+    if (ready == 0) continue;
+    if (p.revents & ~POLLOUT) {  // Data, the close, or an error to read.
+      const ssize_t n = ::recv(fd->get(), sink, sizeof(sink), 0);
+      if (n == 0) break;
+      if (n < 0 && errno != EINTR && errno != EAGAIN) break;  // Reset.
+    }
+    if (!shut && (p.revents & POLLOUT)) {
+      const ssize_t n = ::send(fd->get(), bytes.data() + sent,
+                               bytes.size() - sent, MSG_NOSIGNAL);
+      if (n > 0) sent += static_cast<size_t>(n);
+      if (n < 0 && errno != EINTR && errno != EAGAIN) break;  // Refused.
+    }
+  }
+  // Reset rather than linger in TIME_WAIT: thousands of inputs a second
+  // would otherwise run out of local ports.
+  linger reset{1, 0};
+  ::setsockopt(fd->get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  Receiver& r = Live();
+  const uint64_t closed = r.fence.Open();
+  const uint64_t open = r.fence.Open();
+  const absl::Time now = absl::Now();
+  r.fence.Close(closed, now);
+  std::vector<std::byte> bytes;
+  if (data[0] % 2 == 0) {
+    Append(bytes, std::as_bytes(std::span(data + 1, size - 1)));
+  } else {
+    FuzzedDataProvider in(data + 1, size - 1);
+    bytes = EncodeFrames(in, open, closed, r.region);
+  }
+  const size_t threads = Threads();
+  Exchange(r.transport->endpoint(), bytes);
+  // The receiver may close its side before its connection's thread ends
+  // (it refuses a peer with ERROR, a half-close, then reads to the peer's
+  // end); a leak check between the two would see that thread's buffers.
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Threads() > threads) {
+    if (std::chrono::steady_clock::now() > give_up) __builtin_trap();  // Hung.
+    std::this_thread::yield();
+  }
+
+  // The receiver closed the connection only after its last write ended.
+  if (!r.fence.Close(open, absl::Now())) __builtin_trap();  // A write leaked.
+  if (!r.fence.Fenced(closed, absl::Now())) __builtin_trap();
+  if (r.fence.tracked() != 0) __builtin_trap();
+  const auto outside = [&](size_t at) { return r.memory[at] != kGuard; };
+  for (size_t i = 0; i < kGuardBytes; ++i) {
+    if (outside(i) || outside(kGuardBytes + kRegionBytes + i)) __builtin_trap();
+  }
+  while (true) {
+    auto note = r.transport->WaitNotification(absl::ZeroDuration());
+    if (!note.ok()) break;
+    if (note->message.size() > kMaxMessageBytes) __builtin_trap();
+  }
+  return 0;
+}
