@@ -1,23 +1,32 @@
 // libFuzzer target: the bytes a KV sender (a prefill worker, or anything
-// that reaches a decode worker's KV port) may send to the tcp transport's
-// receiver. They go down a real socket into a live receiver with one
-// registered region and the decode worker's real LandingFence. The first
-// byte picks how the rest is read:
-//   even: sent as they are (bad magic, headers, tables, lengths, ...);
-//   odd:  read as a list of frames that the harness encodes with valid
-//         headers and checksums (unless a frame asks for a bad one), so that
-//         the fuzzer gets past the checksum into landing, fencing and
-//         notifications: WRITE (segments inside, across and outside the
-//         region; an open, a closed or an unknown landing), NOTIFY, SYNC and
-//         raw bytes in between.
-// The client then half-closes and reads until the receiver closes.
+// that reaches a decode worker's KV port) may send to a receiver. The first
+// byte picks the receiver and how the rest is read:
+//   0 (mod 4): the tcp transport, the bytes as they are (bad magic,
+//         headers, tables, lengths, ...);
+//   1: the tcp transport, the rest read as a list of frames that the
+//         harness encodes with valid headers and checksums (unless a frame
+//         asks for a bad one), so that the fuzzer gets past the checksum
+//         into landing, fencing and notifications: WRITE (segments inside,
+//         across and outside the region; an open, a closed or an unknown
+//         landing), NOTIFY, SYNC and raw bytes in between;
+//   2: the device transports' control channel (control_channel.h) read
+//         frame by frame with RecvControl until it fails, the bytes as they
+//         are;
+//   3: the same, with frames the harness encodes (any type, WRITE payloads
+//         as range lists whose count may lie).
+// The tcp transport's bytes go down a real socket into a live receiver with
+// one registered region and the decode worker's real LandingFence; the
+// client then half-closes and reads until the receiver closes. The control
+// channel's go down a socket pair.
 // Findings besides a crash, a sanitizer report or a leak:
 //   - a hang: no close within 10 s (the receiver's I/O timeout is 300 ms);
 //   - a byte written outside the region (guard bytes around it);
 //   - a write left "in progress" in the fence once the connection is gone
 //     (the landing's blocks could then never be reused), or a landing the
 //     fence still tracks after it was closed and fenced;
-//   - a notification longer than the limit.
+//   - a notification longer than the limit;
+//   - a control frame accepted with a payload over its type's limit, or a
+//     WRITE payload decoded into more ranges than a frame may carry.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -34,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "kv_transfer/control_channel.h"
 #include "kv_transfer/landing_fence.h"
 #include "kv_transfer/socket_io.h"
 #include "kv_transfer/tcp_frame.h"
@@ -41,6 +51,7 @@
 
 namespace {
 
+using pdserve::kv::ControlType;
 using pdserve::kv::Crc32c;
 using pdserve::kv::EncodeFrameHeader;
 using pdserve::kv::EncodeSegment;
@@ -161,6 +172,68 @@ std::vector<std::byte> EncodeFrames(FuzzedDataProvider& in, uint64_t open,
   return out;
 }
 
+// Mode 3's frames: the header by EncodeControlHeader, any type byte, the
+// payload from the input (a WRITE's as a range list, its count may lie).
+std::vector<std::byte> EncodeControlFrames(FuzzedDataProvider& in) {
+  std::vector<std::byte> out;
+  while (in.remaining_bytes() > 0) {
+    const auto type = static_cast<ControlType>(in.ConsumeIntegralInRange<int>(0, 9));
+    const uint32_t value = in.ConsumeIntegral<uint32_t>();
+    pdserve::kv::ControlWriter payload;
+    if (type == ControlType::kWrite && in.ConsumeBool()) {
+      const uint32_t count = in.ConsumeIntegralInRange<uint32_t>(0, 16);
+      payload.Put<uint32_t>(in.ConsumeIntegralInRange<int>(0, 7) == 0
+                                ? in.ConsumeIntegral<uint32_t>()  // A lie.
+                                : count);
+      for (uint32_t i = 0; i < count; ++i) {
+        payload.Put<uint32_t>(in.ConsumeIntegral<uint32_t>());
+        payload.Put<uint32_t>(in.ConsumeBool() ? 0 : in.ConsumeIntegral<uint32_t>());
+        payload.Put<uint64_t>(in.ConsumeIntegral<uint64_t>());
+        payload.Put<uint64_t>(in.ConsumeIntegral<uint64_t>());
+      }
+    } else {
+      const std::string bytes = in.ConsumeRandomLengthString(2048);
+      payload.PutBytes(std::as_bytes(std::span(bytes.data(), bytes.size())));
+    }
+    std::byte header[pdserve::kv::kControlHeaderBytes];
+    EncodeControlHeader(type, value, payload.out, header);
+    if (in.ConsumeIntegralInRange<int>(0, 15) == 0) header[16] ^= std::byte{1};  // Bad checksum.
+    Append(out, header);
+    Append(out, payload.out);
+  }
+  return out;
+}
+
+// Reads control frames from `bytes` until RecvControl fails (at the end of
+// the bytes at the latest) and checks what it accepted.
+void ReadControl(std::span<const std::byte> bytes) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) __builtin_trap();
+  // The socket pair's buffer (over 200 KiB) holds what is sent: the
+  // harness writes it all before reading.
+  bytes = bytes.first(std::min<size_t>(bytes.size(), 128 << 10));
+  for (size_t sent = 0; sent < bytes.size();) {
+    const ssize_t n = ::send(fds[0], bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) __builtin_trap();
+    sent += static_cast<size_t>(n);
+  }
+  ::close(fds[0]);
+  pdserve::kv::SetNonBlocking(fds[1]);
+  pdserve::kv::ControlFrame frame;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (pdserve::kv::RecvControl(fds[1], kMaxMessageBytes, deadline, frame).ok()) {
+    if (frame.payload.size() > pdserve::kv::ControlPayloadLimit(frame.type, kMaxMessageBytes)) {
+      __builtin_trap();
+    }
+    if (frame.type == ControlType::kWrite) {
+      auto ranges = pdserve::kv::DecodeRanges(frame.payload);
+      if (ranges.ok() && ranges->size() > pdserve::kv::kMaxOpsPerFrame) __builtin_trap();
+    }
+  }
+  ::close(fds[1]);
+}
+
 // The process's threads (the receiver serves each connection on one).
 size_t Threads() {
   const std::filesystem::directory_iterator tasks("/proc/self/task");
@@ -212,13 +285,22 @@ void Exchange(const std::string& endpoint, std::span<const std::byte> bytes) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
+  if (data[0] % 4 >= 2) {
+    if (data[0] % 4 == 2) {
+      ReadControl(std::as_bytes(std::span(data + 1, size - 1)));
+    } else {
+      FuzzedDataProvider in(data + 1, size - 1);
+      ReadControl(EncodeControlFrames(in));
+    }
+    return 0;
+  }
   Receiver& r = Live();
   const uint64_t closed = r.fence.Open();
   const uint64_t open = r.fence.Open();
   const absl::Time now = absl::Now();
   r.fence.Close(closed, now);
   std::vector<std::byte> bytes;
-  if (data[0] % 2 == 0) {
+  if (data[0] % 4 == 0) {
     Append(bytes, std::as_bytes(std::span(data + 1, size - 1)));
   } else {
     FuzzedDataProvider in(data + 1, size - 1);
