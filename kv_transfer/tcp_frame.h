@@ -42,6 +42,12 @@ constexpr size_t kSegmentBytes = 16;
 // At most this many segments a WRITE frame: its table is 4 KiB, and a
 // frame's header, table and segments fit one sendmsg (IOV_MAX is 1024).
 constexpr uint32_t kMaxWriteSegments = 256;
+// The most segment bytes a WRITE frame may carry: every receiver accepts
+// that much, whatever frame size it sends itself
+// (TransportOptions::max_frame_bytes), so that workers of one format but
+// different frame sizes (a cluster half way through a rolling upgrade)
+// still exchange KV. Senders used 1 MiB frames until 2026-11-29.
+constexpr uint32_t kMaxWritePayloadBytes = 1u << 20;
 
 enum class FrameType : uint8_t {
   kWrite = 1,

@@ -202,6 +202,11 @@ class TcpConnection final : public KvConnection {
 class TcpTransport final : public KvTransport {
  public:
   static absl::StatusOr<std::unique_ptr<KvTransport>> Create(const TransportOptions& options) {
+    if (options.max_frame_bytes > kMaxWritePayloadBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("tcp frames of ", options.max_frame_bytes,
+                                                     " bytes exceed what receivers accept (",
+                                                     kMaxWritePayloadBytes, ")"));
+    }
     PD_ASSIGN_OR_RETURN(auto listener, ListenTcp(options.listen_address));
     return std::unique_ptr<KvTransport>(
         new TcpTransport(options, std::move(listener.first), std::move(listener.second)));
@@ -378,7 +383,7 @@ class TcpTransport final : public KvTransport {
         if (IsOlderFormat(raw)) return Refuse(fd.get(), absl::FailedPreconditionError(kOlderPeer));
         return Refuse(fd.get(), absl::DataLossError("malformed frame header"));
       }
-      const uint64_t limit = h.type == FrameType::kWrite    ? uint64_t{options_.max_frame_bytes} + h.segments * kSegmentBytes
+      const uint64_t limit = h.type == FrameType::kWrite    ? uint64_t{kMaxWritePayloadBytes} + h.segments * kSegmentBytes
                              : h.type == FrameType::kNotify ? options_.max_message_bytes
                                                             : 0;
       if (h.type == FrameType::kAck || h.type == FrameType::kError) {

@@ -71,10 +71,13 @@ struct TransportOptions {
   // Address the receiving side listens on ("host:port"; port 0 picks one).
   // Default: "127.0.0.1:0".
   std::string listen_address = "127.0.0.1:0";
-  // Largest payload of one frame; longer writes are split, so checksumming
-  // one frame overlaps sending the one before (1 MiB measured best on
-  // loopback, bench/kv_transfer_bench.cc). Default: 1 MiB.
-  uint32_t max_frame_bytes = 1u << 20;
+  // tcp: the most KV bytes of one frame this side sends, at most 1 MiB
+  // (what every receiver accepts); longer writes are split. 512 KiB
+  // measured best on loopback: a frame is checksummed and copied while it
+  // is still in the cache, and checksumming one overlaps sending the one
+  // before (bench/kv_transfer_bench.cc, docs/benchmarks.md).
+  // Default: 512 KiB.
+  uint32_t max_frame_bytes = 512u << 10;
   // Largest notification message. Default: 64 KiB.
   uint32_t max_message_bytes = 64u << 10;
   // Notifications held for WaitNotification before the sender is refused.

@@ -209,6 +209,43 @@ TEST_F(TcpWireTest, OversizedFrameIsRefusedBeforeItsPayload) {
   ExpectHealthyAndUntouched();
 }
 
+// Every receiver takes frames of up to kMaxWritePayloadBytes, whatever
+// frame size it sends itself (this one's is 1 KiB): a worker of another
+// release, sending larger frames, still delivers to it. A byte more is
+// refused before its payload.
+TEST_F(TcpWireTest, FramesUpToTheWireLimitLandWhateverFrameSizeTheReceiverSends) {
+  std::vector<std::byte> big(kMaxWritePayloadBytes, std::byte{0});
+  auto region = receiver_->RegisterMemory(big);
+  ASSERT_TRUE(region.ok());
+  TransportOptions o;
+  o.max_frame_bytes = kMaxWritePayloadBytes;  // One frame for the whole write.
+  auto sender = CreateKvTransport("tcp", o);
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  std::vector<std::byte> src(kMaxWritePayloadBytes, std::byte{7});
+  auto local = (*sender)->RegisterMemory(src);
+  ASSERT_TRUE(local.ok());
+  auto conn = (*sender)->Connect(receiver_->endpoint());
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const WriteOp op{*local, 0, *region, 0, src.size()};
+  const absl::Status s = (*conn)->Write({&op, 1});
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(big == src);
+
+  const int fd = Dial(receiver_->endpoint());
+  SendWriteHead(fd, region->value, {{0, kMaxWritePayloadBytes + 1}}, kMaxWritePayloadBytes + 1, 0);
+  EXPECT_EQ(ReadReply(fd), std::pair(FrameType::kError, absl::StatusCode::kResourceExhausted));
+  ::close(fd);
+  ASSERT_TRUE(receiver_->DeregisterMemory(*region).ok());
+  ExpectHealthyAndUntouched();
+}
+
+TEST(TcpTransportOptionsTest, FramesLargerThanReceiversAcceptAreInvalid) {
+  TransportOptions o;
+  o.max_frame_bytes = kMaxWritePayloadBytes + 1;
+  const auto t = CreateKvTransport("tcp", o);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+}
+
 TEST_F(TcpWireTest, CorruptPayloadIsRefusedAndStaysInItsRange) {
   const int fd = Dial(receiver_->endpoint());
   std::vector<std::byte> payload(64, std::byte{5});
