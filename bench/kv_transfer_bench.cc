@@ -57,35 +57,43 @@ double Median(std::vector<double> v) {
 // one-byte acknowledgement back: the limit the tcp transport is measured
 // against. The same kernel path and the transport's own socket loops
 // (socket_io.h: non-blocking sockets, poll), with no framing and no
-// checksum; the receiver reads into a buffer of the whole size, as the
-// transport lands a write in place. 32 MiB go through first, unmeasured,
-// so that the kernel's window has grown as it has on the transport's
-// connection. -1 when a socket call fails.
-double PlainTcpConnectionSeconds(size_t bytes, int reps) {
+// checksum. Both ends move the bytes in pieces of `chunk` (the transport's
+// frame size: a piece is still in the cache when the kernel copies it) and
+// the receiver reads into a buffer of the whole size, as the transport
+// lands a write in place. 32 MiB go through first, unmeasured, so that the
+// kernel's window has grown as it has on the transport's connection. -1
+// when a socket call fails.
+double PlainTcpConnectionSeconds(size_t bytes, size_t chunk, int reps) {
   const size_t warm_up = size_t{32} << 20;
   auto listener = ListenTcp("127.0.0.1:0");
   if (!listener.ok()) return -1;
   const absl::Time deadline = absl::Now() + absl::Minutes(1);
-  const std::byte ack{1};
+  // Moves `n` bytes at `p` in pieces of `chunk` with `io` (SendAll/RecvAll).
+  const auto pieces = [&](auto io, int fd, std::byte* p, size_t n) {
+    for (size_t at = 0; at < n; at += chunk) {
+      if (io(fd, p + at, std::min(chunk, n - at), deadline) != Io::kOk)
+        return false;
+    }
+    return true;
+  };
   std::thread server([&] {
     if (WaitFor(listener->first.get(), POLLIN, deadline) != Io::kOk) return;
     const Fd fd = Accept(listener->first.get());
     std::vector<std::byte> buf(std::max(bytes, warm_up));
+    std::byte ack{1};
     for (int r = 0; r <= reps; ++r) {
-      if (RecvAll(fd.get(), buf.data(), r == 0 ? warm_up : bytes, deadline) !=
-              Io::kOk ||
+      if (!pieces(RecvAll, fd.get(), buf.data(), r == 0 ? warm_up : bytes) ||
           SendAll(fd.get(), &ack, 1, deadline) != Io::kOk)
         return;
     }
   });
   auto fd = ConnectTcp(listener->second, absl::Seconds(5));
-  const std::vector<std::byte> data(std::max(bytes, warm_up), std::byte{3});
+  std::vector<std::byte> data(std::max(bytes, warm_up), std::byte{3});
   std::vector<double> secs;
   for (int r = 0; fd.ok() && r <= reps; ++r) {  // Round 0 warms up.
     const auto t0 = Clock::now();
     std::byte got;
-    if (SendAll(fd->get(), data.data(), r == 0 ? warm_up : bytes, deadline) !=
-            Io::kOk ||
+    if (!pieces(SendAll, fd->get(), data.data(), r == 0 ? warm_up : bytes) ||
         RecvAll(fd->get(), &got, 1, deadline) != Io::kOk)
       break;
     if (r > 0)
@@ -99,10 +107,10 @@ double PlainTcpConnectionSeconds(size_t bytes, int reps) {
 // The fastest of three connections' medians: where the scheduler puts a
 // new connection's two threads (one vCPU or two) moves a connection's
 // time by up to 2x on a small VM, and a limit is the best the path does.
-double PlainTcpSeconds(size_t bytes, int reps) {
+double PlainTcpSeconds(size_t bytes, size_t chunk, int reps) {
   double best = -1;
   for (int c = 0; c < 3; ++c) {
-    const double t = PlainTcpConnectionSeconds(bytes, reps);
+    const double t = PlainTcpConnectionSeconds(bytes, chunk, reps);
     if (t <= 0) return -1;
     best = best < 0 ? t : std::min(best, t);
   }
@@ -231,7 +239,7 @@ int Run() {
     std::span<std::byte> src_pool(src), dst_pool(dst);
     std::string limit_name = OverTcp(name) ? "plain TCP stream" : "memcpy";
     std::function<double(size_t)> limit_seconds = [&](size_t bytes) {
-      return OverTcp(name) ? PlainTcpSeconds(bytes, reps)
+      return OverTcp(name) ? PlainTcpSeconds(bytes, options.max_frame_bytes, reps)
                            : MemcpySeconds(bytes, reps);
     };
 #ifdef PDSERVE_HAVE_CUDA
@@ -279,7 +287,8 @@ int Run() {
     if (name == "tcp") {
       for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 16) {
         const double t = ChecksumSeconds(std::span(src).first(bytes), reps);
-        const double stream = PlainTcpSeconds(bytes, reps);
+        const double stream =
+            PlainTcpSeconds(bytes, options.max_frame_bytes, reps);
         if (stream <= 0) {
           std::cerr << "the plain TCP stream failed\n";
           return 1;
