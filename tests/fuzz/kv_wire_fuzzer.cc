@@ -7,8 +7,9 @@
 //         harness encodes with valid headers and checksums (unless a frame
 //         asks for a bad one), so that the fuzzer gets past the checksum
 //         into landing, fencing and notifications: WRITE (segments inside,
-//         across and outside the region; an open, a closed or an unknown
-//         landing), NOTIFY, SYNC and raw bytes in between;
+//         across and outside the region; an open landing or one the fence
+//         does not know, as a closed and fenced one is), NOTIFY, SYNC and
+//         raw bytes in between;
 //   2: the device transports' control channel (control_channel.h) read
 //         frame by frame with RecvControl until it fails, the bytes as they
 //         are;
@@ -19,14 +20,14 @@
 // client then half-closes and reads until the receiver closes. The control
 // channel's go down a socket pair.
 // Findings besides a crash, a sanitizer report or a leak:
-//   - a hang: no close within 10 s (the receiver's I/O timeout is 300 ms);
+//   - a hang: no close within 5 s (the receiver's I/O timeout is 300 ms);
 //   - a byte written outside the region (guard bytes around it);
 //   - a write left "in progress" in the fence once the connection is gone
-//     (the landing's blocks could then never be reused), or a landing the
-//     fence still tracks after it was closed and fenced;
+//     (the landing's blocks could then never be reused);
 //   - a notification longer than the limit;
-//   - a control frame accepted with a payload over its type's limit, or a
-//     WRITE payload decoded into more ranges than a frame may carry.
+//   - a control frame accepted with a payload over its type's limit (a
+//     guard on RecvControl's own check; WRITE payloads also go through
+//     DecodeRanges, for the sanitizers).
 #include <fuzzer/FuzzedDataProvider.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -78,7 +79,6 @@ Receiver& Live() {
   static Receiver* const receiver = [] {
     auto* r = new Receiver;
     pdserve::kv::TransportOptions options;
-    options.max_frame_bytes = 16 << 10;
     options.max_message_bytes = kMaxMessageBytes;
     options.max_pending_notifications = 64;
     options.io_timeout = absl::Milliseconds(300);
@@ -111,9 +111,9 @@ void AppendFrame(std::vector<std::byte>& out, FrameHeader h,
   Append(out, body);
 }
 
-// The odd-mode frames: `open` and `closed` are this input's landings.
+// Mode 1's frames: `open` is this input's open landing.
 std::vector<std::byte> EncodeFrames(FuzzedDataProvider& in, uint64_t open,
-                                    uint64_t closed, uint32_t region) {
+                                    uint32_t region) {
   std::vector<std::byte> out;
   while (in.remaining_bytes() > 0) {
     const uint8_t kind = in.ConsumeIntegral<uint8_t>();
@@ -122,10 +122,9 @@ std::vector<std::byte> EncodeFrames(FuzzedDataProvider& in, uint64_t open,
       case 0:
       case 1: {  // WRITE
         FrameHeader h{.type = FrameType::kWrite};
-        switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+        switch (in.ConsumeIntegralInRange<int>(0, 2)) {
           case 0: h.landing = open; break;
-          case 1: h.landing = closed; break;
-          case 2: h.landing = open + 1000; break;  // Never opened.
+          case 1: h.landing = open + 1000; break;  // Not open.
           default: h.landing = in.ConsumeIntegral<uint64_t>();
         }
         h.region = in.ConsumeBool() ? region : in.ConsumeIntegral<uint32_t>();
@@ -209,29 +208,30 @@ std::vector<std::byte> EncodeControlFrames(FuzzedDataProvider& in) {
 void ReadControl(std::span<const std::byte> bytes) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) __builtin_trap();
-  // The socket pair's buffer (over 200 KiB) holds what is sent: the
-  // harness writes it all before reading.
-  bytes = bytes.first(std::min<size_t>(bytes.size(), 128 << 10));
-  for (size_t sent = 0; sent < bytes.size();) {
-    const ssize_t n = ::send(fds[0], bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) __builtin_trap();
-    sent += static_cast<size_t>(n);
-  }
-  ::close(fds[0]);
+  // A writer of its own: the reader may stop (at a refused frame) before
+  // the bytes are all sent, and then its close ends the writer's send.
+  std::thread writer([&] {
+    for (size_t sent = 0; sent < bytes.size();) {
+      const ssize_t n = ::send(fds[0], bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    ::close(fds[0]);
+  });
   pdserve::kv::SetNonBlocking(fds[1]);
   pdserve::kv::ControlFrame frame;
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
   while (pdserve::kv::RecvControl(fds[1], kMaxMessageBytes, deadline, frame).ok()) {
     if (frame.payload.size() > pdserve::kv::ControlPayloadLimit(frame.type, kMaxMessageBytes)) {
       __builtin_trap();
     }
     if (frame.type == ControlType::kWrite) {
-      auto ranges = pdserve::kv::DecodeRanges(frame.payload);
-      if (ranges.ok() && ranges->size() > pdserve::kv::kMaxOpsPerFrame) __builtin_trap();
+      pdserve::kv::DecodeRanges(frame.payload).IgnoreError();
     }
   }
   ::close(fds[1]);
+  writer.join();
 }
 
 // The process's threads (the receiver serves each connection on one).
@@ -245,7 +245,7 @@ void Exchange(const std::string& endpoint, std::span<const std::byte> bytes) {
   auto fd = pdserve::kv::ConnectTcp(endpoint, absl::Seconds(5));
   if (!fd.ok()) __builtin_trap();
   const auto give_up =
-      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
   size_t sent = 0;
   bool shut = false;
   std::byte sink[4096];
@@ -295,16 +295,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   Receiver& r = Live();
-  const uint64_t closed = r.fence.Open();
   const uint64_t open = r.fence.Open();
-  const absl::Time now = absl::Now();
-  r.fence.Close(closed, now);
   std::vector<std::byte> bytes;
   if (data[0] % 4 == 0) {
     Append(bytes, std::as_bytes(std::span(data + 1, size - 1)));
   } else {
     FuzzedDataProvider in(data + 1, size - 1);
-    bytes = EncodeFrames(in, open, closed, r.region);
+    bytes = EncodeFrames(in, open, r.region);
   }
   const size_t threads = Threads();
   Exchange(r.transport->endpoint(), bytes);
@@ -312,7 +309,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // (it refuses a peer with ERROR, a half-close, then reads to the peer's
   // end); a leak check between the two would see that thread's buffers.
   const auto give_up =
-      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (Threads() > threads) {
     if (std::chrono::steady_clock::now() > give_up) __builtin_trap();  // Hung.
     std::this_thread::yield();
@@ -320,8 +317,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // The receiver closed the connection only after its last write ended.
   if (!r.fence.Close(open, absl::Now())) __builtin_trap();  // A write leaked.
-  if (!r.fence.Fenced(closed, absl::Now())) __builtin_trap();
-  if (r.fence.tracked() != 0) __builtin_trap();
   const auto outside = [&](size_t at) { return r.memory[at] != kGuard; };
   for (size_t i = 0; i < kGuardBytes; ++i) {
     if (outside(i) || outside(kGuardBytes + kRegionBytes + i)) __builtin_trap();
