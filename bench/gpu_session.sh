@@ -129,7 +129,8 @@ run_stage() {
 have_system_deps() {
   [[ ${FORCE_CARRIED_DEPS:-0} != 1 ]] &&
   [[ -f /usr/include/absl/status/status.h && -f /usr/include/grpcpp/grpcpp.h &&
-     -f /usr/include/gtest/gtest.h && -f /usr/include/nlohmann/json.hpp ]]
+     -f /usr/include/gtest/gtest.h && -f /usr/include/nlohmann/json.hpp &&
+     -f /usr/include/isa-l/crc.h ]]
 }
 
 # Point CMake, the compilers and the loader at the unpacked packages.

@@ -39,7 +39,8 @@
 
 ABSL_FLAG(int32_t, reps, 9, "Repetitions per size (median reported)");
 ABSL_FLAG(int32_t, max_frame_kib, 0,
-          "Frame size of the tcp transport in KiB (0: its default)");
+          "Frame size of the tcp transport in KiB, 1 to 1024 (0: its "
+          "default, 512)");
 ABSL_FLAG(std::vector<std::string>, transports, {},
           "Transports to measure (default: every one built, 'ucx' aside)");
 
@@ -54,10 +55,10 @@ double Median(std::vector<double> v) {
 }
 
 // Seconds to push `bytes` through a plain loopback TCP stream and get a
-// one-byte acknowledgement back: the limit the tcp transport is measured
-// against. The same kernel path and the transport's own socket loops
+// one-byte acknowledgement back: the limit the TCP paths are measured
+// against. The same kernel path and the tcp transport's own socket loops
 // (socket_io.h: non-blocking sockets, poll), with no framing and no
-// checksum. Both ends move the bytes in pieces of `chunk` (the transport's
+// checksum. Both ends move the bytes in pieces of `chunk` (for tcp its
 // frame size: a piece is still in the cache when the kernel copies it) and
 // the receiver reads into a buffer of the whole size, as the transport
 // lands a write in place. 32 MiB go through first, unmeasured, so that the
@@ -71,20 +72,23 @@ double PlainTcpConnectionSeconds(size_t bytes, size_t chunk, int reps) {
   // Moves `n` bytes at `p` in pieces of `chunk` with `io` (SendAll/RecvAll).
   const auto pieces = [&](auto io, int fd, std::byte* p, size_t n) {
     for (size_t at = 0; at < n; at += chunk) {
-      if (io(fd, p + at, std::min(chunk, n - at), deadline) != Io::kOk)
+      if (io(fd, p + at, std::min(chunk, n - at), deadline) != Io::kOk) {
         return false;
+      }
     }
     return true;
   };
   std::thread server([&] {
-    if (WaitFor(listener->first.get(), POLLIN, deadline) != Io::kOk) return;
+    const absl::Time connect_by = absl::Now() + absl::Seconds(5);
+    if (WaitFor(listener->first.get(), POLLIN, connect_by) != Io::kOk) return;
     const Fd fd = Accept(listener->first.get());
     std::vector<std::byte> buf(std::max(bytes, warm_up));
     std::byte ack{1};
     for (int r = 0; r <= reps; ++r) {
       if (!pieces(RecvAll, fd.get(), buf.data(), r == 0 ? warm_up : bytes) ||
-          SendAll(fd.get(), &ack, 1, deadline) != Io::kOk)
+          SendAll(fd.get(), &ack, 1, deadline) != Io::kOk) {
         return;
+      }
     }
   });
   auto fd = ConnectTcp(listener->second, absl::Seconds(5));
@@ -94,10 +98,12 @@ double PlainTcpConnectionSeconds(size_t bytes, size_t chunk, int reps) {
     const auto t0 = Clock::now();
     std::byte got;
     if (!pieces(SendAll, fd->get(), data.data(), r == 0 ? warm_up : bytes) ||
-        RecvAll(fd->get(), &got, 1, deadline) != Io::kOk)
+        RecvAll(fd->get(), &got, 1, deadline) != Io::kOk) {
       break;
-    if (r > 0)
+    }
+    if (r > 0) {
       secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
   }
   if (fd.ok()) fd->Reset();
   server.join();
@@ -222,8 +228,14 @@ int Run() {
       checksum_table;
   for (const std::string& name : names) {
     TransportOptions options;
-    if (absl::GetFlag(FLAGS_max_frame_kib) > 0)
-      options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_kib) << 10;
+    const int32_t frame_kib = absl::GetFlag(FLAGS_max_frame_kib);
+    if (frame_kib < 0 || frame_kib > 1024) {
+      std::cerr << "--max_frame_kib must be 1 to 1024 (0: the default)\n";
+      return 1;
+    }
+    if (frame_kib > 0) {
+      options.max_frame_bytes = static_cast<uint32_t>(frame_kib) << 10;
+    }
     auto sender = CreateKvTransport(name, options);
     auto receiver = CreateKvTransport(name, options);
     if (DeviceOnly(name) &&
@@ -239,7 +251,10 @@ int Run() {
     std::span<std::byte> src_pool(src), dst_pool(dst);
     std::string limit_name = OverTcp(name) ? "plain TCP stream" : "memcpy";
     std::function<double(size_t)> limit_seconds = [&](size_t bytes) {
-      return OverTcp(name) ? PlainTcpSeconds(bytes, options.max_frame_bytes, reps)
+      // tcp's stream moves its frames; ucx:tcp's goes whole (UCX cuts its
+      // own pieces).
+      const size_t chunk = name == "tcp" ? options.max_frame_bytes : bytes;
+      return OverTcp(name) ? PlainTcpSeconds(bytes, chunk, reps)
                            : MemcpySeconds(bytes, reps);
     };
 #ifdef PDSERVE_HAVE_CUDA

@@ -1,7 +1,8 @@
 // Blocking-with-deadline socket I/O that the socket-based transports share
 // (tcp, and the control channels of cuda_ipc and nccl): an owning fd,
 // waits bounded by a deadline, listening and connecting on TCP and on
-// Unix-domain sockets. Internal to kv_transfer/.
+// Unix-domain sockets. Internal to kv_transfer/ (and its tests and
+// pd-kv-transfer-bench).
 //
 // Every socket made here is non-blocking and close-on-exec; SendAll and
 // RecvAll wait with poll() until their deadline.

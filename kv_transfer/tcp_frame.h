@@ -1,5 +1,6 @@
 // The TCP transport's wire format (internal to kv_transfer/, and used by its
-// tests to craft raw frames). Every frame is a 40-byte little-endian header
+// tests to craft raw frames and by pd-kv-transfer-bench to time the
+// checksum). Every frame is a 40-byte little-endian header
 // and `length` payload bytes:
 //
 //   u32 magic 'PDK2' | u8 type | 3 zero bytes | u32 region | u32 length |

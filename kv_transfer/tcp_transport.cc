@@ -383,9 +383,11 @@ class TcpTransport final : public KvTransport {
         if (IsOlderFormat(raw)) return Refuse(fd.get(), absl::FailedPreconditionError(kOlderPeer));
         return Refuse(fd.get(), absl::DataLossError("malformed frame header"));
       }
-      const uint64_t limit = h.type == FrameType::kWrite    ? uint64_t{kMaxWritePayloadBytes} + h.segments * kSegmentBytes
-                             : h.type == FrameType::kNotify ? options_.max_message_bytes
-                                                            : 0;
+      // A WRITE's limit is the format's, not this side's own frame size.
+      const uint64_t limit =
+          h.type == FrameType::kWrite    ? uint64_t{kMaxWritePayloadBytes} + h.segments * kSegmentBytes
+          : h.type == FrameType::kNotify ? options_.max_message_bytes
+                                         : 0;
       if (h.type == FrameType::kAck || h.type == FrameType::kError) {
         return Refuse(fd.get(), absl::DataLossError("unexpected frame type from a sender"));
       }

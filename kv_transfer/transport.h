@@ -72,7 +72,8 @@ struct TransportOptions {
   // Default: "127.0.0.1:0".
   std::string listen_address = "127.0.0.1:0";
   // tcp: the most KV bytes of one frame this side sends, at most 1 MiB
-  // (what every receiver accepts); longer writes are split. 512 KiB
+  // (what every receiver accepts; more: CreateKvTransport returns
+  // INVALID_ARGUMENT); longer writes are split. 512 KiB
   // measured best on loopback: a frame is checksummed and copied while it
   // is still in the cache, and checksumming one overlaps sending the one
   // before (bench/kv_transfer_bench.cc, docs/benchmarks.md).
