@@ -10,19 +10,19 @@
 // a leak.
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "common/http_server.h"
 #include "router/openai_api.h"
+#include "tests/fuzz/socket_exchange.h"
 
 namespace {
 
@@ -78,39 +78,10 @@ void SendToServer(const uint8_t* data, size_t size) {
     close(fd);
     return;
   }
-  size_t sent = 0;
-  while (sent < size) {
-    const ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    sent += n;
-  }
-  shutdown(fd, SHUT_WR);
-  // Read until the server closes: every input must end that way, within the
-  // server's 300 ms timeouts; ten seconds of silence is a hang.
-  // libFuzzer's timeout alarm (SIGALRM) interrupts system calls: EINTR is
-  // not an answer.
-  char buf[4096];
-  const auto give_up =
-      std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (true) {
-    pollfd p{fd, POLLIN, 0};
-    const int ready = poll(&p, 1, 1000);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) __builtin_trap();
-    if (ready == 0) {
-      if (std::chrono::steady_clock::now() > give_up) __builtin_trap();  // Hung.
-      continue;
-    }
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-  }
-  // Reset rather than linger in TIME_WAIT: thousands of inputs a second
-  // would otherwise run out of local ports.
-  linger reset{1, 0};
-  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
-  close(fd);
+  // Every input must end with the server's close, within its 300 ms
+  // timeouts; ten seconds without it is a hang.
+  pdserve::fuzz::ExchangeUntilClosed(
+      fd, std::as_bytes(std::span(data, size)), std::chrono::seconds(10));
 }
 
 }  // namespace

@@ -29,7 +29,6 @@
 //     guard on RecvControl's own check; WRITE payloads also go through
 //     DecodeRanges, for the sanitizers).
 #include <fuzzer/FuzzedDataProvider.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -40,8 +39,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kv_transfer/control_channel.h"
@@ -49,6 +48,7 @@
 #include "kv_transfer/socket_io.h"
 #include "kv_transfer/tcp_frame.h"
 #include "kv_transfer/transport.h"
+#include "tests/fuzz/socket_exchange.h"
 
 namespace {
 
@@ -240,47 +240,6 @@ size_t Threads() {
   return static_cast<size_t>(std::distance(begin(tasks), end(tasks)));
 }
 
-// Sends `bytes` to the receiver, half-closes, and reads until it closes.
-void Exchange(const std::string& endpoint, std::span<const std::byte> bytes) {
-  auto fd = pdserve::kv::ConnectTcp(endpoint, absl::Seconds(5));
-  if (!fd.ok()) __builtin_trap();
-  const auto give_up =
-      std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  size_t sent = 0;
-  bool shut = false;
-  std::byte sink[4096];
-  // Sending and reading together: the receiver answers SYNCs as it goes.
-  // libFuzzer's timeout alarm (SIGALRM) interrupts system calls: EINTR is
-  // not an answer.
-  while (true) {
-    if (sent == bytes.size() && !shut) {
-      ::shutdown(fd->get(), SHUT_WR);
-      shut = true;
-    }
-    pollfd p{fd->get(), static_cast<short>(POLLIN | (shut ? 0 : POLLOUT)), 0};
-    const int ready = ::poll(&p, 1, 1000);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) __builtin_trap();
-    if (std::chrono::steady_clock::now() > give_up) __builtin_trap();  // Hung.
-    if (ready == 0) continue;
-    if (p.revents & ~POLLOUT) {  // Data, the close, or an error to read.
-      const ssize_t n = ::recv(fd->get(), sink, sizeof(sink), 0);
-      if (n == 0) break;
-      if (n < 0 && errno != EINTR && errno != EAGAIN) break;  // Reset.
-    }
-    if (!shut && (p.revents & POLLOUT)) {
-      const ssize_t n = ::send(fd->get(), bytes.data() + sent,
-                               bytes.size() - sent, MSG_NOSIGNAL);
-      if (n > 0) sent += static_cast<size_t>(n);
-      if (n < 0 && errno != EINTR && errno != EAGAIN) break;  // Refused.
-    }
-  }
-  // Reset rather than linger in TIME_WAIT: thousands of inputs a second
-  // would otherwise run out of local ports.
-  linger reset{1, 0};
-  ::setsockopt(fd->get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -304,7 +263,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bytes = EncodeFrames(in, open, r.region);
   }
   const size_t threads = Threads();
-  Exchange(r.transport->endpoint(), bytes);
+  auto fd = pdserve::kv::ConnectTcp(r.transport->endpoint(), absl::Seconds(5));
+  if (!fd.ok()) __builtin_trap();
+  pdserve::fuzz::ExchangeUntilClosed(fd->Release(), bytes, std::chrono::seconds(5));
   // The receiver may close its side before its connection's thread ends
   // (it refuses a peer with ERROR, a half-close, then reads to the peer's
   // end); a leak check between the two would see that thread's buffers.
