@@ -604,9 +604,17 @@ TEST_F(DecodeWorkerTest, CancelMidStreamFreesTheBlocks) {
 }
 
 TEST_F(DecodeWorkerTest, DeadlineMidStreamFreesTheBlocks) {
+  // builtin:tiny decodes 1900 tokens in about 0.3 s on a recent CPU, so a
+  // deadline would race the last token; llama-110m takes several
+  // milliseconds a token on one thread (a second buys a few hundred).
+  DecodeServerOptions options = Options();
+  options.worker.engine.model = "builtin:llama-110m";
+  options.worker.engine.kv_cache_bytes = size_t{64} << 20;
+  Start(options);
   const GenerationRequest r{RequestId(1), RandomPrompt(8, 1), Greedy(1900)};
-  Stream s = Decode(MakeDecode(r), absl::Milliseconds(300));
+  Stream s = Decode(MakeDecode(r), absl::Seconds(1));
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_GT(s.output.tokens.size(), 0u);  // The deadline came mid-stream.
   EXPECT_LT(s.output.tokens.size(), 1900u);
   ExpectIdle();
 }
