@@ -24,6 +24,10 @@ namespace {
 
 namespace wire = ::pdserve::internal::v1;
 
+// How early before the request's deadline a downstream call's
+// DEADLINE_EXCEEDED still counts as that deadline (Choice::ClientEnded).
+constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(20);
+
 uint64_t RandomU64() {
   thread_local absl::BitGen gen;
   return absl::Uniform<uint64_t>(gen);
@@ -108,6 +112,14 @@ class RequestOrchestrator::Choice final
  private:
   // CANCELLED or DEADLINE_EXCEEDED when the client's call is over.
   absl::Status ClientEnded() const;
+  // The same after a downstream call failed with `call`: also
+  // DEADLINE_EXCEEDED when the call ran out of time under the request's
+  // own deadline (not the worker's failure, and no time for another).
+  // gRPC may say so a little before absl::Now() reaches the deadline: the
+  // worker's end computes it from the grpc-timeout header with its cached
+  // clock (up to 4 ms early seen here under load); kDeadlineSlack covers
+  // that.
+  absl::Status ClientEnded(const absl::Status& call) const;
   // A context for the next call, registered for Cancel(); null when the
   // choice was cancelled already (do not start the call).
   std::shared_ptr<grpc::ClientContext> NewContext(absl::Time deadline);
@@ -173,6 +185,9 @@ class RequestOrchestrator::Choice final
   bool finished_ = false;
   absl::Status token_error_;
   bool prompt_cached_ = false;
+
+  // The deadline of the current call (NewContext).
+  absl::Time call_deadline_ = absl::InfinitePast();
 
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -435,8 +450,18 @@ absl::Status RequestOrchestrator::Choice::ClientEnded() const {
   return absl::OkStatus();
 }
 
+absl::Status RequestOrchestrator::Choice::ClientEnded(
+    const absl::Status& call) const {
+  if (absl::IsDeadlineExceeded(call) && call_deadline_ >= deadline &&
+      absl::Now() + kDeadlineSlack >= deadline) {
+    return absl::DeadlineExceededError("the request's deadline passed");
+  }
+  return ClientEnded();
+}
+
 std::shared_ptr<grpc::ClientContext> RequestOrchestrator::Choice::NewContext(
     absl::Time call_deadline) {
+  call_deadline_ = call_deadline;
   auto context = std::make_shared<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(call_deadline));
   absl::MutexLock lock(&mu_);
@@ -539,7 +564,11 @@ void RequestOrchestrator::Choice::OnReserved(const absl::Status& status) {
     last_prefill_error_ = absl::UnavailableError("no healthy prefill worker");
     return StartPrefill();
   }
-  if (absl::Status ended = ClientEnded(); !ended.ok()) return End(ended);
+  if (absl::Status ended = ClientEnded(status); !ended.ok()) {
+    // Cut short, it may have reserved all the same.
+    ReleaseLanding();
+    return End(ended);
+  }
   if (absl::IsResourceExhausted(status)) return RetryFull();
   if (IsDrainingRefusal(status)) {
     orchestrator_->registry_->ReportCallFailure(decode_, status);
@@ -607,7 +636,7 @@ void RequestOrchestrator::Choice::StartPrefill() {
 void RequestOrchestrator::Choice::OnPrefilled(const absl::Status& status) {
   CallDone();
   if (!status.ok()) {
-    if (absl::Status ended = ClientEnded(); !ended.ok()) {
+    if (absl::Status ended = ClientEnded(status); !ended.ok()) {
       ReleaseLanding();
       return End(ended);
     }
@@ -723,7 +752,7 @@ void RequestOrchestrator::Choice::OnDecodeDone(const absl::Status& status,
     if (disaggregated_) ReleaseLanding();
     return End(token_error_);
   }
-  if (absl::Status ended = ClientEnded(); !ended.ok()) {
+  if (absl::Status ended = ClientEnded(status); !ended.ok()) {
     // The worker frees a cancelled decode itself; the release covers a
     // Decode call that never reached it.
     if (disaggregated_) ReleaseLanding();

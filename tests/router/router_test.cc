@@ -23,6 +23,7 @@
 #include "client/pdserve_client.h"
 #include "engine/sampler.h"
 #include "gtest/gtest.h"
+#include "tests/common/metrics_test_util.h"
 #include "tests/router/fake_workers.h"
 
 namespace pdserve {
@@ -682,6 +683,45 @@ TEST(RouterTest, ClientDeadlineDuringPrefillReleasesTheReservation) {
   EXPECT_TRUE(Eventually([&] { return c.decode(0).releases == 1; }));
   EXPECT_TRUE(Eventually([&] { return c.decode(0).reservations() == 0; }));
   EXPECT_EQ(c.decode(0).decodes, 0);
+}
+
+// A Reserve that the worker's end of the call times out a little before
+// the router's clock reaches the request's deadline (gRPC computes the
+// worker's deadline with its cached clock: up to 4 ms early was seen) is
+// the request's deadline passing, not a failed decode worker: no
+// migration, and the request ends DEADLINE_EXCEEDED rather than
+// UNAVAILABLE. (The fake answers DEADLINE_EXCEEDED 10 ms early itself.)
+TEST(RouterTest, AReserveEndedByTheRequestsDeadlineIsNoWorkerFailure) {
+  Cluster c(1, 1);
+  FakeDecodeWorker::Behavior late;
+  late.reserve_code = grpc::StatusCode::DEADLINE_EXCEEDED;
+  late.reserve_delay = absl::Milliseconds(290);
+  c.decode(0).set_behavior(late);
+  std::unique_ptr<GenerationClient> hasty = *GenerationClient::Create(
+      c.address(), {.generate_timeout = absl::Milliseconds(300),
+                    .retry = {.max_attempts = 1}});
+  const Result r = c.Generate(Text("x"), nullptr, hasty.get());
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
+  // The router's own account of it.
+  std::string metrics;
+  EXPECT_TRUE(Eventually([&] {
+    auto got = testing_util::HttpGet(c.router().http_port(), "/metrics");
+    metrics = got.ok() ? *got : "";
+    return testing_util::SampleValue(
+               metrics,
+               R"(pdserve_router_requests_total{api="grpc",outcome="deadline_exceeded"})") == 1;
+  })) << metrics;
+  EXPECT_LT(testing_util::SampleValue(  // -1: no such series.
+                metrics, R"(pdserve_router_requests_total{api="grpc",outcome="unavailable"})"),
+            1);
+  EXPECT_EQ(testing_util::SampleValue(
+                metrics, R"(pdserve_router_migrations_total{outcome="limit_spent"})"),
+            0);
+  EXPECT_EQ(testing_util::SampleValue(
+                metrics, R"(pdserve_router_migrations_total{outcome="no_worker"})"),
+            0);
+  // Cut short, the Reserve may have reserved: it is released.
+  EXPECT_TRUE(Eventually([&] { return c.decode(0).releases == 1; }));
 }
 
 TEST(RouterTest, DeadlineReachesTheDecodeWorker) {
