@@ -462,8 +462,8 @@ absl::Status RequestOrchestrator::Choice::ClientEnded(
 std::shared_ptr<grpc::ClientContext> RequestOrchestrator::Choice::NewContext(
     absl::Time call_deadline) {
   call_deadline_ = call_deadline;
-  auto context = std::make_shared<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(call_deadline));
+  std::shared_ptr<grpc::ClientContext> context =
+      orchestrator_->NewCallContext(call_deadline);
   absl::MutexLock lock(&mu_);
   if (cancelled_) return nullptr;
   context_ = context;
@@ -1196,15 +1196,40 @@ void RequestOrchestrator::Stop() {
 }
 
 void RequestOrchestrator::WaitUntilIdle() {
-  absl::MutexLock lock(&mu_);
-  while (calls_.load() > 0) idle_cv_.Wait(&mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    while (calls_.load() > 0) idle_cv_.Wait(&mu_);
+  }
+  // Every context belongs to a counted call, so none is made now; those
+  // of the calls that ended may still be going on gRPC's threads.
+  absl::MutexLock lock(&contexts_mu_);
+  contexts_mu_.Await(absl::Condition(
+      +[](int64_t* live) { return *live == 0; }, &live_contexts_));
 }
 
+// Counts down under mu_: once WaitUntilIdle sees zero the orchestrator may
+// go, and nothing here touches it after the unlock.
 void RequestOrchestrator::CallEnded() {
-  if (calls_.fetch_sub(1) == 1) {
-    absl::MutexLock lock(&mu_);
-    idle_cv_.SignalAll();
+  absl::MutexLock lock(&mu_);
+  if (calls_.fetch_sub(1) == 1) idle_cv_.SignalAll();
+}
+
+std::shared_ptr<grpc::ClientContext> RequestOrchestrator::NewCallContext(
+    absl::Time deadline) {
+  {
+    absl::MutexLock lock(&contexts_mu_);
+    ++live_contexts_;
   }
+  // The deleter takes only contexts_mu_, which is never held around other
+  // code: a context may go wherever its last holder does.
+  auto context = std::shared_ptr<grpc::ClientContext>(
+      new grpc::ClientContext, [this](grpc::ClientContext* gone) {
+        delete gone;  // Its channel reference goes first.
+        absl::MutexLock lock(&contexts_mu_);
+        --live_contexts_;
+      });
+  context->set_deadline(absl::ToChronoTime(deadline));
+  return context;
 }
 
 void RequestOrchestrator::Release(
@@ -1224,17 +1249,16 @@ void RequestOrchestrator::SendRelease(
   const WorkerEndpoint* const decode = retry.decode;
   const uint64_t request_id = retry.request_id;
   struct Call {
-    grpc::ClientContext context;
+    std::shared_ptr<grpc::ClientContext> context;
     wire::ReleaseRequest request;
     wire::ReleaseResponse response;
   };
   auto call = std::make_shared<Call>();
-  call->context.set_deadline(
-      absl::ToChronoTime(absl::Now() + options_.control_timeout));
+  call->context = NewCallContext(absl::Now() + options_.control_timeout);
   call->request.set_request_id(request_id);
   CallStarted();
   decode->decode->async()->Release(
-      &call->context, &call->request, &call->response,
+      call->context.get(), &call->request, &call->response,
       [this, call, decode, request_id, retry,
        done = std::move(done)](grpc::Status grpc_status) mutable {
         const absl::Status status = FromGrpcStatus(grpc_status);

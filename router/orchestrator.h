@@ -170,7 +170,8 @@ class RequestOrchestrator {
   // requests already placed run on (cancel them through their handles).
   // Idempotent.
   void Stop();
-  // Waits until no request runs and no downstream call is in flight.
+  // Waits until no request runs, no downstream call is in flight and no
+  // downstream call's context is left.
   void WaitUntilIdle();
 
   // Requests started and not finished, queued ones included.
@@ -233,6 +234,14 @@ class RequestOrchestrator {
                    std::function<void(const absl::Status&)> done);
   void CallStarted() { calls_.fetch_add(1, std::memory_order_relaxed); }
   void CallEnded();
+  // The context of one downstream call, counted until it is destroyed
+  // (WaitUntilIdle waits for that too). A context holds its channel, and
+  // it may go on one of gRPC's callback threads, after the call's
+  // callback; were the registry's channels gone by then, the channel
+  // would go with it, on that thread, and so might the last reference to
+  // gRPC 1.51's shared callback queue, which is then freed under the
+  // thread still serving it (an abort in grpc_cq_internal_unref).
+  std::shared_ptr<grpc::ClientContext> NewCallContext(absl::Time deadline);
   uint64_t NewId() { return next_id_.fetch_add(1); }
 
   const std::shared_ptr<const ServedModel> model_;
@@ -268,6 +277,11 @@ class RequestOrchestrator {
   bool releases_stopped_ ABSL_GUARDED_BY(streams_mu_) = false;
   bool watch_stopping_ ABSL_GUARDED_BY(streams_mu_) = false;
   absl::CondVar watch_cv_;
+
+  // Downstream calls' contexts not destroyed yet (NewCallContext), which
+  // WaitUntilIdle waits for too.
+  absl::Mutex contexts_mu_;
+  int64_t live_contexts_ ABSL_GUARDED_BY(contexts_mu_) = 0;
   std::thread stall_watch_;
 };
 

@@ -724,6 +724,36 @@ TEST(RouterTest, AReserveEndedByTheRequestsDeadlineIsNoWorkerFailure) {
   EXPECT_TRUE(Eventually([&] { return c.decode(0).releases == 1; }));
 }
 
+// The router stopping just as its downstream calls end. A call's context
+// holds its worker's channel and may be destroyed on one of gRPC's
+// callback threads after the call's callback; it must go before the
+// registry's channels do (RequestOrchestrator::NewCallContext), or the
+// last reference to gRPC's shared callback queue may go on that thread,
+// which then aborts in grpc_cq_internal_unref. Short rounds, each ending
+// its router right after its clients gave up, make that race likely.
+TEST(RouterTest, StoppingAsCallsEndKeepsTheProcessAlive) {
+  for (int round = 0; round < 60; ++round) {
+    auto c = std::make_unique<Cluster>(1, 1);
+    FakePrefillWorker::Behavior slow;
+    slow.delay = absl::Milliseconds(40);
+    c->prefill(0).set_behavior(slow);
+    std::unique_ptr<GenerationClient> hasty = *GenerationClient::Create(
+        c->address(),
+        {.generate_timeout = absl::Milliseconds(10 + 5 * (round % 4)),
+         .retry = {.max_attempts = 1}});
+    std::vector<std::thread> calls;
+    for (int i = 0; i < 8; ++i) {
+      calls.emplace_back([&] {
+        const Result r = c->Generate(Text("x"), nullptr, hasty.get());
+        EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded)
+            << r.status;
+      });
+    }
+    for (std::thread& t : calls) t.join();
+    c.reset();
+  }
+}
+
 TEST(RouterTest, DeadlineReachesTheDecodeWorker) {
   Cluster c(1, 1);
   FakeDecodeWorker::Behavior slow;
