@@ -144,6 +144,8 @@ void Router::Shutdown(absl::Duration grace) {
   if (orchestrator_) orchestrator_->Stop();
   if (server_) server_->Wait();
   if (orchestrator_) orchestrator_->WaitUntilIdle();
+  // Discovery adds and removes the registry's workers: it stops first.
+  discovery_.reset();
   registry_.reset();  // Stops polling.
 }
 
