@@ -1203,8 +1203,12 @@ void RequestOrchestrator::WaitUntilIdle() {
   // Every context belongs to a counted call, so none is made now; those
   // of the calls that ended may still be going on gRPC's threads.
   absl::MutexLock lock(&contexts_mu_);
-  contexts_mu_.Await(absl::Condition(
-      +[](int64_t* live) { return *live == 0; }, &live_contexts_));
+  const absl::Condition none_left(
+      +[](int64_t* live) { return *live == 0; }, &live_contexts_);
+  while (!contexts_mu_.AwaitWithTimeout(none_left, absl::Seconds(10))) {
+    PD_LOG(WARNING) << "stopping: still waiting for " << live_contexts_
+                    << " downstream call context(s) to be released";
+  }
 }
 
 // Counts down under mu_: once WaitUntilIdle sees zero the orchestrator may
